@@ -1,0 +1,56 @@
+"""stepgraph: a whole PyTorch training step — forward, backward, optimizer — as one graph.
+
+Example::
+
+    import torch, torch.nn.functional as F, stepgraph
+
+    model = torch.nn.Linear(16, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    @stepgraph.compile
+    def train_step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    for _ in range(5):
+        loss = train_step(torch.randn(8, 16), torch.randint(0, 4, (8,)))
+    print(train_step.stats)   # eager_calls=1 captures=1 replays=3
+"""
+from __future__ import annotations
+
+from .errors import CaptureError, StepGraphError
+from .runtime import Stats, StepFunction
+
+__version__ = "0.1.0"
+
+
+def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: int = 8,
+            state=(), on_capture_error: str = "raise"):
+    """Capture ``fn`` — a whole training step — as one graph, replayed on later calls.
+
+    Call 1 (``warmup`` calls) runs eagerly so optimizer state exists; the next call traces
+    the step at the aten level *while running it* and returns its real result; later calls
+    with the same guard signature replay the graph. Modules and optimizers are found from
+    ``fn``'s closure and globals; pass others in ``state=[model, opt]``.
+
+    Args:
+        backend: ``"auto"`` (CUDA graph on GPU, ``"replay"`` on CPU), ``"replay"``, ``"cudagraph"``.
+        warmup: eager calls before the first capture.
+        max_captures: graphs kept (one per guard signature); past it, new signatures run
+            eagerly with one warning.
+        on_capture_error: ``"raise"`` (default) or ``"eager"`` to fall back for good.
+
+    Example::
+
+        step = stepgraph.compile(train_step)            # or @stepgraph.compile(backend="replay")
+    """
+    def wrap(f):
+        return StepFunction(f, backend=backend, warmup=warmup, max_captures=max_captures,
+                            state=state, on_capture_error=on_capture_error)
+    return wrap(fn) if fn is not None else wrap
+
+
+__all__ = ["compile", "StepFunction", "Stats", "StepGraphError", "CaptureError"]

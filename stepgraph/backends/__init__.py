@@ -1,0 +1,51 @@
+"""Backends turn a cleaned whole-step graph into something fast to call.
+
+Each backend is a ``Backend`` with ``compile(gm, example_inputs) -> Callable[[list], list]``:
+it receives the flat graph inputs (user tensors then persistent grads) and returns the flat
+graph outputs. The registry below is the single place that names them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..errors import StepGraphError
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    compile: Callable
+    doc: str
+    device_types: tuple = ("cpu", "cuda")
+
+
+def _registry() -> dict:
+    from . import cudagraph, replay
+    return {b.name: b for b in (replay.BACKEND, cudagraph.BACKEND)}
+
+
+def pick(name: str, device_type: str) -> Backend:
+    """Resolve ``backend=`` for a step whose tensors live on ``device_type``.
+
+    ``auto``: ``cudagraph`` on CUDA, ``replay`` elsewhere.
+    """
+    reg = _registry()
+    if name == "auto":
+        name = "cudagraph" if device_type == "cuda" else "replay"
+    if name not in reg:
+        raise StepGraphError(f"unknown backend {name!r}; choose one of: auto, {', '.join(reg)}")
+    b = reg[name]
+    if device_type not in b.device_types:
+        raise StepGraphError(f"backend {name!r} does not run on {device_type} tensors; "
+                             f"use backend='auto' or one of {[k for k, v in reg.items() if device_type in v.device_types]}")
+    return b
+
+
+def names() -> list[str]:
+    return ["auto", *_registry()]
+
+
+__all__ = ["Backend", "pick", "names", "torch"]

@@ -1,0 +1,104 @@
+"""``replay``: run the captured graph as one straight-line Python function.
+
+fx's own generated code calls ``torch.ops.aten.x.y(...)`` through the OpOverload's Python
+``__call__`` and fetches constants from ``self``. Here each op's C++ callable and each state
+tensor is bound once as a global of the generated function, arguments are passed positionally
+where fx had them, and every intermediate is dropped right after its last use — the leanest
+Python a step can be, so the per-op cost is aten's own dispatch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import fx
+
+from . import Backend
+
+_LITERALS = (int, bool, str, type(None))
+
+
+class _Gen:
+    def __init__(self, gm: fx.GraphModule):
+        self.gm = gm
+        self.globals: dict = {}
+        self.const_ids: dict = {}
+
+    def bind(self, obj, hint: str) -> str:
+        key = id(obj)
+        if key in self.const_ids:
+            return self.const_ids[key]
+        name = f"_{hint}{len(self.globals)}"
+        self.globals[name] = obj
+        self.const_ids[key] = name
+        return name
+
+    def arg(self, a) -> str:
+        if isinstance(a, fx.Node):
+            return a.name
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(self.arg(x) for x in a)
+            return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+        if isinstance(a, float) and math.isfinite(a) and type(a) is float:
+            return repr(a)
+        if isinstance(a, _LITERALS) and type(a) in _LITERALS:
+            return repr(a)
+        return self.bind(a, "k")
+
+
+def generate(gm: fx.GraphModule, fn_name: str = "step_graph"):
+    """Return ``(python_source, callable)`` for the graph; the callable takes flat inputs."""
+    g = _Gen(gm)
+    nodes = list(gm.graph.nodes)
+    last_use: dict = {}
+    for i, n in enumerate(nodes):
+        for inp in n.all_input_nodes:
+            last_use[inp] = i
+    placeholders = [n.name for n in nodes if n.op == "placeholder"]
+    lines = [f"def {fn_name}({', '.join(placeholders)}):"]
+    for i, n in enumerate(nodes):
+        if n.op == "placeholder":
+            continue
+        if n.op == "get_attr":
+            lines.append(f"    {n.name} = {g.bind(getattr(gm, n.target), 's')}")
+        elif n.op == "call_function":
+            t = n.target
+            fn = t._op if isinstance(t, torch._ops.OpOverload) else t
+            callee = g.bind(fn, "f")
+            args = [g.arg(a) for a in n.args] + [f"{k}={g.arg(v)}" for k, v in n.kwargs.items()]
+            lhs = f"{n.name} = " if n.users else ""
+            lines.append(f"    {lhs}{callee}({', '.join(args)})")
+        elif n.op == "output":
+            lines.append(f"    return {g.arg(n.args[0])}")
+            continue
+        else:
+            raise NotImplementedError(f"replay backend: node op {n.op}")
+        dead = [inp.name for inp in n.all_input_nodes if last_use.get(inp) == i and inp.op != "placeholder"]
+        if n.users == {} and n.op == "call_function":
+            pass
+        if dead:
+            lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
+    src = "\n".join(lines) + "\n"
+    ns = dict(g.globals)
+    exec(compile(src, f"<stepgraph {fn_name}>", "exec"), ns)
+    fn = ns[fn_name]
+    fn.__stepgraph_source__ = src
+    return src, fn
+
+
+def compile_replay(gm: fx.GraphModule, example_inputs=None, **_):
+    _, fn = generate(gm)
+
+    def run(inputs):
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return fn(*inputs)
+        finally:
+            torch._C._set_grad_enabled(prev)
+    run.source = fn.__stepgraph_source__
+    return run
+
+
+BACKEND = Backend("replay", compile_replay,
+                  "the traced aten graph as one generated Python function (CPU and CUDA, no CUDA graph)")

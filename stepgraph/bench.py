@@ -1,0 +1,364 @@
+"""Benchmark a whole training step: eager vs torch.compile vs hand-written CUDA graph vs stepgraph.
+
+    python -m stepgraph.bench                       # GPU: mlp512,gpt2l,gpt6l; CPU: mlp64
+    python -m stepgraph.bench --cases gpt2l --steps 50 --stepgraph-backends replay
+    python -m stepgraph.bench --quick               # smoke test: a few steps per variant
+
+Every variant of a case gets its own fresh model (same seed), its own AdamW and the same batch
+sequence (step i uses batch i), so the final losses are comparable as a sanity check.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from stepgraph import models
+
+FIRST_CALLS = 3  # call 1 eager, call 2 captures, call 3 is the first replay (stepgraph, compile)
+
+
+@dataclass
+class BenchCase:
+    """A named model configuration from :mod:`stepgraph.models`."""
+
+    family: str
+    config: dict
+    gpu: bool  # part of the default set on GPU (else on CPU)
+
+
+CASES = {
+    "mlp512": BenchCase("mlp", dict(width=512, depth=8, batch=64, classes=10), gpu=True),
+    "gpt2l": BenchCase("gpt", dict(layers=2, d=128, heads=4, batch=4, seq=64, vocab=1024), gpu=True),
+    "gpt6l": BenchCase("gpt", dict(layers=6, d=384, heads=6, batch=8, seq=256, vocab=4096), gpu=True),
+    "mlp64": BenchCase("mlp", dict(width=64, depth=8, batch=32, classes=10), gpu=False),
+}
+
+
+@dataclass
+class Row:
+    """One variant's measurements (times in ms unless named otherwise)."""
+
+    case: str
+    variant: str
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    first_s: float | None = None
+    peak_mib: float | None = None
+    final_loss: float | None = None
+    steps: int = 0
+    error: str = ""
+    note: str = ""
+    stats: dict = field(default_factory=dict)
+
+
+@dataclass
+class Prepared:
+    """A ready-to-time step: ``run(batch)`` does one training step and returns the loss."""
+
+    run: Callable[[tuple], torch.Tensor]
+    first_calls: int = FIRST_CALLS  # steps until the first one on the compiled/captured path ends
+    done: int = 0  # steps make() already ran itself (the handwritten warm-up)
+    handle: object = None  # the stepgraph step function, for its stats
+    keep: list = field(default_factory=list)  # objects to free after the variant
+
+
+# --------------------------------------------------------------------------- variants
+
+def _eager_step(model, loss_fn, opt, before: Callable | None = None):
+    def step(*batch):
+        if before is not None:
+            before()
+        loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
+
+
+def v_eager(case, batches, dev):
+    opt = torch.optim.AdamW(case.model.parameters())
+    step = _eager_step(case.model, case.loss_fn, opt)
+    return Prepared(lambda b: step(*b), keep=[opt])
+
+
+def v_compile(case, batches, dev):
+    opt = torch.optim.AdamW(case.model.parameters())
+    step = _eager_step(torch.compile(case.model), case.loss_fn, opt)
+    return Prepared(lambda b: step(*b), keep=[opt])
+
+
+def v_reduce_overhead(case, batches, dev):
+    opt = torch.optim.AdamW(case.model.parameters())
+    # Marking each step lets cudagraph trees reuse the previous step's output memory.
+    step = _eager_step(torch.compile(case.model, mode="reduce-overhead"), case.loss_fn, opt,
+                       before=torch.compiler.cudagraph_mark_step_begin)
+    return Prepared(lambda b: step(*b), keep=[opt])
+
+
+def v_handwritten(case, batches, dev):
+    """The floor: one torch.cuda.graph over forward+loss+backward+opt.step()+zero_grad."""
+    if dev.type != "cuda":
+        raise RuntimeError("handwritten CUDA graph needs a CUDA device")
+    model, loss_fn = case.model, case.loss_fn
+    opt = torch.optim.AdamW(model.parameters(), capturable=True)
+    static = tuple(t.clone() for t in batches[0])
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up on a side stream, as the CUDA graph docs require
+        for i in range(FIRST_CALLS):
+            for dst, src in zip(static, batches[i]):
+                dst.copy_(src)
+            loss_fn(model, *static).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    torch.cuda.current_stream().wait_stream(s)
+    opt.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = loss_fn(model, *static)
+        static_loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def run(batch):
+        for dst, src in zip(static, batch):
+            dst.copy_(src)
+        graph.replay()
+        return static_loss
+    # The warm-up already did steps 0..2, so the run loop starts with the first replay.
+    return Prepared(run, first_calls=FIRST_CALLS + 1, done=FIRST_CALLS,
+                    keep=[opt, graph, static])
+
+
+def v_stepgraph(backend):
+    def make(case, batches, dev):
+        import stepgraph
+        opt = torch.optim.AdamW(case.model.parameters())
+        sg = stepgraph.compile(_eager_step(case.model, case.loss_fn, opt), backend=backend)
+        return Prepared(lambda b: sg(*b), handle=sg, keep=[opt])
+    return make
+
+
+# --------------------------------------------------------------------------- measurement
+
+def _rss_mib() -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _sync(dev):
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _cleanup(dev):
+    torch._dynamo.reset()  # drop compiled code and cudagraph trees of the previous variant
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+
+
+def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) -> Row:
+    """Build a fresh model, time its first calls, then time ``steps`` steps after ``warmup``."""
+    row = Row(name, variant)
+    prep = case = None
+    try:
+        _cleanup(dev)
+        total = FIRST_CALLS + warmup + steps
+        case = models.build(bench.family, **bench.config, seed=0, device=dev, dtype=dtype)
+        # Pre-made on the device so data generation and H2D copies stay out of the timings.
+        batches = [case.make_batch(1000 + i) for i in range(total)]
+        torch.manual_seed(0)
+        _sync(dev)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        rss0 = _rss_mib()
+        t0 = time.perf_counter()
+        prep = make(case, batches, dev)
+        for i in range(prep.done, prep.first_calls):
+            loss = prep.run(batches[i])
+        _sync(dev)
+        row.first_s = time.perf_counter() - t0
+        for i in range(prep.first_calls, FIRST_CALLS + warmup):
+            loss = prep.run(batches[i])
+        _sync(dev)
+        times: list[float] = []
+        if dev.type == "cuda":
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(steps)]
+            for (a, b), i in zip(ev, range(FIRST_CALLS + warmup, total)):
+                a.record()
+                loss = prep.run(batches[i])
+                b.record()
+            torch.cuda.synchronize(dev)
+            times = [a.elapsed_time(b) for a, b in ev]
+            row.peak_mib = torch.cuda.max_memory_allocated(dev) / 2**20
+        else:
+            for i in range(FIRST_CALLS + warmup, total):
+                t = time.perf_counter()
+                loss = prep.run(batches[i])
+                times.append((time.perf_counter() - t) * 1e3)
+            rss1 = _rss_mib()
+            row.peak_mib = None if rss0 is None or rss1 is None else rss1 - rss0
+        row.final_loss = float(loss.detach().float())
+        row.steps = len(times)
+        row.median_ms = statistics.median(times)
+        q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
+        row.p10_ms, row.p90_ms = q[0], q[-1]
+        if prep.handle is not None:
+            st = prep.handle.stats
+            row.stats = dict(eager_calls=st.eager_calls, captures=st.captures,
+                             replays=st.replays, recaptures=list(st.recaptures))
+            if not st.replays:
+                row.note = "no replays: ran eagerly"
+            elif st.recaptures:
+                row.note = f"{len(st.recaptures)} recapture(s): {st.recaptures[0]}"
+    except Exception as e:  # one broken variant must not hide the others' numbers
+        row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        row.note = traceback.format_exc(limit=-3)
+    finally:
+        del prep, case
+        _cleanup(dev)
+    return row
+
+
+# --------------------------------------------------------------------------- report
+
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def table(name: str, rows: list[Row], gpu: bool) -> str:
+    """Markdown table for one case; speedup = eager_ms / ms, 'x floor' = ms / handwritten_ms."""
+    by = {r.variant: r for r in rows if not r.error}
+    eager = by.get("eager")
+    hand = by.get("handwritten")
+    head = ["case", "variant", "median ms", "speedup vs eager"]
+    head += ["x handwritten floor"] if gpu else []
+    head += ["first s", "peak MiB" if gpu else "RSS delta MiB", "final loss", "note"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r.error:
+            cells = [name, r.variant, f"FAILED: {r.error}"] + ["-"] * (len(head) - 3)
+        else:
+            cells = [name, r.variant, _f(r.median_ms, ".3f"),
+                     _f(eager.median_ms / r.median_ms if eager else None, ".2f")]
+            cells += [_f(r.median_ms / hand.median_ms if hand else None, ".2f")] if gpu else []
+            cells += [_f(r.first_s, ".2f"), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
+                      r.note.replace("|", "/").replace("\n", " ")[:120]]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def header(dev, args) -> dict:
+    return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else
+        (platform.processor() or platform.machine()) + f" ({os.cpu_count()} cpus, "
+        f"{torch.get_num_threads()} threads)",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m stepgraph.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="", help=f"comma list of {', '.join(CASES)} or any "
+                   f"models family ({', '.join(models.FAMILIES)}); default per device")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 100 GPU, 200 CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps after the first 3")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench_out")
+    p.add_argument("--variants", default="", help="comma list to run a subset (default: all)")
+    p.add_argument("--stepgraph-backends", default="",
+                   help="extra stepgraph backends to run besides 'auto', e.g. replay,cudagraph")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch.set_num_threads for CPU runs (1 is steadier on a busy machine)")
+    p.add_argument("--quick", action="store_true", help="few steps, for CI smoke tests")
+    args = p.parse_args(argv)
+
+    dev = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gpu = dev.type == "cuda"
+    if args.steps is None:
+        args.steps = 5 if args.quick else (100 if gpu else 200)
+    if args.warmup is None:
+        args.warmup = 2 if args.quick else 10
+    # >= 1 warm-up keeps step i on batch i for handwritten too (its first replay is step 3).
+    args.steps, args.warmup = max(args.steps, 1), max(args.warmup, 1)
+    dtype = getattr(torch, args.dtype)
+    names = [c for c in args.cases.split(",") if c] or [n for n, c in CASES.items() if c.gpu == gpu]
+
+    variants: dict[str, Callable] = {"eager": v_eager, "compile": v_compile,
+                                     "reduce-overhead": v_reduce_overhead}
+    if gpu:
+        variants["handwritten"] = v_handwritten
+    variants["stepgraph"] = v_stepgraph("auto")
+    for b in filter(None, args.stepgraph_backends.split(",")):
+        variants[f"stepgraph[{b}]"] = v_stepgraph(b)
+    if args.variants:
+        want = args.variants.split(",")
+        unknown = [w for w in want if w not in variants]
+        if unknown:
+            p.error(f"unknown variants {unknown}; known: {list(variants)}")
+        variants = {k: v for k, v in variants.items() if k in want}
+
+    meta = header(dev, args)
+    title = (f"# stepgraph bench\n\ndevice: {meta['device']} | torch {meta['torch']} | "
+             f"python {meta['python']} | dtype {args.dtype} | {args.steps} timed steps after "
+             f"{FIRST_CALLS}+{args.warmup} warm-up | {meta['time']}\n")
+    print(title, flush=True)
+    md, results = [title], []
+    for name in names:
+        if name in CASES:
+            bench = CASES[name]
+        elif name in models.FAMILIES:
+            bench = BenchCase(name, {}, gpu=gpu)
+        else:
+            p.error(f"unknown case {name!r}; known: {', '.join(CASES)} or {', '.join(models.FAMILIES)}")
+        rows = []
+        for vname, make in variants.items():
+            print(f"[{name}] {vname} ...", file=sys.stderr, flush=True)
+            rows.append(measure(name, vname, make, bench, dev, dtype, args.warmup, args.steps))
+            if rows[-1].error:
+                print(rows[-1].note, file=sys.stderr, flush=True)
+        cfg = ", ".join(f"{k}={v}" for k, v in bench.config.items())
+        section = f"## {name} ({bench.family}: {cfg})\n\n{table(name, rows, gpu)}\n"
+        print(section, flush=True)
+        md.append(section)
+        results += [asdict(r) for r in rows]
+
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump({"meta": meta, "results": results}, f, indent=2)
+    with open(os.path.join(args.out, "bench.md"), "w") as f:
+        f.write("\n".join(md))
+    print(f"wrote {args.out}/bench.json and {args.out}/bench.md", file=sys.stderr)
+    return 1 if any(r["error"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Guards: a cheap signature of everything a captured graph assumed, and why two differ.
+
+The signature is a flat tuple of sections, computed on every call and used as the key of the
+graph cache. Each section has a name so a miss can be explained in one line, e.g.
+``arg 0 (x) shape (8, 256) -> (4, 256)`` or ``opt.param_groups[0]['lr'] 0.1 -> 0.05``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.utils._pytree as pytree
+
+from .state import StateRegistry, registration_epoch
+
+_TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad")
+
+
+def tensor_meta(t: torch.Tensor) -> tuple:
+    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
+
+
+def _hyper_value(v):
+    if isinstance(v, torch.Tensor):
+        # A tensor hyper-parameter (lr=torch.tensor(...)) is read by the graph at replay time:
+        # only its identity and metadata are baked.
+        return ("tensor", id(v), v.dtype, v.device, tuple(v.shape))
+    if isinstance(v, list):
+        return tuple(_hyper_value(x) for x in v)
+    return v
+
+
+def _leaf_value(v):
+    if isinstance(v, torch.Tensor):
+        return tensor_meta(v)
+    try:
+        hash(v)
+        return ("value", type(v), v)
+    except TypeError:
+        return ("object", type(v), id(v))
+
+
+def _spec_key(spec):
+    try:
+        hash(spec)
+        return spec
+    except TypeError:
+        return str(spec)
+
+
+@dataclass
+class Signature:
+    """The guard key of one call; ``key`` is hashed, the rest explains a miss."""
+    key: tuple
+    leaves: list
+    tensor_pos: list
+
+
+class Guards:
+    """Builds call signatures for one step function's reachable state."""
+
+    def __init__(self, reg: StateRegistry, arg_names: list[str]):
+        self.reg = reg
+        self.arg_names = arg_names
+
+    def signature(self, args, kwargs) -> Signature:
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        inputs = tuple(_leaf_value(x) for x in leaves)
+        ids = [id(leaves[i]) for i in tensor_pos]
+        alias = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else ()
+        reg = self.reg
+        key = (
+            _spec_key(spec),
+            inputs,
+            alias,
+            torch.is_grad_enabled(),
+            _autocast_state(),
+            tuple(m.training for m in reg.all_modules),
+            tuple(tuple(tuple((k, _hyper_value(v)) for k, v in g.items() if k != "params")
+                        + (("#params", len(g["params"])),) for g in opt.param_groups)
+                  for _, opt in reg.optimizers),
+            tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
+            registration_epoch(),
+            tuple(None if p.grad is None else tensor_meta(p.grad) for _, p in reg.params if p.requires_grad),
+        )
+        return Signature(key, leaves, tensor_pos)
+
+    # ---- explaining a miss -------------------------------------------------------------
+    def diff(self, old: tuple, new: tuple, args=(), kwargs=None) -> str:
+        """One line naming the first difference between two signature keys."""
+        self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
+        names = ("argument structure", "inputs", "input aliasing", "grad mode", "autocast",
+                 "train/eval", "optimizer hyper-parameters", "optimizer state", "module structure",
+                 "grads")
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a == b:
+                continue
+            fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
+                    self._diff_optstate, None, self._diff_grads]
+            f = fine[i - 1] if 0 < i <= len(fine) else None
+            detail = f(a, b) if f else None
+            return detail or f"{names[i]} {_short(a)} -> {_short(b)}"
+        return "signature changed"
+
+    def _diff_inputs(self, a, b):
+        if len(a) != len(b):
+            return f"number of input leaves {len(a)} -> {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x == y:
+                continue
+            name = self.leaf_names[i] if i < len(self.leaf_names) else f"input leaf {i}"
+            if _is_tensor_meta(x) and _is_tensor_meta(y):
+                for field, u, v in zip(_TENSOR_FIELDS, x, y):
+                    if u != v:
+                        return f"{name} {field} {_short(u)} -> {_short(v)}"
+            return f"{name} {_describe_leaf(x)} -> {_describe_leaf(y)}"
+        return None
+
+    def _diff_training(self, a, b):
+        mods = {id(m): n for root, mod in self.reg.modules for n, m in
+                [(f"{root}.{k}" if k else root, m) for k, m in mod.named_modules()]}
+        for m, x, y in zip(self.reg.all_modules, a, b):
+            if x != y:
+                return f"{mods.get(id(m), type(m).__name__)}.training {x} -> {y}"
+        return None
+
+    def _diff_hyper(self, a, b):
+        for (oname, _), ga, gb in zip(self.reg.optimizers, a, b):
+            if len(ga) != len(gb):
+                return f"{oname}: number of param_groups {len(ga)} -> {len(gb)}"
+            for gi, (x, y) in enumerate(zip(ga, gb)):
+                dx, dy = dict(x), dict(y)
+                for k in dict.fromkeys(list(dx) + list(dy)):
+                    if dx.get(k) != dy.get(k):
+                        return f"{oname}.param_groups[{gi}]['{k}'] {_short(dx.get(k))} -> {_short(dy.get(k))}"
+        return None
+
+    def _diff_optstate(self, a, b):
+        for (oname, _), x, y in zip(self.reg.optimizers, a, b):
+            if x[0] != y[0]:
+                return f"{oname}.state was replaced (load_state_dict?)"
+            if x[1] != y[1]:
+                return f"{oname}.state: entries {x[1]} -> {y[1]}"
+        return None
+
+    def _diff_grads(self, a, b):
+        params = [(s, p) for s, p in self.reg.params if p.requires_grad]
+        for (src, _), x, y in zip(params, a, b):
+            if x != y:
+                fx = "None" if x is None else "a tensor"
+                fy = "None" if y is None else "a tensor"
+                if x is not None and y is not None:
+                    fx, fy = _short(x[1:]), _short(y[1:])
+                return f"{src}.grad {fx} -> {fy}"
+        return None
+
+
+def _autocast_state() -> tuple:
+    out = []
+    for dev in ("cpu", "cuda"):
+        on = torch.is_autocast_enabled(dev)
+        out.append((on, torch.get_autocast_dtype(dev) if on else None))
+    out.append(torch.is_autocast_cache_enabled())
+    return tuple(out)
+
+
+def _short(v) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    if isinstance(v, tuple) and v and v[0] == "tensor":
+        return "tensor"
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _is_tensor_meta(x) -> bool:
+    return len(x) == 6 and isinstance(x[0], type) and issubclass(x[0], torch.Tensor)
+
+
+def _describe_leaf(x) -> str:
+    if _is_tensor_meta(x):
+        return f"tensor {_short(x[1])}{list(x[3])}"
+    if x[0] == "value":
+        return _short(x[2])
+    return f"{x[1].__name__} object"
+
+
+def arg_names(fn) -> list[str]:
+    """Positional parameter names of ``fn`` (best effort, for messages)."""
+    import inspect
+    try:
+        return list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def leaf_names(params: list[str], args, kwargs) -> list[str]:
+    """A readable name per flattened input leaf: ``arg 0 (x)``, ``arg 1 (batch)['ids']``."""
+    out = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if not path:
+            out.append("input")
+            continue
+        head = path[0].idx if hasattr(path[0], "idx") else 0
+        rest = path[1:]
+        if head == 0 and rest:
+            i = rest[0].idx
+            label = f"arg {i}" + (f" ({params[i]})" if i < len(params) else "")
+            rest = rest[1:]
+        elif rest:
+            label = f"kwarg {rest[0].key!r}" if hasattr(rest[0], "key") else "kwarg"
+            rest = rest[1:]
+        else:
+            label = "input"
+        out.append(label + "".join(str(k) for k in rest))
+    return out

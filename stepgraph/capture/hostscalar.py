@@ -1,0 +1,143 @@
+"""Host scalars: optimizer step counters read with ``.item()`` stay live in the graph.
+
+PyTorch's default CPU optimizers (Adam, AdamW, Adagrad, ...) call ``step_t.item()`` and do
+their bias-correction arithmetic in Python floats. A plain trace would bake step 2's floats
+into every replay. Instead, ``.item()`` on a known step counter returns a ``HostFloat``: a
+``float`` whose arithmetic also records ``operator`` nodes in the graph, so each replay
+recomputes the same Python floats from the live counter — bit-identical to eager and with no
+extra tensor kernels (which the optimizers' ``capturable`` path would add).
+"""
+from __future__ import annotations
+
+import math
+import operator
+
+import torch
+
+
+class HostFloat(float):
+    """A float that remembers the fx node computing it during a trace."""
+
+    __slots__ = ("node",)
+
+    def __new__(cls, value, node):
+        self = float.__new__(cls, value)
+        self.node = node
+        return self
+
+    def __reduce__(self):  # never pickled as a HostFloat
+        return (float, (float(self),))
+
+
+def _tracer():
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    mode = get_proxy_mode()
+    return None if mode is None else mode.tracer
+
+
+def _arg(x):
+    return x.node if isinstance(x, HostFloat) else x
+
+
+def _binary(op, swap=False):
+    def method(self, other):
+        if not isinstance(other, (int, float)) or isinstance(other, bool):
+            return NotImplemented
+        a, b = (other, self) if swap else (self, other)
+        value = op(float(a), float(b))
+        tracer = _tracer()
+        if tracer is None:  # used after the trace: plain float semantics
+            return value
+        node = tracer.create_node("call_function", op, (_arg(a), _arg(b)), {})
+        return HostFloat(value, node)
+    return method
+
+
+def _unary(op):
+    def method(self):
+        value = op(float(self))
+        tracer = _tracer()
+        if tracer is None:
+            return value
+        return HostFloat(value, tracer.create_node("call_function", op, (self.node,), {}))
+    return method
+
+
+for _name, _op in [("add", operator.add), ("sub", operator.sub), ("mul", operator.mul),
+                   ("truediv", operator.truediv), ("pow", operator.pow),
+                   ("floordiv", operator.floordiv), ("mod", operator.mod)]:
+    setattr(HostFloat, f"__{_name}__", _binary(_op))
+    setattr(HostFloat, f"__r{_name}__", _binary(_op, swap=True))
+HostFloat.__neg__ = _unary(operator.neg)
+HostFloat.__pos__ = _unary(operator.pos)
+HostFloat.__abs__ = _unary(operator.abs)
+
+
+class _DataDependentBranch(Exception):
+    pass
+
+
+def _refuse(name):
+    def method(self, *a):
+        raise _DataDependentBranch(name)
+    return method
+
+
+# Branching on a step counter (``if step > warmup``) would bake one side of the branch.
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor", "ceil", "trunc"):
+    setattr(HostFloat, f"__{_name}__", _refuse(_name))
+HostFloat.__hash__ = float.__hash__
+
+
+def item_node(tracer, t: torch.Tensor):
+    """Record ``aten._local_scalar_dense(t)`` in the graph and return its HostFloat."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+    from torch.utils._python_dispatch import _disable_current_modes
+    if has_proxy_slot(t, tracer):
+        src = get_proxy_slot(t, tracer).proxy.node
+    else:
+        src = tracer.create_arg(t)
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        value = t.item()
+    node = tracer.create_node("call_function", torch.ops.aten._local_scalar_dense.default, (src,), {})
+    return HostFloat(value, node)
+
+
+def substitute(nodes, floats, call_args) -> set:
+    """In ``nodes``' arguments, put each HostFloat's node where its value was passed.
+
+    The dispatcher hands ops plain floats, so values are matched by their bits; a float list
+    is matched position by position against a list of the Python call (several step counters
+    usually hold the same value). Returns the ids of the HostFloats found.
+    """
+    by_bits: dict = {}
+    for f in floats:
+        by_bits.setdefault(float(f).hex(), []).append(f)
+    seqs = [a for a in call_args if isinstance(a, (list, tuple)) and any(isinstance(x, HostFloat) for x in a)]
+    used = set()
+
+    def one(a, hint=None):
+        if isinstance(a, float) and not math.isnan(a):
+            if isinstance(hint, HostFloat) and float(hint).hex() == a.hex():
+                used.add(id(hint))
+                return hint.node
+            group = by_bits.get(a.hex())
+            if group:
+                used.update(id(f) for f in group)
+                return group[0].node
+        return a
+
+    def fix(a):
+        if isinstance(a, (list, tuple)):
+            for seq in seqs:
+                if len(seq) == len(a) and all(not isinstance(x, float) or
+                                              (isinstance(y, (int, float)) and float(y).hex() == x.hex())
+                                              for x, y in zip(a, seq)):
+                    return type(a)(one(x, y) for x, y in zip(a, seq))
+            return type(a)(fix(x) for x in a)
+        return one(a)
+
+    for n in nodes:
+        n.args = tuple(fix(a) for a in n.args)
+        n.kwargs = {k: fix(v) for k, v in n.kwargs.items()}
+    return used

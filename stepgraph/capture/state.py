@@ -1,0 +1,220 @@
+"""Find the state a step function touches (modules, optimizers) and name every tensor by source.
+
+State is found by walking what the function can reach: its closure, the globals its code
+names (and those of plain functions it calls), the ``self`` of a bound method, one level of
+attributes and containers. Tensors the trace meets that are not found here still work (they
+are graph constants); they are only named ``<constant #k>``.
+"""
+from __future__ import annotations
+
+import inspect
+import types
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+# Bumped by torch's global registration hooks whenever any module gets a parameter, buffer or
+# submodule assigned: an O(1) guard that notices ``model.fc.weight = nn.Parameter(...)``.
+_EPOCH = [0]
+
+
+_PAUSED = [0]
+
+
+def _bump(module, *_a):
+    # While stepgraph traces, make_fx's scratch root module registers every constant it
+    # meets: that is not user state, and would otherwise invalidate the graph just made.
+    if not _PAUSED[0] and not isinstance(module, torch.fx.GraphModule):
+        _EPOCH[0] += 1
+
+
+class paused_registration_epoch:
+    def __enter__(self):
+        _PAUSED[0] += 1
+
+    def __exit__(self, *exc):
+        _PAUSED[0] -= 1
+
+
+_HOOKS_INSTALLED = []
+
+
+def install_registration_hooks() -> None:
+    if _HOOKS_INSTALLED:
+        return
+    from torch.nn.modules import module as _m
+    _m.register_module_parameter_registration_hook(_bump)
+    _m.register_module_buffer_registration_hook(_bump)
+    _m.register_module_module_registration_hook(_bump)
+    _HOOKS_INSTALLED.append(True)
+
+
+def registration_epoch() -> int:
+    return _EPOCH[0]
+
+
+@dataclass
+class Slot:
+    """A place in the user's objects that holds a tensor and may be rebound by the step."""
+    kind: str          # "grad" | "buffer" | "optstate"
+    source: str
+    owner: object      # the Parameter (grad), the Module (buffer), the per-param state dict
+    key: object = None
+
+    def get(self):
+        if self.kind == "grad":
+            return self.owner.grad
+        if self.kind == "buffer":
+            return self.owner._buffers.get(self.key)
+        return self.owner.get(self.key)
+
+    def set(self, value) -> None:
+        if self.kind == "grad":
+            self.owner.grad = value
+        elif self.kind == "buffer":
+            self.owner._buffers[self.key] = value
+        elif value is None:
+            self.owner.pop(self.key, None)
+        else:
+            self.owner[self.key] = value
+
+
+@dataclass
+class StateRegistry:
+    modules: list = field(default_factory=list)        # (name, Module)
+    optimizers: list = field(default_factory=list)     # (name, Optimizer)
+    names: dict = field(default_factory=dict)          # id(tensor) -> source
+    params: list = field(default_factory=list)         # (source, Parameter), unique
+    all_modules: list = field(default_factory=list)    # every submodule, for train/eval guards
+
+    def name_of(self, t) -> str | None:
+        return self.names.get(id(t))
+
+    def refresh_names(self) -> None:
+        """Re-read every source (cheap); run before each capture since state may be new."""
+        self.names.clear()
+        self.params.clear()
+        self.all_modules.clear()
+        seen_mod = set()
+        for mname, mod in self.modules:
+            for sub in mod.modules():
+                if id(sub) not in seen_mod:
+                    seen_mod.add(id(sub))
+                    self.all_modules.append(sub)
+            for pname, p in mod.named_parameters(remove_duplicate=True):
+                if id(p) not in self.names:
+                    self.names[id(p)] = f"{mname}.{pname}"
+                    self.params.append((f"{mname}.{pname}", p))
+            for bname, b in mod.named_buffers(remove_duplicate=True):
+                self.names.setdefault(id(b), f"{mname}.{bname}")
+        for oname, opt in self.optimizers:
+            for gi, group in enumerate(opt.param_groups):
+                for pi, p in enumerate(group["params"]):
+                    if id(p) not in self.names:
+                        src = f"{oname}.param_groups[{gi}]['params'][{pi}]"
+                        self.names[id(p)] = src
+                        self.params.append((src, p))
+                for k, v in group.items():
+                    if isinstance(v, torch.Tensor):
+                        self.names.setdefault(id(v), f"{oname}.param_groups[{gi}]['{k}']")
+            for p, st in opt.state.items():
+                pn = self.names.get(id(p), "?")
+                for k, v in st.items():
+                    if isinstance(v, torch.Tensor):
+                        self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
+
+    def slots(self, extra_params=()) -> list[Slot]:
+        """Every rebindable tensor slot: grads, buffers, optimizer state entries."""
+        out = []
+        seen = set()
+        params = list(self.params) + [(self.names.get(id(p), f"<param #{i}>"), p)
+                                      for i, p in enumerate(extra_params)]
+        for src, p in params:
+            if id(p) in seen or not p.requires_grad:
+                continue
+            seen.add(id(p))
+            out.append(Slot("grad", f"{src}.grad", p))
+        for mname, mod in self.modules:
+            for sname, sub in mod.named_modules(remove_duplicate=True):
+                for bname in list(sub._buffers):
+                    pre = f"{mname}.{sname}." if sname else f"{mname}."
+                    out.append(Slot("buffer", pre + bname, sub, bname))
+        for oname, opt in self.optimizers:
+            for gi, group in enumerate(opt.param_groups):
+                for p in group["params"]:
+                    st = opt.state.get(p)
+                    if st is None:
+                        continue
+                    pn = self.names.get(id(p), "?")
+                    for k in list(st):
+                        out.append(Slot("optstate", f"{oname}.state[{pn}]['{k}']", st, k))
+        return out
+
+
+def _walk_function(fn, found: dict, depth: int = 0) -> None:
+    if depth > 2:
+        return
+    if isinstance(fn, types.MethodType):
+        _consider("self", fn.__self__, found, depth)
+        fn = fn.__func__
+    if isinstance(fn, nn.Module):
+        _consider("model", fn, found, depth)
+        return
+    if not isinstance(fn, types.FunctionType):
+        call = getattr(type(fn), "__call__", None)
+        if call is not None and not isinstance(fn, type):
+            _consider("self", fn, found, depth)
+        return
+    try:
+        cv = inspect.getclosurevars(fn)
+    except (TypeError, ValueError):
+        return
+    for name, val in list(cv.nonlocals.items()) + list(cv.globals.items()):
+        if isinstance(val, types.FunctionType) and val is not fn:
+            _walk_function(val, found, depth + 1)
+        else:
+            _consider(name, val, found, depth)
+
+
+def _consider(name: str, obj, found: dict, depth: int) -> None:
+    if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
+        found.setdefault(id(obj), (name, obj))
+        return
+    if depth > 1 or isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Tensor, type,
+                                     types.ModuleType, types.FunctionType)):
+        return
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj[:64]):
+            _consider(f"{name}[{i}]", v, found, depth + 1)
+        return
+    if isinstance(obj, dict):
+        for k, v in list(obj.items())[:64]:
+            if isinstance(k, str):
+                _consider(f"{name}[{k!r}]", v, found, depth + 1)
+        return
+    opt = getattr(obj, "optimizer", None)  # LR schedulers, GradScaler-like holders
+    if isinstance(opt, torch.optim.Optimizer):
+        found.setdefault(id(opt), (f"{name}.optimizer", opt))
+    d = getattr(obj, "__dict__", None)
+    if isinstance(d, dict) and depth <= 1:
+        for k, v in list(d.items())[:64]:
+            if isinstance(v, (nn.Module, torch.optim.Optimizer, list, tuple, dict)):
+                _consider(f"{name}.{k}", v, found, depth + 1)
+
+
+def discover(fn, extra=()) -> StateRegistry:
+    """Find modules and optimizers reachable from ``fn`` (plus ``extra`` objects given by the user)."""
+    found: dict = {}
+    for i, obj in enumerate(extra):
+        _consider(f"state[{i}]" if not isinstance(obj, tuple) else obj[0],
+                  obj if not isinstance(obj, tuple) else obj[1], found, 0)
+    _walk_function(fn, found)
+    reg = StateRegistry()
+    mods = [(n, o) for n, o in found.values() if isinstance(o, nn.Module)]
+    # Drop modules that are submodules of another found module: their tensors get the longer name.
+    sub_ids = {id(s) for _, m in mods for s in list(m.modules())[1:]}
+    reg.modules = [(n, m) for n, m in mods if id(m) not in sub_ids]
+    reg.optimizers = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer)]
+    reg.refresh_names()
+    return reg

@@ -1,0 +1,235 @@
+"""Trace one real call of the step at the aten level with ``make_fx``.
+
+The trace *is* the step: every op runs on the user's real tensors, so the capturing call
+returns its real result and leaves state exactly as the eager call would. While tracing,
+two modes watch for what cannot be replayed:
+
+* ``_HostReadMode`` (torch-function level) sees Python-visible host reads — ``.item()``,
+  ``.tolist()``, ``.numpy()``, ``print(t)``, ``bool(t)`` — on tensors computed by the step,
+  and turns ``.item()`` on optimizer step counters into host scalars (hostscalar.py).
+* ``_DispatchCheckMode`` (aten level) sees ops whose output shape or value depends on data.
+
+Problems are collected, the trace runs to its end (so state stays eager-equal), and then one
+``CaptureError`` names the first problem's op, the user's file:line and the fix.
+"""
+from __future__ import annotations
+
+import contextlib
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot, make_fx
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..errors import CaptureError, library_frame, user_frame
+from .hostscalar import HostFloat, _DataDependentBranch, item_node, substitute
+from .state import Slot, StateRegistry, paused_registration_epoch
+
+_T = torch.Tensor
+# Python-level reads of a tensor's value: each would bake this step's value into the graph.
+_HOST_READS = {
+    _T.item: ("Tensor.item()", "return the tensor itself from the step and call .item() outside it"),
+    _T.tolist: ("Tensor.tolist()", "return the tensor from the step and convert it outside"),
+    _T.numpy: ("Tensor.numpy()", "return the tensor from the step and convert it outside"),
+    _T.__array__: ("numpy conversion of a tensor", "return the tensor and convert it outside the step"),
+    _T.__repr__: ("print/repr of a tensor", "return the tensor from the step and print it outside"),
+    _T.__str__: ("print/str of a tensor", "return the tensor from the step and print it outside"),
+    _T.__format__: ("formatting a tensor (f-string/format)", "return the tensor and format it outside"),
+    _T.__bool__: ("bool(tensor): Python control flow on a tensor value",
+                  "use torch.where / masking instead of `if tensor:`, or move the branch outside"),
+    _T.__int__: ("int(tensor)", "keep the value as a tensor, or compute it outside the step"),
+    _T.__float__: ("float(tensor)", "keep the value as a tensor, or compute it outside the step"),
+    _T.__index__: ("using a tensor as a Python index", "index with the tensor itself, or outside the step"),
+}
+_DEVICE_MOVES = {_T.cpu, _T.to}
+
+
+@dataclass
+class Problem:
+    op: str
+    where: str
+    fix: str
+    inside: str = ""
+
+    def message(self) -> str:
+        lib = f" (inside {self.inside})" if self.inside else ""
+        return f"host sync in the step: {self.op}{lib} cannot be captured in a graph"
+
+
+@dataclass
+class TraceResult:
+    graph_module: torch.fx.GraphModule
+    out_spec: object                     # pytree spec of the user's output
+    out_leaves: list                     # per output leaf: ("tensor", k) or ("const", value)
+    escapes: list[Slot]                  # slots the graph rebinds, in graph-output order after the user's
+    clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
+    grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
+    result: object                       # the real result of the traced call
+    problems: list[Problem] = field(default_factory=list)
+
+
+def _is_traced(t) -> bool:
+    mode = get_proxy_mode()
+    return mode is not None and isinstance(t, torch.Tensor) and has_proxy_slot(t, mode.tracer)
+
+
+class _HostReadMode(TorchFunctionMode):
+    def __init__(self, step_ids: set[int], problems: list[Problem]):
+        super().__init__()
+        self.step_ids = step_ids
+        self.problems = problems
+
+    def _problem(self, op, fix):
+        stack = traceback.extract_stack()
+        self.problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _T.item and args and id(args[0]) in self.step_ids:
+            return item_node(get_proxy_mode().tracer, args[0])
+        info = _HOST_READS.get(func)
+        if info is not None and args and _is_traced(args[0]):
+            self._problem(*info)
+            with _disable_current_modes():
+                return func(*args, **kwargs)
+        if func in _DEVICE_MOVES and args and _is_traced(args[0]) and args[0].device.type != "cpu":
+            dev = kwargs.get("device", args[1] if len(args) > 1 else None)
+            if func is _T.cpu or (dev is not None and torch.device(dev).type == "cpu"
+                                  if isinstance(dev, (str, torch.device)) else False):
+                self._problem("copy of a device tensor to the CPU (.cpu()/.to('cpu'))",
+                              "return the device tensor and move it outside the step")
+        floats = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, HostFloat)]
+        if not floats:
+            return func(*args, **kwargs)
+        tracer = get_proxy_mode().tracer
+        last = tracer.graph._root.prev  # nodes added after this one belong to this call
+        out = func(*args, **kwargs)
+        new_nodes = []
+        n = last.next
+        while n is not tracer.graph._root:
+            new_nodes.append(n)
+            n = n.next
+        used = substitute(new_nodes, floats, pytree.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, (list, tuple)) and any(isinstance(y, HostFloat) for y in x)))
+        if len(used) < len({id(f) for f in floats}):
+            self._problem(f"an optimizer step counter's value flowed into {getattr(func, '__name__', func)} "
+                          "where stepgraph cannot keep it live", "use a capturable optimizer "
+                          "(capturable=True) or report this optimizer to stepgraph")
+        return out
+
+
+def _dynamic_problem(func, args) -> str | None:
+    tags = func.tags
+    if torch.Tag.dynamic_output_shape in tags:
+        if func in (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor):
+            idx = args[1] if len(args) > 1 else []
+            if not any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in idx):
+                return None  # integer indexing has a static output shape
+        return f"{func}: its output shape depends on tensor values"
+    if torch.Tag.data_dependent_output in tags:
+        return f"{func}: reads a tensor value on the host"
+    return None
+
+
+class _DispatchCheckMode(TorchDispatchMode):
+    def __init__(self, problems: list[Problem]):
+        super().__init__()
+        self.problems = problems
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        what = _dynamic_problem(func, args)
+        if what is not None:
+            stack = traceback.extract_stack()
+            fix = ("keep shapes static: use masking (torch.where, multiplying by a mask) instead of "
+                   "boolean indexing / nonzero / unique, or move this part outside the step")
+            self.problems.append(Problem(what, user_frame(stack), fix, library_frame(stack)))
+            if torch.Tag.data_dependent_output in func.tags:
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _step_counter_ids(reg: StateRegistry) -> set[int]:
+    ids = set()
+    for _, opt in reg.optimizers:
+        for st in opt.state.values():
+            s = st.get("step")
+            if isinstance(s, torch.Tensor) and s.numel() == 1 and s.device.type == "cpu":
+                ids.add(id(s))
+    return ids
+
+
+def trace_step(fn, args, kwargs, reg: StateRegistry) -> TraceResult:
+    """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
+    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    slots = reg.slots()
+    before = [s.get() for s in slots]
+    grad_inputs = [(s.owner, s.source) for s, v in zip(slots, before) if s.kind == "grad" and v is not None]
+    problems: list[Problem] = []
+    step_ids = _step_counter_ids(reg)
+    box: dict = {}
+
+    def traced(user_tensors, grad_tensors):
+        flat = list(leaves)
+        for i, t in zip(tensor_pos, user_tensors):
+            flat[i] = t
+        a, kw = pytree.tree_unflatten(flat, in_spec)
+        with _HostReadMode(step_ids, problems), _DispatchCheckMode(problems):
+            try:
+                out = fn(*a, **kw)
+            except _DataDependentBranch as e:
+                stack = traceback.extract_stack(e.__traceback__.tb_frame)
+                raise CaptureError("Python control flow on an optimizer step counter cannot be captured",
+                                   op=f"HostFloat.__{e}__", where=user_frame(stack),
+                                   fix="use a capturable optimizer (capturable=True)") from None
+        box["result"] = out
+        out_leaves, out_spec = pytree.tree_flatten(out)
+        box["out_spec"] = out_spec
+        graph_outs, kinds = [], []
+        for v in out_leaves:
+            if isinstance(v, torch.Tensor):
+                kinds.append(("tensor", len(graph_outs)))
+                graph_outs.append(v)
+            else:
+                kinds.append(("const", v))
+        box["out_leaves"] = kinds
+        escapes, clears = [], []
+        for s, old in zip(slots, before):
+            new = s.get()
+            if new is old:
+                continue
+            if isinstance(new, torch.Tensor) and _is_traced(new):
+                escapes.append(s)
+                graph_outs.append(new)
+            else:
+                clears.append((s, new))
+        box["escapes"], box["clears"] = escapes, clears
+        return graph_outs
+
+    user_tensors = [leaves[i] for i in tensor_pos]
+    grad_tensors = [p.grad for p, _ in grad_inputs]
+    # make_fx constant-folds ops on 1-element untracked tensors by running them a second time,
+    # which would double-apply in-place updates such as an optimizer's step-counter increment.
+    import torch.fx.experimental.proxy_tensor as _pt
+    saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
+    try:
+        with paused_registration_epoch():
+            gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
+    finally:
+        _pt.CONSTANT_NUMEL_LIMIT = saved_limit
+    return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["clears"],
+                       grad_inputs, box["result"], problems)
+
+
+def raise_problems(problems: list[Problem]) -> None:
+    if not problems:
+        return
+    p = problems[0]
+    more = f"\n  ({len(problems) - 1} more: " + "; ".join(
+        f"{q.op} at {q.where}" for q in problems[1:4]) + ")" if len(problems) > 1 else ""
+    raise CaptureError(p.message() + more + "\n  this call ran eagerly to its end: your model and "
+                       "optimizer hold the result of this step", op=p.op, where=p.where, fix=p.fix)

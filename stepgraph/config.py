@@ -1,0 +1,48 @@
+"""The one registry of stepgraph's knobs: each has a default, an environment variable and a doc.
+
+Read a knob with ``config.get("disable")``; the environment is read at the moment of the call,
+so ``STEPGRAPH_DISABLE=1`` takes effect for every ``stepgraph.compile`` made after it is set.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    env: str
+    default: object
+    doc: str
+
+    def read(self):
+        raw = os.environ.get(self.env)
+        if raw is None:
+            return self.default
+        if isinstance(self.default, bool):
+            return raw.strip().lower() not in ("", "0", "false", "no", "off")
+        if isinstance(self.default, int):
+            return int(raw)
+        return raw
+
+
+KNOBS = {k.name: k for k in [
+    Knob("disable", "STEPGRAPH_DISABLE", False,
+         "Run every call eagerly (no capture). Read when compile() is called; for bisecting."),
+    Knob("backend", "STEPGRAPH_BACKEND", "", "Override the backend argument of every compile()."),
+    Knob("max_captures", "STEPGRAPH_MAX_CAPTURES", 0,
+         "Override max_captures (graphs kept per step function) when > 0."),
+    Knob("check", "STEPGRAPH_CHECK", False,
+         "Also run an eager shadow copy for the first replays and report divergence."),
+    Knob("verbose", "STEPGRAPH_VERBOSE", False,
+         "Log captures, replays' first use and recaptures at INFO on the 'stepgraph' logger."),
+]}
+
+
+def get(name: str):
+    return KNOBS[name].read()
+
+
+def describe() -> str:
+    return "\n".join(f"{k.env:<26} default={k.default!r:<8} {k.doc}" for k in KNOBS.values())

@@ -1,0 +1,88 @@
+"""What a captured graph reads and writes, by source name: the facts behind ``explain()``."""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+
+@dataclass
+class GraphSummary:
+    ops: int = 0
+    inplace_ops: int = 0
+    host_scalar_reads: int = 0
+    state_read: list[str] = field(default_factory=list)     # source names, graph constants
+    state_written: list[str] = field(default_factory=list)
+    inputs_written: list[int] = field(default_factory=list)  # placeholder indices the graph mutates
+    constants: dict = field(default_factory=dict)           # attr name -> source name
+    random_ops: int = 0
+
+
+def _written_args(node: fx.Node):
+    schema = node.target._schema
+    for i, arg in enumerate(schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        val = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+        for v in (val if isinstance(val, (list, tuple)) else [val]):
+            if isinstance(v, fx.Node):
+                yield v
+
+
+def summarize(gm: fx.GraphModule, name_of) -> GraphSummary:
+    """``name_of(tensor) -> source or None`` names graph constants."""
+    s = GraphSummary()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    unnamed = 0
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            t = getattr(gm, n.target)
+            if n.target not in s.constants:
+                src = name_of(t)
+                if src is None:
+                    src = f"<constant #{unnamed} {tuple(t.shape)}>"
+                    unnamed += 1
+                s.constants[n.target] = src
+                if src not in s.state_read:
+                    s.state_read.append(src)
+        elif n.op == "call_function":
+            if n.target is torch.ops.aten._local_scalar_dense.default:
+                s.host_scalar_reads += 1
+            if not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            if n.target.namespace == "aten" or n.target.namespace == "prims":
+                s.ops += 1
+            if torch.Tag.nondeterministic_seeded in n.target.tags:
+                s.random_ops += 1
+            if n.target._schema.is_mutable:
+                s.inplace_ops += 1
+                for w in _written_args(n):
+                    root = _base(w)
+                    if root.op == "get_attr":
+                        src = s.constants.get(root.target) or name_of(getattr(gm, root.target)) or root.target
+                        if src not in s.state_written:
+                            s.state_written.append(src)
+                    elif root.op == "placeholder":
+                        idx = placeholders.index(root)
+                        if idx not in s.inputs_written:
+                            s.inputs_written.append(idx)
+    return s
+
+
+def _base(n: fx.Node) -> fx.Node:
+    """Follow views and in-place results back to the tensor they alias."""
+    seen = 0
+    while n.op == "call_function" and seen < 64 and n.args and isinstance(n.args[0], fx.Node):
+        t = n.target
+        if isinstance(t, torch._ops.OpOverload) and (t.is_view or t._schema.is_mutable):
+            n = n.args[0]
+        elif t is operator.getitem and isinstance(n.args[0], fx.Node):
+            n = n.args[0]
+            if isinstance(n.args[0] if n.args else None, (list, tuple)):
+                break
+        else:
+            break
+        seen += 1
+    return n
