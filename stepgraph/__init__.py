@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 
 def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: int = 8,
-            state=(), on_capture_error: str = "raise"):
+            state=(), on_capture_error: str = "raise", clone_outputs: bool = True):
     """Capture ``fn`` — a whole training step — as one graph, replayed on later calls.
 
     Call 1 (``warmup`` calls) runs eagerly so optimizer state exists; the next call traces
@@ -42,6 +42,9 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
         max_captures: graphs kept (one per guard signature); past it, new signatures run
             eagerly with one warning.
         on_capture_error: ``"raise"`` (default) or ``"eager"`` to fall back for good.
+        clone_outputs: with the CUDA-graph backend, returned tensors are copies (default), so
+            later replays never overwrite them; ``False`` returns the graph's static output
+            buffers (zero-copy: valid until the next call).
 
     Example::
 
@@ -49,7 +52,7 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
     """
     def wrap(f):
         return StepFunction(f, backend=backend, warmup=warmup, max_captures=max_captures,
-                            state=state, on_capture_error=on_capture_error)
+                            state=state, on_capture_error=on_capture_error, clone_outputs=clone_outputs)
     return wrap(fn) if fn is not None else wrap
 
 

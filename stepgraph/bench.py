@@ -178,6 +178,17 @@ def _cleanup(dev):
         torch.cuda.empty_cache()
 
 
+def prewarm_compile(dev):
+    """Pay torch.compile's one-time process start-up (imports, compile workers) up front, so the
+    first compile variant's 'first s' is not charged for it and the variants compare fairly."""
+    try:
+        x = torch.randn(8, device=dev, requires_grad=True)
+        torch.compile(lambda t: torch.nn.functional.gelu(t * 2).sum())(x).backward()
+    except Exception as e:  # the compile variants will fail (and say why) on their own
+        print(f"torch.compile pre-warm failed: {type(e).__name__}: {e}", file=sys.stderr)
+    _cleanup(dev)
+
+
 def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) -> Row:
     """Build a fresh model, time its first calls, then time ``steps`` steps after ``warmup``."""
     row = Row(name, variant)
@@ -276,7 +287,7 @@ def header(dev, args) -> dict:
         (platform.processor() or platform.machine()) + f" ({os.cpu_count()} cpus, "
         f"{torch.get_num_threads()} threads)",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
+        "threads": torch.get_num_threads(), "warm_cache": args.warm_cache, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
     }
 
@@ -295,11 +306,17 @@ def main(argv=None) -> int:
     p.add_argument("--stepgraph-backends", default="",
                    help="extra stepgraph backends to run besides 'auto', e.g. replay,cudagraph")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch.set_num_threads for CPU runs (1 is steadier on a busy machine)")
+                   help="torch.set_num_threads (CPU default 1: these tiny steps gain nothing from "
+                   "threads, and on a busy 2-core box OpenMP waits add ~500 ms; 0 = torch default)")
+    p.add_argument("--warm-cache", action="store_true",
+                   help="let torch.compile use inductor's caches (default off: otherwise the second "
+                   "compile variant of a case reuses the first's kernels and its 'first s' is unfair)")
     p.add_argument("--quick", action="store_true", help="few steps, for CI smoke tests")
     args = p.parse_args(argv)
 
     dev = torch.device(args.device)
+    if args.threads is None and dev.type == "cpu":
+        args.threads = 1
     if args.threads:
         torch.set_num_threads(args.threads)
     gpu = dev.type == "cuda"
@@ -310,6 +327,9 @@ def main(argv=None) -> int:
     # >= 1 warm-up keeps step i on batch i for handwritten too (its first replay is step 3).
     args.steps, args.warmup = max(args.steps, 1), max(args.warmup, 1)
     dtype = getattr(torch, args.dtype)
+    if not args.warm_cache:
+        import torch._inductor.config as inductor_config
+        inductor_config.force_disable_caches = True
     names = [c for c in args.cases.split(",") if c] or [n for n, c in CASES.items() if c.gpu == gpu]
 
     variants: dict[str, Callable] = {"eager": v_eager, "compile": v_compile,
@@ -326,10 +346,22 @@ def main(argv=None) -> int:
             p.error(f"unknown variants {unknown}; known: {list(variants)}")
         variants = {k: v for k, v in variants.items() if k in want}
 
+    if any(k in variants for k in ("compile", "reduce-overhead")):
+        prewarm_compile(dev)
     meta = header(dev, args)
     title = (f"# stepgraph bench\n\ndevice: {meta['device']} | torch {meta['torch']} | "
              f"python {meta['python']} | dtype {args.dtype} | {args.steps} timed steps after "
-             f"{FIRST_CALLS}+{args.warmup} warm-up | {meta['time']}\n")
+             f"{FIRST_CALLS}+{args.warmup} warm-up | {meta['time']}\n\n"
+             "median ms: per-step median (" + ("CUDA events" if gpu else "perf_counter, "
+             f"{meta['threads']} thread(s)") + "); speedup = eager ms / ms; "
+             + ("x floor = ms / handwritten ms; " if gpu else "")
+             + "first s: from building the step function to the end of the first compiled/"
+             "replayed step (3 calls; handwritten: 3 warm-up steps + capture + first replay; "
+             + ("inductor caches off, compile start-up pre-warmed" if not args.warm_cache
+                else "inductor caches on") + "); "
+             + ("peak MiB: max_memory_allocated incl. model and batches" if gpu
+                else "RSS delta MiB: resident-set growth over the variant")
+             + "; final loss: last step's loss (same batches everywhere, so it should agree).\n")
     print(title, flush=True)
     md, results = [title], []
     for name in names:
@@ -345,7 +377,7 @@ def main(argv=None) -> int:
             rows.append(measure(name, vname, make, bench, dev, dtype, args.warmup, args.steps))
             if rows[-1].error:
                 print(rows[-1].note, file=sys.stderr, flush=True)
-        cfg = ", ".join(f"{k}={v}" for k, v in bench.config.items())
+        cfg = ", ".join(f"{k}={v}" for k, v in bench.config.items()) or "defaults"
         section = f"## {name} ({bench.family}: {cfg})\n\n{table(name, rows, gpu)}\n"
         print(section, flush=True)
         md.append(section)

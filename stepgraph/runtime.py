@@ -49,10 +49,18 @@ class CapturedStep:
     seconds: float
     captured_at_call: int
     n_user_outputs: int
+    tensor_pos: list
+    flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
+    stale: object = None     # backend check: a reason string when held addresses moved
 
-    def replay(self, sig, stepfn) -> object:
+    def replay_args(self, args, kwargs):
+        """Replay for a call whose quick key matched: same structure as the captured call."""
+        leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))
+        return self.replay(leaves, self.tensor_pos)
+
+    def replay(self, leaves, tensor_pos) -> object:
         tr = self.trace
-        inputs = [sig.leaves[i] for i in sig.tensor_pos]
+        inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
         outs = self.run(inputs)
         n = self.n_user_outputs
@@ -67,7 +75,8 @@ class CapturedStep:
 class StepFunction:
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
-    def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise"):
+    def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
+                 clone_outputs=True):
         if warmup < 0 or max_captures < 1:
             raise StepGraphError("warmup must be >= 0 and max_captures >= 1")
         if on_capture_error not in ("raise", "eager"):
@@ -80,6 +89,7 @@ class StepFunction:
         self.warmup = warmup
         self.max_captures = config.get("max_captures") or max_captures
         self.on_capture_error = on_capture_error
+        self.clone_outputs = clone_outputs
         self.disabled = bool(config.get("disable"))
         self._extra_state = tuple(state)
         self._lock = threading.RLock()
@@ -95,9 +105,16 @@ class StepFunction:
             self._reg: StateRegistry | None = None
             self._guards: Guards | None = None
             self._calls = 0
+            self._last: CapturedStep | None = None
+            self._last_quick = None
             self._warned_cap = False
             self._eager_only = False
+            self._prepared: list[str] = []
+            had_graphs = bool(getattr(self, "_pool", None))
+            self._pool = None
             self.stats = Stats()
+            if had_graphs and torch.cuda.is_available():
+                torch.cuda.empty_cache()  # give the dropped graphs' pool back to the device
 
     @property
     def graph(self) -> torch.fx.GraphModule | None:
@@ -116,11 +133,27 @@ class StepFunction:
             if self._reg is None:
                 self._reg = discover(self.fn, self._extra_state)
                 self._guards = Guards(self._reg, arg_names(self.fn))
+            last = self._last
+            if last is not None:
+                try:
+                    quick = self._guards.quick_key(args, kwargs)
+                    hit = quick == self._last_quick
+                except Exception:  # a tensor compared by value: not the same object
+                    hit = False
+                if hit and (last.stale is None or last.stale() is None):
+                    self.stats.replays += 1
+                    return last.replay_args(args, kwargs)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
+            stale_reason = entry.stale() if entry is not None and entry.stale is not None else None
+            if stale_reason is not None:
+                self._drop(entry)
+                return self._capture(sig, args, kwargs, reason=stale_reason)
             if entry is not None:
                 self.stats.replays += 1
-                return entry.replay(sig, self)
+                out = entry.replay(sig.leaves, sig.tensor_pos)
+                self._remember(entry, args, kwargs)
+                return out
             if self.stats.eager_calls < self.warmup and not self._order:
                 return self._eager(args, kwargs)
             if len(self._entries) >= self.max_captures:
@@ -181,22 +214,53 @@ class StepFunction:
         return f"<stepgraph.StepFunction {self.__name__} backend={self.backend} graphs={len(self._order)}>"
 
     # ---- internals ---------------------------------------------------------------------
+    def _drop(self, entry) -> None:
+        self._entries.pop(entry.key, None)
+        self._order.remove(entry)
+        self._last = self._last_quick = None
+
+    def _remember(self, entry, args, kwargs):
+        # The quick key is taken from the state *after* this call, which is the next call's
+        # state only if nothing changes in between: trust it only when that post-call state
+        # still has this entry's full signature (a graph that rebinds .grad does not), and
+        # only for flat calls, whose leaves are the args themselves.
+        if entry.flat_args and not kwargs and self._guards.signature(args, kwargs).key == entry.key:
+            self._last, self._last_quick = entry, self._guards.quick_key(args, kwargs)
+        else:
+            self._last = self._last_quick = None
+
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
 
-    def _capture(self, sig, args, kwargs):
-        reason = None
-        if self._order:
+    def _capture(self, sig, args, kwargs, reason=None):
+        if reason is None and self._order:
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
         backend = backends.pick(self.backend, device)
         t0 = time.perf_counter()
         self._reg.refresh_names()
-        prepare = getattr(backend, "prepare", None)
+        if backend.prepare is not None:
+            changed = backend.prepare(self._reg)
+            if changed:
+                self._prepared += changed
+                log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
+                sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
-            tr = trace_step(self.fn, args, kwargs, self._reg)
+            with _capture_stream(device):
+                tr = trace_step(self.fn, args, kwargs, self._reg)
             raise_problems(tr.problems)
+            gm = cleanup(tr.graph_module)
+            tr.graph_module = gm
+            summary = summarize(gm, self._reg.name_of)
+            n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
+            example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
+            if device == "cuda" and self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+            run = backend.compile(gm, example, pool=self._pool, inputs_written=summary.inputs_written,
+                                  clone_outputs=self.clone_outputs, n_user_outputs=n_user,
+                                  state_tensors=list({id(t): t for t in consts}.values()))
         except BaseException:
             self.stats.failed_captures += 1
             if self.on_capture_error == "eager":
@@ -204,26 +268,43 @@ class StepFunction:
                             exc_info=True)
                 self._eager_only = True
             raise
-        gm = cleanup(tr.graph_module)
-        example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
-        run = backend.compile(gm, example)
-        n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
         seconds = time.perf_counter() - t0
-        entry = CapturedStep(sig.key, gm, run, tr, summarize(gm, self._reg.name_of), backend.name,
-                             seconds, self._calls, n_user)
-        tr.graph_module = gm
+        flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
+        entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
+                             sig.tensor_pos, flat, getattr(run, "stale", None))
         self._entries[sig.key] = entry
         self._order.append(entry)
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
+        # The quick key must describe the state *before* a call: recompute it at the next call.
+        self._last = self._last_quick = None
         if reason is not None:
             self.stats.recaptures.append(reason)
             log.info("stepgraph: recapture %s: %s", self.__name__, reason)
         else:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
-                     entry.summary.ops, seconds, backend.name)
-        del prepare
+                     summary.ops, seconds, backend.name)
         return tr.result
+
+
+class _capture_stream:
+    """Trace (the capturing call's real run) on a side stream on CUDA, as CUDA graphs want."""
+
+    def __init__(self, device: str):
+        self.on = device == "cuda"
+
+    def __enter__(self):
+        if self.on:
+            self.prev = torch.cuda.current_stream()
+            self.side = torch.cuda.Stream()
+            self.side.wait_stream(self.prev)
+            self.ctx = torch.cuda.stream(self.side)
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.ctx.__exit__(*exc)
+            self.prev.wait_stream(self.side)
 
 
 def _names(xs, limit=12) -> str:

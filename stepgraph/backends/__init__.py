@@ -20,6 +20,7 @@ class Backend:
     compile: Callable
     doc: str
     device_types: tuple = ("cpu", "cuda")
+    prepare: Callable | None = None   # (StateRegistry) -> list of changes, run before tracing
 
 
 def _registry() -> dict:

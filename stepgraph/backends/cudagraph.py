@@ -1,9 +1,135 @@
-"""``cudagraph``: placeholder until the CUDA-graph backend lands."""
+"""``cudagraph``: the whole step recorded into one ``torch.cuda.CUDAGraph``; a call is
+guard check -> copy user inputs into static buffers (skipped when the address already
+matches) -> ``replay()`` -> outputs.
+
+Parameters, buffers, optimizer state and persistent grads are never copied: the graph
+holds their addresses, checked on every call by one C++ data-pointer comparison; when one
+moved (``load_state_dict``, ``.to()``) the graph is dropped and the step recaptured.
+"""
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from ..errors import CaptureError
 from . import Backend
+from .replay import generate
+
+_PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 
 
-def compile_cudagraph(gm, example_inputs, **_):
-    raise NotImplementedError("cudagraph backend")
+def make_capturable(reg) -> list[str]:
+    """Switch CUDA optimizers to their capturable form; return what changed (for explain).
+
+    Step counters move to the device, ``capturable=True``, and a float ``lr`` becomes a
+    0-dim device tensor that LR schedulers update in place (``fill_``), so a schedule never
+    forces a recapture. The numerics are PyTorch's own capturable path.
+    """
+    changed = []
+    for oname, opt in reg.optimizers:
+        for gi, group in enumerate(opt.param_groups):
+            params = [p for p in group["params"] if p.is_cuda]
+            if not params:
+                continue
+            dev = params[0].device
+            fused = bool(group.get("fused"))
+            if "capturable" in group and not group["capturable"] and not fused:
+                group["capturable"] = True
+                changed.append(f"{oname}.param_groups[{gi}]['capturable'] = True")
+            if ("capturable" in group or fused) and isinstance(group.get("lr"), float):
+                group["lr"] = torch.tensor(group["lr"], device=dev)
+                changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
+            for p in params:
+                st = opt.state.get(p)
+                s = None if st is None else st.get("step")
+                if isinstance(s, torch.Tensor) and s.device != p.device:
+                    st["step"] = s.to(device=p.device, dtype=torch.float32)
+    return changed
 
 
-BACKEND = Backend("cudagraph", compile_cudagraph, "one CUDA graph launch per step", ("cuda",))
+def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
+    """Refuse what a CUDA graph would silently get wrong: CPU work and host scalars."""
+    devices = set()
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
+            problems_out.append("a host read of a tensor value (.item()) inside the step")
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            if isinstance(v, torch.Tensor):
+                if v.device.type == "cuda":
+                    devices.add(v.device.index)
+                elif v.device.type == "cpu" and n.op != "get_attr" and not (v.dim() == 0 and n.op == "call_function" and n.target is torch.ops.aten.lift_fresh_copy.default):
+                    problems_out.append(f"CPU tensor work in a CUDA step ({n.format_node()[:120]})")
+    if len(devices) > 1:
+        problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
+
+
+def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
+                      clone_outputs=True, n_user_outputs=None, state_tensors=(), **_):
+    problems: list = []
+    check_graph(gm, problems)
+    if problems:
+        raise CaptureError(f"the step cannot be recorded as a CUDA graph: {problems[0]}",
+                           op=problems[0], where="the step function",
+                           fix="keep every tensor of the step on one GPU (move CPU tensors to the "
+                               "device before the step, return values instead of reading them), "
+                               "or use backend='replay'")
+    _, fn = generate(gm)
+    static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+              for x in example_inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            outs = fn(*static)
+    finally:
+        torch._C._set_grad_enabled(prev)
+    torch.cuda.current_stream().wait_stream(side)
+    outs = list(outs)
+    static_ptrs = [x.data_ptr() for x in static]
+    written = set(inputs_written)
+    n_user = len(outs) if n_user_outputs is None else n_user_outputs
+    state = list(state_tensors)
+    state_ptrs = [t.data_ptr() for t in state]
+    state_idx = list(range(len(state)))
+
+    def run(inputs):
+        copied = []
+        for i, x in enumerate(inputs):
+            if x.data_ptr() != static_ptrs[i]:
+                static[i].copy_(x)
+                copied.append(i)
+        graph.replay()
+        for i in copied:
+            if i in written:
+                inputs[i].copy_(static[i])
+        if clone_outputs:
+            return [o.clone() for o in outs[:n_user]] + outs[n_user:]
+        return outs
+
+    def stale() -> str | None:
+        """A reason when state the graph holds by address has moved since capture."""
+        if _PTRS_EQUAL is not None:
+            if _PTRS_EQUAL(state, state_ptrs, state_idx):
+                return None
+        elif all(t.data_ptr() == p for t, p in zip(state, state_ptrs)):
+            return None
+        for t, p in zip(state, state_ptrs):
+            if t.data_ptr() != p:
+                return "state tensor storage moved since capture (load_state_dict / .to() / .data =)"
+        return None
+
+    run.graph = graph
+    run.static_inputs = static
+    run.static_outputs = outs
+    run.stale = stale
+    return run
+
+
+BACKEND = Backend("cudagraph", compile_cudagraph,
+                  "the traced step recorded into one CUDA graph; replayed with one launch", ("cuda",),
+                  prepare=make_capturable)

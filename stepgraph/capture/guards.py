@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import operator
+
 import torch
 import torch.utils._pytree as pytree
 
@@ -62,6 +64,32 @@ class Guards:
     def __init__(self, reg: StateRegistry, arg_names: list[str]):
         self.reg = reg
         self.arg_names = arg_names
+        self._training = operator.attrgetter("training")
+        self._grad = operator.attrgetter("grad")
+
+    def quick_key(self, args, kwargs) -> tuple:
+        """A cheap key compared by ``==`` with the last replayed call's (never hashed).
+
+        It holds the objects themselves, so tuple equality short-circuits on identity: the
+        same parameter-group dicts' values, the same ``.grad`` objects (or None), the same
+        input metadata. Any difference falls back to the full signature; equality here
+        implies equal full signatures.
+        """
+        reg = self.reg
+        ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad)
+                    if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+        return (
+            ins,
+            len(set(map(id, args))),  # aliasing: the same tensor passed twice
+            tuple(kwargs.items()) if kwargs else (),
+            torch.is_grad_enabled(),
+            _autocast_state(),
+            tuple(map(self._training, reg.all_modules)),
+            tuple(tuple(g.values()) for _, opt in reg.optimizers for g in opt.param_groups),
+            tuple((opt.state, len(opt.state)) for _, opt in reg.optimizers),
+            registration_epoch(),
+            tuple(map(self._grad, reg.grad_params)),
+        )
 
     def signature(self, args, kwargs) -> Signature:
         leaves, spec = pytree.tree_flatten((args, kwargs))
@@ -82,7 +110,7 @@ class Guards:
                   for _, opt in reg.optimizers),
             tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
-            tuple(None if p.grad is None else tensor_meta(p.grad) for _, p in reg.params if p.requires_grad),
+            tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
         )
         return Signature(key, leaves, tensor_pos)
 
@@ -145,7 +173,7 @@ class Guards:
         return None
 
     def _diff_grads(self, a, b):
-        params = [(s, p) for s, p in self.reg.params if p.requires_grad]
+        params = [(s, p) for s, p in self.reg.params if p.requires_grad]  # == reg.grad_params
         for (src, _), x, y in zip(params, a, b):
             if x != y:
                 fx = "None" if x is None else "a tensor"

@@ -87,6 +87,7 @@ class StateRegistry:
     names: dict = field(default_factory=dict)          # id(tensor) -> source
     params: list = field(default_factory=list)         # (source, Parameter), unique
     all_modules: list = field(default_factory=list)    # every submodule, for train/eval guards
+    grad_params: list = field(default_factory=list)    # params that require grad, in params order
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
@@ -123,6 +124,7 @@ class StateRegistry:
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
+        self.grad_params = [p for _, p in self.params if p.requires_grad]
 
     def slots(self, extra_params=()) -> list[Slot]:
         """Every rebindable tensor slot: grads, buffers, optimizer state entries."""

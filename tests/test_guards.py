@@ -1,0 +1,317 @@
+"""Guards: every change a captured graph assumed away triggers exactly one recapture.
+
+Each test runs a stepgraph step next to an eager twin (a deepcopy of the model with the same
+optimizer) and checks, after every call, that the returned value, the model's parameters and
+buffers, the grads and the optimizer state are bitwise equal to the twin's. The usual flow:
+warm-up (eager) -> capture -> replay with the base signature, then one change -> exactly one
+recapture whose reason names the change -> replay of the new graph, then the base signature
+again -> replay of the first graph (no new capture).
+"""
+import contextlib
+import copy
+import re
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+
+# ---- harness -----------------------------------------------------------------------------
+def make_model(bn=False):
+    torch.manual_seed(0)
+    mid = [nn.BatchNorm1d(16)] if bn else []
+    return nn.Sequential(nn.Linear(8, 16), *mid, nn.GELU(), nn.Linear(16, 4))
+
+
+def batch(k, n=8, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1000 + k)
+    return torch.randn(n, 8, generator=g).to(dtype), torch.randint(0, 4, (n,), generator=g)
+
+
+def train_step(model, opt):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def _clone_arg(a):
+    if isinstance(a, torch.Tensor):
+        return a.detach().clone().requires_grad_(a.requires_grad)
+    return a
+
+
+def _same(a, b, atol):
+    if atol is None:
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    return a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=atol, rtol=atol)
+
+
+class Pair:
+    """A compiled step and its eager twin; every call checks that both agree bitwise."""
+
+    def __init__(self, factory, *, opt_cls=torch.optim.AdamW, opt_kw=None, bn=False, **compile_kw):
+        opt_kw = dict(lr=1e-3) if opt_kw is None else opt_kw
+        self.model = make_model(bn)
+        self.twin = copy.deepcopy(self.model)
+        self.opt = opt_cls(self.model.parameters(), **opt_kw)
+        self.topt = opt_cls(self.twin.parameters(), **copy.deepcopy(opt_kw))
+        self.step = stepgraph.compile(factory(self.model, self.opt), **compile_kw)
+        self.eager = factory(self.twin, self.topt)
+        self.atol = None  # None: bitwise
+
+    @property
+    def stats(self):
+        return self.step.stats
+
+    def counts(self):
+        s = self.step.stats
+        return s.eager_calls, s.captures, s.replays
+
+    def both(self, fn):
+        """Apply the same change to (model, opt) and to the twin's."""
+        fn(self.model, self.opt)
+        fn(self.twin, self.topt)
+
+    def __call__(self, *args):
+        got = self.step(*args)
+        want = self.eager(*[_clone_arg(a) for a in args])
+        assert _same(got, want, self.atol), f"output differs from eager: {got} vs {want}"
+        self.check_state()
+        return got
+
+    def check_state(self):
+        a, b = self.model.state_dict(), self.twin.state_dict()
+        assert a.keys() == b.keys()
+        for k in a:
+            assert _same(a[k], b[k], self.atol), f"{k} differs from eager"
+        for ga, gb in zip(self.opt.param_groups, self.topt.param_groups):
+            for p, q in zip(ga["params"], gb["params"]):
+                assert _same(p, q, self.atol)
+                assert (p.grad is None) == (q.grad is None)
+                if p.grad is not None:
+                    assert _same(p.grad, q.grad, self.atol), "grad differs from eager"
+                sa, sb = self.opt.state.get(p, {}), self.topt.state.get(q, {})
+                assert sa.keys() == sb.keys()
+                for k in sa:
+                    if isinstance(sa[k], torch.Tensor):
+                        assert _same(sa[k], sb[k], self.atol), f"optimizer state {k!r} differs"
+                    else:
+                        assert sa[k] == sb[k]
+
+
+def drive(p, base, changed=None, *, change=None, undo=None, ctx=contextlib.nullcontext, words=()):
+    """warm-up, capture, replay with ``base``; one change -> one recapture; back -> replay."""
+    for k in range(3):
+        p(*base(k))
+    assert p.counts() == (1, 1, 1)
+    if change:
+        p.both(change)
+    changed = changed or base
+    with ctx():
+        p(*changed(10))
+        assert p.counts() == (1, 2, 1)
+        assert len(p.stats.recaptures) == 1, p.stats.recaptures
+        reason = p.stats.recaptures[0]
+        for w in words:
+            assert w in reason, f"{w!r} not in recapture reason {reason!r}"
+        p(*changed(11))  # the new graph replays
+        assert p.counts() == (1, 2, 2)
+    if undo:
+        p.both(undo)
+    p(*base(20))  # the original signature replays the first graph: no new capture
+    p(*base(21))
+    assert p.counts() == (1, 2, 4)
+    assert len(p.stats.recaptures) == 1
+    return reason
+
+
+# ---- one test per guard ------------------------------------------------------------------
+def test_guard_input_shape():
+    p = Pair(train_step)
+    reason = drive(p, batch, lambda k: batch(k, n=4), words=("shape", "(8, 8)", "(4, 8)"))
+    assert reason.index("(8, 8)") < reason.index("(4, 8)")  # old -> new
+
+
+def test_guard_input_dtype():
+    def factory(model, opt):
+        def step(x, y):
+            loss = F.cross_entropy(model(x.float()), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    p = Pair(factory)
+    drive(p, batch, lambda k: batch(k, dtype=torch.float64), words=("dtype", "float32", "float64"))
+
+
+def test_guard_input_requires_grad():
+    def with_grad(k):
+        x, y = batch(k)
+        return x.requires_grad_(True), y
+    p = Pair(train_step)
+    drive(p, batch, with_grad, words=("requires_grad", "False", "True"))
+
+
+def test_requires_grad_input_gets_its_grad_on_replay():
+    """An input that requires grad gets ``.grad`` from the step's backward, as in eager."""
+    p = Pair(train_step)
+    grads = []
+    for k in range(4):
+        x, y = batch(k)
+        x.requires_grad_(True)
+        xt = x.detach().clone().requires_grad_(True)
+        p.step(x, y)
+        p.eager(xt, y)
+        assert xt.grad is not None
+        assert x.grad is not None, f"call {k + 1}: input .grad not set (counts {p.counts()})"
+        assert torch.equal(x.grad, xt.grad)
+        grads.append(x.grad)
+    assert p.counts() == (1, 1, 2)
+
+
+def test_guard_non_tensor_argument_value():
+    def factory(model, opt):
+        def step(x, y, scale):
+            loss = F.cross_entropy(model(x), y) * scale
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    p = Pair(factory)
+    drive(p, lambda k: (*batch(k), 2.0), lambda k: (*batch(k), 3.0), words=("scale", "2.0", "3.0"))
+
+
+def test_guard_grad_mode():
+    def eval_step(model, opt):
+        def step(x, y):
+            return F.cross_entropy(model(x), y)
+        return step
+    p = Pair(eval_step)
+    drive(p, batch, ctx=torch.no_grad, words=("grad mode", "True", "False"))
+
+
+def test_guard_train_eval():
+    p = Pair(train_step, bn=True)  # BatchNorm: train and eval compute different things
+    reason = drive(p, batch, change=lambda m, o: m.eval(), undo=lambda m, o: m.train(),
+                   words=(".training", "True", "False"))
+    assert re.search(r"\.training True -> False", reason), reason
+
+
+def test_guard_autocast():
+    p = Pair(train_step)
+    p.atol = 2e-2  # bfloat16: compare with eager under the same autocast within tolerance
+
+    def ctx():
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    drive(p, batch, ctx=ctx, words=("autocast", "bfloat16"))
+
+
+def test_guard_float_lr():
+    def set_lr(v):
+        def f(model, opt):
+            opt.param_groups[0]["lr"] = v
+        return f
+    p = Pair(train_step)
+    drive(p, batch, change=set_lr(5e-4), undo=set_lr(1e-3), words=("lr", "0.001", "0.0005"))
+
+
+def test_tensor_lr_fill_is_read_live_without_recapture():
+    # Adam on CPU accepts a tensor lr with fused=True (foreach/single-tensor would call .item()).
+    p = Pair(train_step, opt_cls=torch.optim.Adam, opt_kw=dict(lr=torch.tensor(1e-3), fused=True))
+    for k in range(3):
+        p(*batch(k))
+    assert p.counts() == (1, 1, 1)
+    lr = p.opt.param_groups[0]["lr"]
+    p.both(lambda m, o: o.param_groups[0]["lr"].fill_(5e-2))
+    assert p.opt.param_groups[0]["lr"] is lr
+    for k in range(3, 6):
+        p(*batch(k))  # parity with the twin proves the replay used lr=5e-2, not a baked 1e-3
+    assert p.counts() == (1, 1, 4)
+    assert p.stats.recaptures == []
+
+
+def test_guard_optimizer_load_state_dict():
+    p = Pair(train_step)
+    for k in range(3):
+        p(*batch(k))
+    p.both(lambda m, o: o.load_state_dict(o.state_dict()))
+    p(*batch(3))
+    assert p.counts() == (1, 2, 1)
+    assert len(p.stats.recaptures) == 1
+    reason = p.stats.recaptures[0]
+    assert "state" in reason and "replaced" in reason, reason
+    for k in range(4, 7):
+        p(*batch(k))  # the new graph replays and updates the *new* state tensors
+    assert p.counts() == (1, 2, 4)
+    assert len(p.stats.recaptures) == 1
+
+
+def test_guard_parameter_replaced():
+    p = Pair(train_step)
+    for k in range(3):
+        p(*batch(k))
+
+    def swap(model, opt):
+        old = model[0].weight
+        new = nn.Parameter(old.detach() * 0.5)
+        model[0].weight = new
+        group = opt.param_groups[0]["params"]
+        group[group.index(old)] = new
+        opt.state[new] = opt.state.pop(old)
+    p.both(swap)
+    p(*batch(3))
+    assert p.counts() == (1, 2, 1)
+    assert len(p.stats.recaptures) == 1
+    assert "module" in p.stats.recaptures[0], p.stats.recaptures[0]
+    for k in range(4, 7):
+        p(*batch(k))  # a stale graph would have updated the old weight
+    assert p.counts() == (1, 2, 4)
+    assert len(p.stats.recaptures) == 1
+
+
+def test_max_captures_overflow_runs_eagerly_with_one_warning():
+    p = Pair(train_step, max_captures=2)
+    p(*batch(0))
+    p(*batch(1))
+    p(*batch(2, n=4))
+    assert p.counts() == (1, 2, 0)
+    with pytest.warns(UserWarning, match="max_captures=2"):
+        p(*batch(3, n=2))
+    assert p.counts() == (2, 2, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # only one warning per step function
+        p(*batch(4, n=2))
+    assert p.counts() == (3, 2, 0)
+    p(*batch(5))
+    p(*batch(6, n=4))  # both kept graphs still replay
+    assert p.counts() == (3, 2, 2)
+    assert len(p.step.graphs) == 2
+
+
+def test_reset_clears_graphs_and_stats():
+    p = Pair(train_step)
+    for k in range(3):
+        p(*batch(k))
+    p(*batch(3, n=4))
+    assert p.counts() == (1, 2, 1) and p.step.graph is not None
+    p.step.reset()
+    s = p.step.stats
+    assert (s.eager_calls, s.captures, s.replays, s.recaptures, s.failed_captures) == (0, 0, 0, [], 0)
+    assert p.step.graph is None and p.step.graphs == []
+    assert "0 graph(s)" in p.step.explain()
+    p(*batch(4))  # warm-up again
+    assert p.counts() == (1, 0, 0)
+    p(*batch(5))
+    p(*batch(6))
+    assert p.counts() == (1, 1, 1)
+    assert p.stats.recaptures == []
