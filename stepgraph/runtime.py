@@ -248,7 +248,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
             with _capture_stream(device):
-                tr = trace_step(self.fn, args, kwargs, self._reg)
+                tr = trace_step(self.fn, args, kwargs, self._reg, device)
             raise_problems(tr.problems)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm

@@ -164,7 +164,6 @@ def test_guard_input_requires_grad():
 def test_requires_grad_input_gets_its_grad_on_replay():
     """An input that requires grad gets ``.grad`` from the step's backward, as in eager."""
     p = Pair(train_step)
-    grads = []
     for k in range(4):
         x, y = batch(k)
         x.requires_grad_(True)
@@ -174,7 +173,6 @@ def test_requires_grad_input_gets_its_grad_on_replay():
         assert xt.grad is not None
         assert x.grad is not None, f"call {k + 1}: input .grad not set (counts {p.counts()})"
         assert torch.equal(x.grad, xt.grad)
-        grads.append(x.grad)
     assert p.counts() == (1, 1, 2)
 
 

@@ -36,7 +36,9 @@ def make_capturable(reg) -> list[str]:
             if "capturable" in group and not group["capturable"] and not fused:
                 group["capturable"] = True
                 changed.append(f"{oname}.param_groups[{gi}]['capturable'] = True")
-            if ("capturable" in group or fused) and isinstance(group.get("lr"), float):
+            # Only these read a tensor lr on the device in every form; others would .item() it.
+            tensor_lr_ok = fused or type(opt).__name__ in ("Adam", "AdamW")
+            if tensor_lr_ok and isinstance(group.get("lr"), float):
                 group["lr"] = torch.tensor(group["lr"], device=dev)
                 changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
             for p in params:

@@ -134,9 +134,10 @@ def _dynamic_problem(func, args) -> str | None:
 
 
 class _DispatchCheckMode(TorchDispatchMode):
-    def __init__(self, problems: list[Problem]):
+    def __init__(self, problems: list[Problem], cuda_step: bool = False):
         super().__init__()
         self.problems = problems
+        self.cuda_step = cuda_step
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -149,7 +150,28 @@ class _DispatchCheckMode(TorchDispatchMode):
             if torch.Tag.data_dependent_output in func.tags:
                 with _disable_current_modes():
                     return func(*args, **kwargs)
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if self.cuda_step and _cpu_work(func, args, kwargs, out):
+            stack = traceback.extract_stack()
+            self.problems.append(Problem(
+                f"{func} runs on CPU tensors inside a CUDA step (a CUDA graph would run it only once, "
+                "at capture)", user_frame(stack),
+                "move those tensors to the GPU before the step (or make them state on the GPU)",
+                library_frame(stack)))
+        return out
+
+
+def _cpu_work(func, args, kwargs, out) -> bool:
+    """An op that computes on the CPU, or feeds a CPU tensor the step computed into a GPU op."""
+    if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
+        return False  # torch.tensor(...) constants: fixed values, fine to bake
+    for o in pytree.tree_leaves(out):
+        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
+            return True
+    for a in pytree.tree_leaves((args, kwargs)):
+        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and _is_traced(a):
+            return True
+    return False
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -162,7 +184,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
     return ids
 
 
-def trace_step(fn, args, kwargs, reg: StateRegistry) -> TraceResult:
+def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -178,7 +200,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry) -> TraceResult:
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
-        with _HostReadMode(step_ids, problems), _DispatchCheckMode(problems):
+        with _HostReadMode(step_ids, problems), _DispatchCheckMode(problems, device == "cuda"):
             try:
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:

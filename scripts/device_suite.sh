@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Every GPU test and the benchmark in one call, for the device machine:
+#   bash scripts/device_suite.sh            (writes under $OUT, or ./device_out)
+set -u -o pipefail
+OUT=${OUT:-device_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
+python3 -m pytest -q -x ${TESTS:-tests} -p no:cacheprovider -rs 2>&1 | tail -n 60 | tee "$OUT/pytest.txt"
+python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"

@@ -1,0 +1,218 @@
+"""The documented semantic differences between a stepgraph step and the same step run eagerly.
+
+(a) Python side effects inside the step run at the warm-up and capture calls only, never on replays.
+(b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``.
+(c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
+(d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
+(e) A global Python number read inside the step is baked at capture: later changes are NOT seen.
+(f) ``STEPGRAPH_DISABLE=1`` set before ``compile()`` makes every call eager (no capture).
+(g) ``model.eval()`` followed by a step that still does backward works, via one recapture.
+"""
+import copy
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+SCALE = 2.0  # read by _global_scale_step: baked at capture (footgun (e))
+
+
+def make_model(bn=False):
+    torch.manual_seed(0)
+    mid = [nn.BatchNorm1d(16)] if bn else []
+    return nn.Sequential(nn.Linear(8, 16), *mid, nn.GELU(), nn.Linear(16, 4))
+
+
+def batch(k, n=8):
+    g = torch.Generator().manual_seed(3000 + k)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+def setup(bn=False, opt_cls=torch.optim.AdamW, lr=1e-3):
+    model = make_model(bn)
+    twin = copy.deepcopy(model)
+    return model, opt_cls(model.parameters(), lr=lr), twin, opt_cls(twin.parameters(), lr=lr)
+
+
+def train(model, opt, x, y, scale=1.0):
+    loss = F.cross_entropy(model(x), y) * scale
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def assert_models_equal(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), f"{k} differs from eager"
+
+
+def counts(step):
+    s = step.stats
+    return s.eager_calls, s.captures, s.replays
+
+
+def test_a_python_side_effects_run_only_at_warmup_and_capture(capsys):
+    """Python side effects (list appends, counters, print) run at warm-up and capture, not on replays."""
+    model, opt, _, _ = setup()
+    seen, counter = [], [0]
+
+    @stepgraph.compile
+    def step(x, y):
+        seen.append(x.shape[0])
+        counter[0] += 1
+        print("step ran")
+        return train(model, opt, x, y)
+
+    for k in range(5):
+        step(*batch(k))
+    assert counts(step) == (1, 1, 3)
+    assert seen == [8, 8]
+    assert counter == [2]
+    assert capsys.readouterr().out.count("step ran") == 2
+
+
+def test_b_replayed_loss_has_no_autograd_history():
+    """A replay returns a plain tensor: ``requires_grad`` False and no ``grad_fn``, unlike eager."""
+    model, opt, twin, topt = setup()
+    step = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    eager_out = step(*batch(0))  # warm-up: a real eager call
+    assert eager_out.requires_grad and eager_out.grad_fn is not None
+    twin_out = train(twin, topt, *batch(0))
+    step(*batch(1))
+    train(twin, topt, *batch(1))
+    out = step(*batch(2))
+    assert counts(step) == (1, 1, 1)
+    assert not out.requires_grad and out.grad_fn is None
+    assert torch.equal(out, train(twin, topt, *batch(2)))
+    assert torch.equal(eager_out, twin_out)
+
+
+def test_c_returned_tensors_are_fresh_each_call():
+    """Each replay returns new tensors: a kept result is never overwritten by later replays."""
+    model, opt, twin, topt = setup()
+    step = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    for k in range(2):
+        step(*batch(k))
+        train(twin, topt, *batch(k))
+    first = step(*batch(2))  # first replay
+    assert counts(step) == (1, 1, 1)
+    want = train(twin, topt, *batch(2))
+    snapshot = first.clone()
+    assert torch.equal(first, want)
+    later = []
+    for k in range(3, 6):
+        out = step(*batch(k))
+        assert torch.equal(out, train(twin, topt, *batch(k)))
+        later.append(out)
+    assert counts(step) == (1, 1, 4)
+    assert torch.equal(first, snapshot)  # unchanged by the three later replays
+    assert not any(torch.equal(out, snapshot) for out in later)  # (different data, different loss)
+    ptrs = {first.data_ptr(), *(out.data_ptr() for out in later)}
+    assert len(ptrs) == 4  # four live results, four storages
+
+
+def test_d_python_number_argument_is_baked_and_guarded():
+    """A Python float argument is a graph constant: each new value recaptures (pass a tensor to vary it freely)."""
+    model, opt, twin, topt = setup(opt_cls=torch.optim.SGD, lr=0.1)
+    step = stepgraph.compile(lambda x, y, scale: train(model, opt, x, y, scale))
+
+    def call(k, scale):
+        got = step(*batch(k), scale)
+        assert torch.equal(got, train(twin, topt, *batch(k), scale))
+        assert_models_equal(model, twin)
+
+    for k in range(3):
+        call(k, 1.0)
+    assert counts(step) == (1, 1, 1)
+    call(3, 0.5)  # not silently the 1.0 graph
+    assert counts(step) == (1, 2, 1)
+    assert len(step.stats.recaptures) == 1 and "1.0 -> 0.5" in step.stats.recaptures[0]
+    call(4, 1.0)
+    call(5, 0.5)
+    assert counts(step) == (1, 2, 3)
+    # A tensor scale is an input: its value is read live and changing it needs no recapture.
+    for k, s in enumerate([1.0, 1.0, 0.25, 3.0]):
+        call(10 + k, torch.tensor(s))
+    assert counts(step) == (1, 3, 6) and len(step.stats.recaptures) == 2
+
+
+def _global_scale_step(model, opt):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y) * SCALE
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_e_global_python_number_is_baked_at_capture(monkeypatch):
+    """Known footgun: a global Python number read in the step is baked at capture; changing it later is NOT seen by replays (no guard)."""
+    model, opt, twin, topt = setup(opt_cls=torch.optim.SGD, lr=0.1)
+    step = stepgraph.compile(_global_scale_step(model, opt))
+    for k in range(3):
+        got = step(*batch(k))
+        assert torch.equal(got, train(twin, topt, *batch(k), 2.0))
+    assert counts(step) == (1, 1, 1)
+    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
+    probe = copy.deepcopy(twin)
+    fresh = train(probe, torch.optim.SGD(probe.parameters(), lr=0.1), *batch(3), 3.0)
+    for k in range(3, 6):
+        got = step(*batch(k))
+        stale = train(twin, topt, *batch(k), 2.0)  # what the replay computes: the baked 2.0
+        assert torch.equal(got, stale)
+        assert_models_equal(model, twin)
+        if k == 3:
+            assert not torch.allclose(got, fresh)  # eager would have used 3.0
+    assert counts(step) == (1, 1, 4) and step.stats.recaptures == []
+
+
+def test_f_stepgraph_disable_env_makes_every_call_eager(monkeypatch):
+    """``STEPGRAPH_DISABLE=1`` at ``compile()`` time turns capture off: every call runs eagerly."""
+    model, opt, twin, topt = setup()
+    monkeypatch.setenv("STEPGRAPH_DISABLE", "1")
+    step = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    monkeypatch.delenv("STEPGRAPH_DISABLE")  # read at compile(): unsetting it later changes nothing
+    for k in range(4):
+        out = step(*batch(k))
+        assert out.grad_fn is not None  # eager results
+        assert torch.equal(out, train(twin, topt, *batch(k)))
+        assert_models_equal(model, twin)
+    assert counts(step) == (4, 0, 0)
+    assert step.graph is None and "DISABLED" in step.explain()
+    enabled = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    for k in range(4, 7):
+        enabled(*batch(k))
+        train(twin, topt, *batch(k))
+    assert counts(enabled) == (1, 1, 1)
+    assert_models_equal(model, twin)
+
+
+def test_g_eval_mode_step_with_backward_recaptures_and_works():
+    """After ``model.eval()`` a training step (grad mode on, backward) still works, through one recapture."""
+    model, opt, twin, topt = setup(bn=True)
+    w0 = model[0].weight.detach().clone()
+    step = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+
+    def call(k):
+        got = step(*batch(k))
+        assert torch.equal(got, train(twin, topt, *batch(k)))
+        assert_models_equal(model, twin)
+
+    for k in range(3):
+        call(k)
+    running = model[1].running_mean.clone()
+    model.eval()
+    twin.eval()
+    for k in range(3, 6):
+        call(k)
+    assert torch.equal(model[1].running_mean, running)  # eval BatchNorm: stats frozen
+    assert counts(step) == (1, 2, 3)
+    assert len(step.stats.recaptures) == 1 and ".training True -> False" in step.stats.recaptures[0]
+    assert not torch.equal(model[0].weight, w0)  # the eval-mode steps still trained
