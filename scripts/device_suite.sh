@@ -6,5 +6,5 @@ OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
-python3 -m pytest -q -x ${TESTS:-tests} -p no:cacheprovider -rs 2>&1 | tail -n 60 | tee "$OUT/pytest.txt"
-python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+python3 -m pytest -q ${TESTS:-tests} -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest.txt" | tail -n 40
+[ "${BENCH:-1}" = 1 ] && python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"

@@ -49,11 +49,24 @@ def user_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
 
 
 def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
-    """``file:line`` of the innermost torch frame, when the op came from inside a library call."""
+    """``file:line`` of the torch frame the user's line called into, if the op came from a library.
+
+    Only frames *inside* the user's innermost frame count: the tracing machinery around the
+    user's function is torch code too, but it is not where the op came from.
+    """
     stack = stack if stack is not None else traceback.extract_stack()
-    for fr in reversed(stack):
+    user = None
+    for i in range(len(stack) - 1, -1, -1):
+        fn = os.path.abspath(stack[i].filename)
+        if not fn.startswith(_SKIP_PREFIXES) and not stack[i].filename.startswith("<"):
+            user = i
+            break
+    if user is None:
+        return ""
+    for fr in stack[user + 1:]:
         fn = os.path.abspath(fr.filename)
-        if fn.startswith(_SKIP_PREFIXES[0]) and "/fx/" not in fn and "/utils/_python_dispatch" not in fn \
-                and "/overrides.py" not in fn and "/_ops.py" not in fn:
+        if fn.startswith(_SKIP_PREFIXES[0]) and not any(x in fn for x in (
+                "/fx/", "/utils/_python_dispatch", "/overrides.py", "/_ops.py", "/_tensor.py",
+                "/autograd/__init__.py", "/autograd/graph.py", "/_dynamo/", "/utils/_contextlib.py")):
             return f"{os.path.relpath(fn, _TORCH_DIR)}:{fr.lineno}"
     return ""

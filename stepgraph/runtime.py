@@ -20,6 +20,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.state import StateRegistry, discover, install_registration_hooks
 from .capture.trace import TraceResult, raise_problems, trace_step
+from .backends.cudagraph import NeedsHostScalars
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
 
@@ -66,6 +67,9 @@ class CapturedStep:
         n = self.n_user_outputs
         for slot, value in zip(tr.escapes, outs[n:]):
             slot.set(value)
+        n += len(tr.escapes)
+        for i, value in zip(tr.input_grads, outs[n:]):
+            leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
         leaves = [outs[v] if kind == "tensor" else v for kind, v in tr.out_leaves]
@@ -175,6 +179,8 @@ class StepFunction:
                  f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
                  f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
                  f"capture_seconds={self.stats.capture_seconds:.3f}"]
+        for note in self._prepared:
+            lines.append(f"  prepared: {note}")
         if self._reg is not None:
             lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
                          + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
@@ -187,7 +193,7 @@ class StepFunction:
                          f"backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
                          f"{s.random_ops} random")
             k = e.key
-            ins = [x for x in k[1] if len(x) == 6]
+            ins = [x for x in k[1] if len(x) == 7]
             lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
                                           else "used in place, never copied") + "): "
                          + ", ".join(f"{str(m[1]).replace('torch.', '')}{list(m[3])}@{m[2]}" for m in ins))
@@ -258,9 +264,20 @@ class StepFunction:
             if device == "cuda" and self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
-            run = backend.compile(gm, example, pool=self._pool, inputs_written=summary.inputs_written,
-                                  clone_outputs=self.clone_outputs, n_user_outputs=n_user,
-                                  state_tensors=list({id(t): t for t in consts}.values()))
+            opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
+                        n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()))
+            try:
+                run = backend.compile(gm, example, **opts)
+            except NeedsHostScalars as e:
+                if self.backend != "auto":
+                    raise
+                # Not silent: warned once, logged, and shown by explain().
+                backend = backends.pick("replay", device)
+                note = f"backend auto chose 'replay' for this graph: {str(e).splitlines()[0]}"
+                self._prepared.append(note)
+                warnings.warn(f"stepgraph: {self.__name__}: {note}", stacklevel=3)
+                log.warning("stepgraph: %s: %s", self.__name__, note)
+                run = backend.compile(gm, example, **opts)
         except BaseException:
             self.stats.failed_captures += 1
             if self.on_capture_error == "eager":
@@ -288,21 +305,34 @@ class StepFunction:
 
 
 class _capture_stream:
-    """Trace (the capturing call's real run) on a side stream on CUDA, as CUDA graphs want."""
+    """Trace (the capturing call's real run) on the capture side stream on CUDA.
+
+    The same stream then records the CUDA graph: every stream gets its own cuBLAS workspace,
+    so one side stream per device (not one per capture) keeps that memory paid once.
+    """
 
     def __init__(self, device: str):
         self.on = device == "cuda"
 
     def __enter__(self):
         if self.on:
+            from .backends.cudagraph import side_stream
             self.prev = torch.cuda.current_stream()
-            self.side = torch.cuda.Stream()
+            self.side = side_stream()
             self.side.wait_stream(self.prev)
             self.ctx = torch.cuda.stream(self.side)
             self.ctx.__enter__()
+            # Autograd warns that AccumulateGrad nodes made by the eager warm-up live on the
+            # default stream; it syncs the two correctly, and the graph itself has no such node.
+            setter = getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", None)
+            self.restore = setter
+            if setter is not None:
+                setter(False)
 
     def __exit__(self, *exc):
         if self.on:
+            if self.restore is not None:
+                self.restore(True)
             self.ctx.__exit__(*exc)
             self.prev.wait_stream(self.side)
 

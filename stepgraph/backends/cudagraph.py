@@ -16,6 +16,15 @@ from . import Backend
 from .replay import generate
 
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
+_SIDE: dict = {}
+
+
+def side_stream() -> "torch.cuda.Stream":
+    """The one side stream per device on which stepgraph traces and records graphs."""
+    dev = torch.cuda.current_device()
+    if dev not in _SIDE:
+        _SIDE[dev] = torch.cuda.Stream(dev)
+    return _SIDE[dev]
 
 
 def make_capturable(reg) -> list[str]:
@@ -41,6 +50,8 @@ def make_capturable(reg) -> list[str]:
             if tensor_lr_ok and isinstance(group.get("lr"), float):
                 group["lr"] = torch.tensor(group["lr"], device=dev)
                 changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
+            if not (group.get("capturable") or fused):
+                continue  # e.g. Adagrad: no capturable form; its counters stay host scalars
             for p in params:
                 st = opt.state.get(p)
                 s = None if st is None else st.get("step")
@@ -49,12 +60,16 @@ def make_capturable(reg) -> list[str]:
     return changed
 
 
+class NeedsHostScalars(CaptureError):
+    """The graph recomputes host scalars each call (an optimizer without a capturable form)."""
+
+
 def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
     """Refuse what a CUDA graph would silently get wrong: CPU work and host scalars."""
     devices = set()
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
-            problems_out.append("a host read of a tensor value (.item()) inside the step")
+            problems_out.append("host-scalar")
         val = n.meta.get("val")
         vals = val if isinstance(val, (list, tuple)) else [val]
         for v in vals:
@@ -71,6 +86,13 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
                       clone_outputs=True, n_user_outputs=None, state_tensors=(), **_):
     problems: list = []
     check_graph(gm, problems)
+    if "host-scalar" in problems:
+        raise NeedsHostScalars(
+            "the step cannot be recorded as a CUDA graph: an optimizer reads its step counter on "
+            "the host every step (PyTorch has no capturable form of it, e.g. Adagrad)",
+            op="aten._local_scalar_dense", where="the optimizer's step()",
+            fix="use backend='replay' (or backend='auto', which does so), or an optimizer with "
+                "capturable=True such as Adam/AdamW/RMSprop/SGD")
     if problems:
         raise CaptureError(f"the step cannot be recorded as a CUDA graph: {problems[0]}",
                            op=problems[0], where="the step function",
@@ -80,7 +102,7 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
     _, fn = generate(gm)
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
-    side = torch.cuda.Stream()
+    side = side_stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     prev = torch.is_grad_enabled()

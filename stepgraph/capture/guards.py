@@ -15,11 +15,19 @@ import torch.utils._pytree as pytree
 
 from .state import StateRegistry, registration_epoch
 
-_TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad")
+_TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
+
+
+def _grad_state(t: torch.Tensor) -> str:
+    # A leaf input that requires grad gets .grad from the step's backward: whether it already
+    # has one decides between "assign" and "accumulate", so it is part of the signature.
+    if t.requires_grad and t.is_leaf:
+        return "none" if t.grad is None else "tensor"
+    return "-"
 
 
 def tensor_meta(t: torch.Tensor) -> tuple:
-    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad)
+    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad, _grad_state(t))
 
 
 def _hyper_value(v):
@@ -76,7 +84,8 @@ class Guards:
         implies equal full signatures.
         """
         reg = self.reg
-        ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad)
+        ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad,
+                     a.requires_grad and a.is_leaf and a.grad is None)
                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
         return (
             ins,
@@ -121,9 +130,16 @@ class Guards:
         names = ("argument structure", "inputs", "input aliasing", "grad mode", "autocast",
                  "train/eval", "optimizer hyper-parameters", "optimizer state", "module structure",
                  "grads")
-        for i, (a, b) in enumerate(zip(old, new)):
+        # Most fundamental first: a replaced optimizer state also changes its hyper-parameters.
+        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9]
+        for i in order:
+            a, b = old[i], new[i]
             if a == b:
                 continue
+            if i == 8:
+                return "a module parameter, buffer or submodule was assigned (module structure changed)"
+            if i == 4:
+                return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
             fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
                     self._diff_optstate, None, self._diff_grads]
             f = fine[i - 1] if 0 < i <= len(fine) else None
@@ -184,6 +200,11 @@ class Guards:
         return None
 
 
+def _autocast_str(state) -> str:
+    on = [f"{dev}:{str(dt).replace('torch.', '')}" for dev, (flag, dt) in zip(("cpu", "cuda"), state[:2]) if flag]
+    return "on(" + ", ".join(on) + ")" if on else "off"
+
+
 def _autocast_state() -> tuple:
     out = []
     for dev in ("cpu", "cuda"):
@@ -203,7 +224,7 @@ def _short(v) -> str:
 
 
 def _is_tensor_meta(x) -> bool:
-    return len(x) == 6 and isinstance(x[0], type) and issubclass(x[0], torch.Tensor)
+    return len(x) == 7 and isinstance(x[0], type) and issubclass(x[0], torch.Tensor)
 
 
 def _describe_leaf(x) -> str:

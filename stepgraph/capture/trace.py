@@ -65,6 +65,7 @@ class TraceResult:
     out_spec: object                     # pytree spec of the user's output
     out_leaves: list                     # per output leaf: ("tensor", k) or ("const", value)
     escapes: list[Slot]                  # slots the graph rebinds, in graph-output order after the user's
+    input_grads: list                    # leaf indices whose .grad the graph sets (outputs after escapes)
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
     result: object                       # the real result of the traced call
@@ -127,9 +128,13 @@ def _dynamic_problem(func, args) -> str | None:
             idx = args[1] if len(args) > 1 else []
             if not any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in idx):
                 return None  # integer indexing has a static output shape
-        return f"{func}: its output shape depends on tensor values"
+        return (f"{func}: its output shape depends on tensor values",
+                "keep shapes static: use masking (torch.where, multiplying by a mask) instead of "
+                "boolean indexing / nonzero / unique, or move this part outside the step")
     if torch.Tag.data_dependent_output in tags:
-        return f"{func}: reads a tensor value on the host"
+        return (f"{func}: reads a tensor value on the host",
+                "return the tensor from the step and read it outside; if it is an optimizer's "
+                "tensor lr, use a float lr or fused=True / capturable=True")
     return None
 
 
@@ -141,11 +146,10 @@ class _DispatchCheckMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        what = _dynamic_problem(func, args)
-        if what is not None:
+        found = _dynamic_problem(func, args)
+        if found is not None:
+            what, fix = found
             stack = traceback.extract_stack()
-            fix = ("keep shapes static: use masking (torch.where, multiplying by a mask) instead of "
-                   "boolean indexing / nonzero / unique, or move this part outside the step")
             self.problems.append(Problem(what, user_frame(stack), fix, library_frame(stack)))
             if torch.Tag.data_dependent_output in func.tags:
                 with _disable_current_modes():
@@ -230,9 +234,22 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
             else:
                 clears.append((s, new))
         box["escapes"], box["clears"] = escapes, clears
+        input_grads = []
+        for i, t in zip(tensor_pos, user_tensors):
+            g = t.grad if t.requires_grad and t.is_leaf else None
+            if g is not None and _is_traced(g):
+                input_grads.append(i)
+                graph_outs.append(g)
+        box["input_grads"] = input_grads
         return graph_outs
 
     user_tensors = [leaves[i] for i in tensor_pos]
+    for i, t in zip(tensor_pos, user_tensors):
+        if t.requires_grad and t.is_leaf and t.grad is not None:
+            raise CaptureError("an input that requires grad already holds a .grad: the step would "
+                               "accumulate into that one tensor on every replay",
+                               op=".grad of an input", where=user_frame(),
+                               fix="pass inputs whose .grad is None (set x.grad = None before the call)")
     grad_tensors = [p.grad for p, _ in grad_inputs]
     # make_fx constant-folds ops on 1-element untracked tensors by running them a second time,
     # which would double-apply in-place updates such as an optimizer's step-counter increment.
@@ -243,8 +260,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
-    return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["clears"],
-                       grad_inputs, box["result"], problems)
+    return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
+                       box["clears"], grad_inputs, box["result"], problems)
 
 
 def raise_problems(problems: list[Problem]) -> None:
