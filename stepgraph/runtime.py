@@ -265,7 +265,8 @@ class StepFunction:
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
-                        n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()))
+                        n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
+                        host_scalar_ops=tr.host_scalar_ops)
             try:
                 run = backend.compile(gm, example, **opts)
             except NeedsHostScalars as e:
@@ -312,7 +313,7 @@ class _capture_stream:
     """
 
     def __init__(self, device: str):
-        self.on = device == "cuda"
+        self.on = device == "cuda" and config.get("trace_stream") == "side"
 
     def __enter__(self):
         if self.on:

@@ -47,7 +47,7 @@ def make_step(case, opt):
 
 
 def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int = 7, device="cpu",
-               backend="auto", config=None, rtol=0.0) -> ParityReport:
+               backend="auto", config=None, rtol=0.0, same_config=True) -> ParityReport:
     """Capture on batch 1, replay on fresh batches; compare every step with an eager twin.
 
     ``rtol=0`` demands bitwise equality; otherwise a relative tolerance per tensor.
@@ -60,6 +60,18 @@ def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int 
     opt2 = OPTIMIZERS[opt_name](twin.model.parameters(), **kw)
     step = stepgraph.compile(make_step(case, opt), backend=backend)
     eager = make_step(twin, opt2)
+    if device == "cuda" and same_config:
+        # Give the eager twin the optimizer form stepgraph switches to on the GPU (PyTorch's
+        # capturable path, tensor lr), so the comparison is kernel for kernel.
+        from stepgraph.backends.cudagraph import make_capturable
+        from stepgraph.capture.state import StateRegistry
+        twin_prepared = [False]
+
+        def eager(*batch, _inner=eager):
+            if not twin_prepared[0] and step.stats.captures:
+                make_capturable(StateRegistry(optimizers=[("opt", opt2)]))
+                twin_prepared[0] = True
+            return _inner(*batch)
     rep = ParityReport(steps)
 
     def note(what, a, b):

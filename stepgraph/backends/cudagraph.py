@@ -83,10 +83,10 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
 
 
 def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
-                      clone_outputs=True, n_user_outputs=None, state_tensors=(), **_):
+                      clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0, **_):
     problems: list = []
     check_graph(gm, problems)
-    if "host-scalar" in problems:
+    if "host-scalar" in problems or host_scalar_ops:
         raise NeedsHostScalars(
             "the step cannot be recorded as a CUDA graph: an optimizer reads its step counter on "
             "the host every step (PyTorch has no capturable form of it, e.g. Adagrad)",

@@ -66,6 +66,7 @@ class TraceResult:
     out_leaves: list                     # per output leaf: ("tensor", k) or ("const", value)
     escapes: list[Slot]                  # slots the graph rebinds, in graph-output order after the user's
     input_grads: list                    # leaf indices whose .grad the graph sets (outputs after escapes)
+    host_scalar_ops: int                 # CPU 0-dim ops in a CUDA step (replay can run them, a CUDA graph cannot)
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
     result: object                       # the real result of the traced call
@@ -143,6 +144,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         super().__init__()
         self.problems = problems
         self.cuda_step = cuda_step
+        self.host_scalar_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -155,7 +157,10 @@ class _DispatchCheckMode(TorchDispatchMode):
                 with _disable_current_modes():
                     return func(*args, **kwargs)
         out = func(*args, **kwargs)
-        if self.cuda_step and _cpu_work(func, args, kwargs, out):
+        work = _cpu_work(func, args, kwargs, out) if self.cuda_step else None
+        if work == "scalar":
+            self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only
+        elif work == "tensor":
             stack = traceback.extract_stack()
             self.problems.append(Problem(
                 f"{func} runs on CPU tensors inside a CUDA step (a CUDA graph would run it only once, "
@@ -165,17 +170,17 @@ class _DispatchCheckMode(TorchDispatchMode):
         return out
 
 
-def _cpu_work(func, args, kwargs, out) -> bool:
-    """An op that computes on the CPU, or feeds a CPU tensor the step computed into a GPU op."""
+def _cpu_work(func, args, kwargs, out) -> str | None:
+    """In a CUDA step: ``"tensor"`` for an op computing on CPU tensors with data, ``"scalar"`` for
+    one touching only 0-dim CPU tensors (host scalars such as step counters), else None."""
     if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
-        return False  # torch.tensor(...) constants: fixed values, fine to bake
-    for o in pytree.tree_leaves(out):
-        if isinstance(o, torch.Tensor) and o.device.type == "cpu":
-            return True
-    for a in pytree.tree_leaves((args, kwargs)):
-        if isinstance(a, torch.Tensor) and a.device.type == "cpu" and _is_traced(a):
-            return True
-    return False
+        return None  # torch.tensor(...) constants: fixed values, fine to bake
+    cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    cpu += [a for a in pytree.tree_leaves((args, kwargs))
+            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and _is_traced(a)]
+    if not cpu:
+        return None
+    return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -204,7 +209,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
-        with _HostReadMode(step_ids, problems), _DispatchCheckMode(problems, device == "cuda"):
+        with _HostReadMode(step_ids, problems), box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")):
             try:
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
@@ -261,7 +266,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["clears"], grad_inputs, box["result"], problems)
+                       box["dm"].host_scalar_ops, box["clears"], grad_inputs, box["result"], problems)
 
 
 def raise_problems(problems: list[Problem]) -> None:
