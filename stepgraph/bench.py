@@ -244,6 +244,11 @@ def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) ->
                 row.note = "no replays: ran eagerly"
             elif st.recaptures:
                 row.note = f"{len(st.recaptures)} recapture(s): {st.recaptures[0]}"
+            else:
+                # stepgraph's own per-call cost (guards, address checks), measured without running.
+                oh = prep.handle.overhead_us(*batches[-1], repeat=300)
+                row.stats["overhead_us"] = {k: round(v, 1) for k, v in oh.items()}
+                row.note = "overhead " + ", ".join(f"{k} {v:.1f}us" for k, v in oh.items())
     except Exception as e:  # one broken variant must not hide the others' numbers
         row.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
         row.note = traceback.format_exc(limit=-3)

@@ -171,6 +171,27 @@ class StepFunction:
                 return self._eager(args, kwargs)
             return self._capture(sig, args, kwargs)
 
+    def overhead_us(self, *args, repeat: int = 500, **kwargs) -> dict:
+        """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
+        the step: the quick guard (the replay fast path), the full signature (the miss path),
+        and the CUDA backend's input-address check. For benchmarks and explain()."""
+        import statistics
+
+        def med(f):
+            ts = []
+            for _ in range(repeat):
+                t = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - t)
+            return statistics.median(ts) * 1e6
+        if self._guards is None:
+            return {}
+        out = {"quick_guard": med(lambda: self._guards.quick_key(args, kwargs) == self._last_quick),
+               "full_signature": med(lambda: self._guards.signature(args, kwargs))}
+        if self._last is not None and self._last.stale is not None:
+            out["state_address_check"] = med(self._last.stale)
+        return out
+
     def explain(self) -> str:
         """What was captured: ops, state by source name, inputs, written state, guards."""
         lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "

@@ -176,8 +176,9 @@ def _cpu_work(func, args, kwargs, out) -> str | None:
     if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
         return None  # torch.tensor(...) constants: fixed values, fine to bake
     cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    # CPU inputs count when the step computed them, or when they hold data (not a 0-dim value).
     cpu += [a for a in pytree.tree_leaves((args, kwargs))
-            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and _is_traced(a)]
+            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and (_is_traced(a) or a.dim() > 0)]
     if not cpu:
         return None
     return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
