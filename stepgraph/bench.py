@@ -175,6 +175,11 @@ def _cleanup(dev):
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
+        # cuBLAS keeps one workspace per stream alive; without this, later variants' peak
+        # memory would include the workspaces of the side streams earlier variants used.
+        clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear is not None:
+            clear()
         torch.cuda.empty_cache()
 
 
