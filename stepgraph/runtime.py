@@ -6,6 +6,7 @@ traced and captured, returning its real result. Every decision is counted in ``s
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -35,7 +36,8 @@ class Stats:
     replays: int = 0
     recaptures: list = field(default_factory=list)
     failed_captures: int = 0
-    capture_seconds: float = 0.0
+    capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
+    compile_seconds: float = 0.0   # of which backend compilation (Inductor)
 
 
 @dataclass
@@ -199,7 +201,8 @@ class StepFunction:
                  + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
                  f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
                  f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
-                 f"capture_seconds={self.stats.capture_seconds:.3f}"]
+                 f"capture_seconds={self.stats.capture_seconds:.3f} "
+                 f"compile_seconds={self.stats.compile_seconds:.3f}"]
         for note in self._prepared:
             lines.append(f"  prepared: {note}")
         if self._reg is not None:
@@ -210,8 +213,10 @@ class StepFunction:
         for i, e in enumerate(self._order):
             s = e.summary
             tr = e.trace
-            lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s, "
-                         f"backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
+            compile_s = getattr(e.run, "compile_seconds", None)
+            lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
+                         + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None else "")
+                         + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
                          f"{s.random_ops} random")
             k = e.key
             ins = [x for x in k[1] if len(x) == 7]
@@ -274,7 +279,8 @@ class StepFunction:
                 log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
-            with _capture_stream(device):
+            around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
+            with _capture_stream(device), around:
                 tr = trace_step(self.fn, args, kwargs, self._reg, device)
             raise_problems(tr.problems)
             gm = cleanup(tr.graph_module)
@@ -315,6 +321,7 @@ class StepFunction:
         self._order.append(entry)
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
+        self.stats.compile_seconds += getattr(run, "compile_seconds", 0.0)
         # The quick key must describe the state *before* a call: recompute it at the next call.
         self._last = self._last_quick = None
         if reason is not None:

@@ -21,11 +21,12 @@ class Backend:
     doc: str
     device_types: tuple = ("cpu", "cuda")
     prepare: Callable | None = None   # (StateRegistry) -> list of changes, run before tracing
+    trace_context: Callable | None = None  # (StateRegistry) -> context manager around the trace
 
 
 def _registry() -> dict:
-    from . import cudagraph, replay
-    return {b.name: b for b in (replay.BACKEND, cudagraph.BACKEND)}
+    from . import cudagraph, inductor, replay
+    return {b.name: b for b in (replay.BACKEND, cudagraph.BACKEND, inductor.BACKEND)}
 
 
 def pick(name: str, device_type: str) -> Backend:

@@ -82,8 +82,13 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 
 
-def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
-                      clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0, **_):
+def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, **opts):
+    refuse_uncapturable(gm, host_scalar_ops)
+    _, fn = generate(gm)
+    return record(fn, example_inputs, **opts)
+
+
+def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0) -> None:
     problems: list = []
     check_graph(gm, problems)
     if "host-scalar" in problems or host_scalar_ops:
@@ -99,7 +104,15 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
                            fix="keep every tensor of the step on one GPU (move CPU tensors to the "
                                "device before the step, return values instead of reading them), "
                                "or use backend='replay'")
-    _, fn = generate(gm)
+
+
+def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=True, n_user_outputs=None,
+           state_tensors=(), warmup=None, **_):
+    """Record ``fn(*static_inputs)`` into one CUDA graph; return the per-call runner.
+
+    ``warmup``, if given, is called once on the side stream before recording (lazy kernel
+    loading and autotuning must not happen inside a capture); it must not touch user state.
+    """
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
     side = side_stream()
@@ -108,6 +121,10 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
+        if warmup is not None:
+            with torch.cuda.stream(side):
+                warmup(static)
+            side.synchronize()
         with torch.cuda.graph(graph, pool=pool, stream=side):
             outs = fn(*static)
     finally:

@@ -1,0 +1,161 @@
+"""``inductor``: the whole step — forward, backward and optimizer — fused by TorchInductor.
+
+The cleaned aten graph gets its state constants lifted to inputs (parameters, buffers and
+optimizer state become placeholders), then ``torch._inductor.compile_fx`` functionalizes it
+(in-place state updates become writes back into those same tensors) and generates fused
+kernels across the forward/backward/optimizer borders. On CUDA the compiled step is then
+recorded into one CUDA graph by the ``cudagraph`` backend's recorder.
+
+Compiled artifacts go through Inductor's on-disk FX-graph cache, keyed by the graph and its
+input metadata, so a second process with the same step skips most of the compile.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+from torch import fx
+
+from ..passes.alpha import fold_alpha
+from . import Backend
+from .cudagraph import make_capturable, record, refuse_uncapturable
+
+
+def lift_state(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """A copy of ``gm`` whose tensor constants are trailing placeholders, plus those tensors."""
+    g = fx.Graph()
+    env: dict = {}
+    out = g.graph_copy(gm.graph, env)
+    g.output(out)
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    lifted: dict[int, fx.Node] = {}
+    state: list[torch.Tensor] = []
+    for n in list(g.nodes):
+        if n.op != "get_attr":
+            continue
+        t = getattr(gm, n.target)
+        if id(t) not in lifted:
+            if anchor is None:
+                with g.inserting_before(next(iter(g.nodes))):
+                    ph = g.placeholder(f"state_{len(state)}")
+            else:
+                with g.inserting_after(anchor):
+                    ph = g.placeholder(f"state_{len(state)}")
+            ph.meta = dict(n.meta)
+            anchor = ph
+            lifted[id(t)] = ph
+            state.append(t)
+        n.replace_all_uses_with(lifted[id(t)])
+        g.erase_node(n)
+    g.lint()
+    return fx.GraphModule(torch.nn.Module(), g), state
+
+
+def _compile(gm: fx.GraphModule, inputs: list):
+    from torch._inductor.compile_fx import compile_fx
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        return compile_fx(gm, inputs)
+    finally:
+        torch._C._set_grad_enabled(prev)
+
+
+def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, **opts):
+    cuda = any(x.is_cuda for x in example_inputs) or any(
+        isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
+        for n in gm.graph.nodes if n.op == "get_attr")
+    if cuda:
+        refuse_uncapturable(gm, host_scalar_ops)
+    lifted, state = lift_state(gm)
+    fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
+    # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
+    # requires_grad, so AOTAutograd builds an inference graph.
+    state_in = [t.detach() for t in state]
+    t0 = time.perf_counter()
+    try:
+        compiled = _compile(lifted, list(example_inputs) + state_in)
+    except Exception as e:
+        from ..errors import CaptureError
+        raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                           op="torch._inductor.compile_fx", where="the captured step graph",
+                           fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
+    seconds = time.perf_counter() - t0
+
+    def fn(*inputs):
+        return compiled(*inputs, *state_in)
+
+    if not cuda:
+        def run(inputs):
+            prev = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
+                return list(fn(*inputs))
+            finally:
+                torch._C._set_grad_enabled(prev)
+        run.compile_seconds = seconds
+        return run
+
+    def warmup(static):
+        # Run once on copies of every input and every state tensor, so kernels load (and any
+        # lazy init happens) outside the capture without stepping the user's model twice.
+        clones = [t.detach().clone() for t in state]
+        compiled(*[x.clone() for x in static], *clones)
+        del clones
+
+    run = record(fn, example_inputs, warmup=warmup, **opts)
+    run.compile_seconds = seconds
+    return run
+
+
+def prepare(reg) -> list[str]:
+    """As for CUDA graphs on the GPU (capturable optimizers); the CPU uses ``trace_context``."""
+    return make_capturable(reg)
+
+
+_OPT_MODULES = ("adam", "adamw", "rmsprop", "nadam", "radam", "adamax", "asgd")
+
+
+@contextlib.contextmanager
+def trace_context(reg):
+    """While tracing for Inductor on the CPU, run optimizers' capturable path.
+
+    The default CPU path reads step counters with ``.item()`` (host scalars Inductor cannot
+    compile) and the fused CPU kernels have no functional form; the capturable path keeps
+    the counters as tensors. PyTorch only allows capturable on accelerators, so its device
+    check is widened for the duration of the trace; the user's flags are restored after.
+    """
+    saved_groups, saved_fns = [], {}
+    for _, opt in reg.optimizers:
+        for group in opt.param_groups:
+            if "capturable" in group and all(p.device.type == "cpu" for p in group["params"]):
+                saved_groups.append((group, group["capturable"], group.get("fused")))
+                group["capturable"] = True
+                if group.get("fused"):
+                    group["fused"] = False
+    if saved_groups:
+        import importlib
+        for name in _OPT_MODULES:
+            mod = importlib.import_module(f"torch.optim.{name}")
+            f = getattr(mod, "_get_capturable_supported_devices", None)
+            if f is not None:
+                saved_fns[mod] = f
+                setattr(mod, "_get_capturable_supported_devices",
+                        lambda *a, _f=f, **k: [*_f(*a, **k), "cpu"])
+    try:
+        yield
+    finally:
+        for group, cap, fused in saved_groups:
+            group["capturable"] = cap
+            if fused is not None:
+                group["fused"] = fused
+        for mod, f in saved_fns.items():
+            setattr(mod, "_get_capturable_supported_devices", f)
+
+
+BACKEND = Backend("inductor", compile_inductor,
+                  "the whole step fused by TorchInductor (C++ on CPU); on CUDA inside one CUDA graph",
+                  ("cpu", "cuda"), prepare=prepare, trace_context=trace_context)
