@@ -16,9 +16,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import stepgraph
 
@@ -51,6 +50,15 @@ COMMON = textwrap.dedent('''
         return step
 ''')
 exec(COMMON)  # defines make_model, make_opt, batch, train_step here
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 class Pair:
@@ -186,6 +194,7 @@ def test_checkpoint_resumed_in_a_new_process(tmp_path):
     script = COMMON + textwrap.dedent(f'''
         import json
         import stepgraph
+        torch.set_num_threads({torch.get_num_threads()})  # the parent's setting: same kernels
         model = make_model()
         with torch.no_grad():
             for p in model.parameters():

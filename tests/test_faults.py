@@ -34,6 +34,15 @@ EXCEPTIONS = {
 POINTS = ("start", "in_backward", "after_backward", "after_opt")
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 # ---- harness -----------------------------------------------------------------------------
 class Fault:
     """Raises a prepared exception the first time the step reaches ``point`` while armed."""

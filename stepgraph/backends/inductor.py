@@ -53,12 +53,25 @@ def lift_state(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
     return fx.GraphModule(torch.nn.Module(), g), state
 
 
+# Retried once with these when Inductor fails internally: on torch 2.11 the GPT-6L step hit an
+# assertion in the scheduler's loop reordering (scheduler.reorder_loops_by_dep_pair).
+_RETRY_PATCHES = {"loop_ordering_after_fusion": False}
+
+
 def _compile(gm: fx.GraphModule, inputs: list):
     from torch._inductor.compile_fx import compile_fx
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
-        return compile_fx(gm, inputs)
+        try:
+            return compile_fx(gm, inputs)
+        except Exception as first:
+            if type(first).__name__ != "InductorError":
+                raise
+            import logging
+            logging.getLogger("stepgraph").warning(
+                "stepgraph: Inductor failed (%s); retrying with %s", str(first).strip()[:200], _RETRY_PATCHES)
+            return compile_fx(gm, inputs, config_patches=_RETRY_PATCHES)
     finally:
         torch._C._set_grad_enabled(prev)
 
@@ -121,7 +134,7 @@ _OPT_MODULES = ("adam", "adamw", "rmsprop", "nadam", "radam", "adamax", "asgd")
 
 @contextlib.contextmanager
 def trace_context(reg):
-    """While tracing for Inductor on the CPU, run optimizers' capturable path.
+    """While tracing for Inductor, run optimizers' capturable (non-fused) path.
 
     The default CPU path reads step counters with ``.item()`` (host scalars Inductor cannot
     compile) and the fused CPU kernels have no functional form; the capturable path keeps
@@ -129,14 +142,20 @@ def trace_context(reg):
     check is widened for the duration of the trace; the user's flags are restored after.
     """
     saved_groups, saved_fns = [], {}
+    widen = False
     for _, opt in reg.optimizers:
         for group in opt.param_groups:
-            if "capturable" in group and all(p.device.type == "cpu" for p in group["params"]):
+            on_cpu = all(p.device.type == "cpu" for p in group["params"])
+            # Fused kernels have no functional/fake form for Inductor (CPU: "mutating a
+            # non-functional tensor"; CUDA with a tensor lr: no fake impl): trace the
+            # capturable foreach path instead.
+            if "capturable" in group and (on_cpu or group.get("fused")):
                 saved_groups.append((group, group["capturable"], group.get("fused")))
                 group["capturable"] = True
                 if group.get("fused"):
                     group["fused"] = False
-    if saved_groups:
+                widen |= on_cpu
+    if widen:
         import importlib
         for name in _OPT_MODULES:
             mod = importlib.import_module(f"torch.optim.{name}")
