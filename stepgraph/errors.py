@@ -8,11 +8,19 @@ _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("torch")
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 # Frames from these trees are never "the user's line": torch internals, stepgraph itself,
 # and the standard library's context managers that wrap user code.
+import sysconfig
+
+_LIB_DIRS = tuple(dict.fromkeys(os.path.abspath(p) + os.sep for p in (
+    _TORCH_DIR, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"])))
 _SKIP_PREFIXES = (
     os.path.join(_TORCH_DIR, "torch") + os.sep,
     _PKG_DIR + os.sep,
     os.path.dirname(os.__file__) + os.sep,
-)
+) + _LIB_DIRS
+# Frames of the tracing machinery itself: torch code, but never where an op came from.
+_MACHINERY = ("/fx/", "/utils/_python_dispatch", "/overrides.py", "/_ops.py", "/_tensor.py",
+              "/autograd/__init__.py", "/autograd/graph.py", "/_dynamo/", "/utils/_contextlib.py",
+              "/nn/modules/module.py", "/optim/lr_scheduler.py", "/optim/optimizer.py", "/_compile.py")
 
 
 class StepGraphError(RuntimeError):
@@ -49,11 +57,9 @@ def user_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
 
 
 def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
-    """``file:line`` of the torch frame the user's line called into, if the op came from a library.
-
-    Only frames *inside* the user's innermost frame count: the tracing machinery around the
-    user's function is torch code too, but it is not where the op came from.
-    """
+    """``file:line`` of the innermost library frame (torch or any installed package) that the
+    user's line called into, i.e. where the op really came from; ``""`` if the user's own
+    line did it. Wrappers (nn.Module.__call__, optimizer hooks, tracing) are skipped."""
     stack = stack if stack is not None else traceback.extract_stack()
     user = None
     for i in range(len(stack) - 1, -1, -1):
@@ -63,10 +69,12 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
             break
     if user is None:
         return ""
+    found = ""
     for fr in stack[user + 1:]:
         fn = os.path.abspath(fr.filename)
-        if fn.startswith(_SKIP_PREFIXES[0]) and not any(x in fn for x in (
-                "/fx/", "/utils/_python_dispatch", "/overrides.py", "/_ops.py", "/_tensor.py",
-                "/autograd/__init__.py", "/autograd/graph.py", "/_dynamo/", "/utils/_contextlib.py")):
-            return f"{os.path.relpath(fn, _TORCH_DIR)}:{fr.lineno}"
-    return ""
+        if fn.startswith(_PKG_DIR + os.sep):
+            break  # stepgraph's own modes: everything from here on is the interception
+        lib = next((d for d in _LIB_DIRS if fn.startswith(d)), None)
+        if lib is not None and not any(m in fn for m in _MACHINERY):
+            found = f"{os.path.relpath(fn, lib)}:{fr.lineno}"
+    return found

@@ -21,7 +21,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.state import StateRegistry, discover, install_registration_hooks
 from .capture.trace import TraceResult, raise_problems, trace_step
-from .backends.cudagraph import NeedsHostScalars
+from .backends.cudagraph import NeedsReplay
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
 
@@ -111,6 +111,7 @@ class StepFunction:
             self._reg: StateRegistry | None = None
             self._guards: Guards | None = None
             self._calls = 0
+            self._warm_done = 0
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False
@@ -160,8 +161,10 @@ class StepFunction:
                 out = entry.replay(sig.leaves, sig.tensor_pos)
                 self._remember(entry, args, kwargs)
                 return out
-            if self.stats.eager_calls < self.warmup and not self._order:
-                return self._eager(args, kwargs)
+            if self._warm_done < self.warmup and not self._order:
+                out = self._eager(args, kwargs)
+                self._warm_done += 1  # only a warm-up that returned created the state it is for
+                return out
             if len(self._entries) >= self.max_captures:
                 if not self._warned_cap:
                     self._warned_cap = True
@@ -293,10 +296,10 @@ class StepFunction:
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
-                        host_scalar_ops=tr.host_scalar_ops)
+                        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls)
             try:
                 run = backend.compile(gm, example, **opts)
-            except NeedsHostScalars as e:
+            except NeedsReplay as e:
                 if self.backend != "auto":
                     raise
                 # Not silent: warned once, logged, and shown by explain().
@@ -306,9 +309,11 @@ class StepFunction:
                 warnings.warn(f"stepgraph: {self.__name__}: {note}", stacklevel=3)
                 log.warning("stepgraph: %s: %s", self.__name__, note)
                 run = backend.compile(gm, example, **opts)
-        except BaseException:
+        except BaseException as e:
             self.stats.failed_captures += 1
-            if self.on_capture_error == "eager":
+            # Fall back only when stepgraph could not capture; the user's own exceptions
+            # (and Ctrl-C) propagate and leave capture on.
+            if self.on_capture_error == "eager" and isinstance(e, StepGraphError):
                 log.warning("stepgraph: capture of %s failed; running eagerly from now on", self.__name__,
                             exc_info=True)
                 self._eager_only = True

@@ -7,6 +7,18 @@
 (e) A global Python number read inside the step is baked at capture: later changes are NOT seen.
 (f) ``STEPGRAPH_DISABLE=1`` set before ``compile()`` makes every call eager (no capture).
 (g) ``model.eval()`` followed by a step that still does backward works, via one recapture.
+(h) An op failing *inside a replay* after backward() and before zero_grad() leaves parameters
+    and optimizer state eager-equal, but the step's fresh ``.grad`` tensors are not bound
+    (eager binds them during backward); pinned in test_faults.py (strict xfail).
+(i) An input that requires grad and already holds a ``.grad`` is refused (CaptureError):
+    replays could not accumulate into a different tensor each call (test_bad_input.py).
+(j) On the GPU, optimizers switch to PyTorch's capturable form (device step counters, a device
+    tensor ``lr``): numerics are PyTorch's capturable path, not its default (test_cuda.py).
+(k) A scheduler that assigns new float hyper-parameters every step (OneCycleLR's betas with
+    cycle_momentum=True, or any float lr) recaptures per distinct value, up to max_captures;
+    a tensor lr (fused/capturable optimizers) never recaptures (test_real_loops.py).
+(l) Returned plain dataclasses are registered as torch pytree nodes; other objects that hold
+    tensors the step computed are refused with a CaptureError (replays would return stale ones).
 """
 import copy
 import sys

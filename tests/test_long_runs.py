@@ -112,7 +112,10 @@ def test_10k_replays_no_growth():
     rss1, tensors1, objects1 = footprint()
     s = step.stats
     assert (s.eager_calls, s.captures, s.replays, s.recaptures) == (1, 1, 10_000, []), s
-    assert rss1 - rss0 < 5 * MiB, f"RSS grew {(rss1 - rss0) / MiB:.2f} MiB over 9,500 replays"
+    # RSS is noisy in a long pytest process (allocator arenas, other tests' threads); the
+    # precise detectors are the three below. 16 MiB still catches any per-replay tensor leak
+    # (one leaked 8 KB activation per replay would be 76 MB here).
+    assert rss1 - rss0 < 16 * MiB, f"RSS grew {(rss1 - rss0) / MiB:.2f} MiB over 9,500 replays"
     assert traced < 64 * 1024, f"Python allocations grew {traced} bytes over 1,000 replays"
     assert tensors1 <= tensors0, f"live tensors {tensors0} -> {tensors1} over 9,500 replays"
     assert objects1 - objects0 < 200, f"gc-tracked objects {objects0} -> {objects1}"

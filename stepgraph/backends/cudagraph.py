@@ -60,7 +60,11 @@ def make_capturable(reg) -> list[str]:
     return changed
 
 
-class NeedsHostScalars(CaptureError):
+class NeedsReplay(CaptureError):
+    """The graph needs host work every call; only the ``replay`` backend can run it."""
+
+
+class NeedsHostScalars(NeedsReplay):
     """The graph recomputes host scalars each call (an optimizer without a capturable form)."""
 
 
@@ -82,13 +86,20 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 
 
-def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, **opts):
-    refuse_uncapturable(gm, host_scalar_ops)
+def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0, **opts):
+    refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
     _, fn = generate(gm)
     return record(fn, example_inputs, **opts)
 
 
-def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0) -> None:
+def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_calls: int = 0) -> None:
+    if rng_state_calls:
+        raise NeedsReplay(
+            "the step saves and restores the RNG state on the host (activation checkpointing with "
+            "preserve_rng_state=True, or fork_rng): a CUDA graph cannot replay that",
+            op="torch.get_rng_state/set_rng_state", where="torch.utils.checkpoint / torch.random.fork_rng",
+            fix="use backend='replay' (backend='auto' does so), or checkpoint regions without dropout "
+                "with preserve_rng_state=False")
     problems: list = []
     check_graph(gm, problems)
     if "host-scalar" in problems or host_scalar_ops:

@@ -53,9 +53,10 @@ def lift_state(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
     return fx.GraphModule(torch.nn.Module(), g), state
 
 
-# Retried once with these when Inductor fails internally: on torch 2.11 the GPT-6L step hit an
-# assertion in the scheduler's loop reordering (scheduler.reorder_loops_by_dep_pair).
-_RETRY_PATCHES = {"loop_ordering_after_fusion": False}
+# On torch 2.11 the GPT-6L whole step hit an assertion in the scheduler's loop reordering
+# (scheduler.reorder_loops_by_dep_pair); compiling without it from the start avoids paying
+# for a failed compile first. Retried once more with the same patches on an internal error.
+_PATCHES = {"loop_ordering_after_fusion": False}
 
 
 def _compile(gm: fx.GraphModule, inputs: list):
@@ -63,25 +64,17 @@ def _compile(gm: fx.GraphModule, inputs: list):
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
-        try:
-            return compile_fx(gm, inputs)
-        except Exception as first:
-            if type(first).__name__ != "InductorError":
-                raise
-            import logging
-            logging.getLogger("stepgraph").warning(
-                "stepgraph: Inductor failed (%s); retrying with %s", str(first).strip()[:200], _RETRY_PATCHES)
-            return compile_fx(gm, inputs, config_patches=_RETRY_PATCHES)
+        return compile_fx(gm, inputs, config_patches=_PATCHES)
     finally:
         torch._C._set_grad_enabled(prev)
 
 
-def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, **opts):
+def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0, **opts):
     cuda = any(x.is_cuda for x in example_inputs) or any(
         isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
         for n in gm.graph.nodes if n.op == "get_attr")
-    if cuda:
-        refuse_uncapturable(gm, host_scalar_ops)
+    if cuda or rng_state_calls:
+        refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
     lifted, state = lift_state(gm)
     fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
     # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without

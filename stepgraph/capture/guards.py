@@ -43,6 +43,8 @@ def _hyper_value(v):
 def _leaf_value(v):
     if isinstance(v, torch.Tensor):
         return tensor_meta(v)
+    if isinstance(v, float) and v != v:
+        return ("value", float, "nan")  # nan != nan: key it by name, or it never matches
     try:
         hash(v)
         return ("value", type(v), v)

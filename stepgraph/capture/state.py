@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -20,12 +21,19 @@ _EPOCH = [0]
 
 
 _PAUSED = [0]
+# Only modules some step function uses count: building an unrelated module (a loss object,
+# an eval model) must not invalidate every captured step.
+_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
+def watch(modules) -> None:
+    _WATCHED.update(modules)
 
 
 def _bump(module, *_a):
     # While stepgraph traces, make_fx's scratch root module registers every constant it
     # meets: that is not user state, and would otherwise invalidate the graph just made.
-    if not _PAUSED[0] and not isinstance(module, torch.fx.GraphModule):
+    if not _PAUSED[0] and module in _WATCHED:
         _EPOCH[0] += 1
 
 
@@ -125,6 +133,7 @@ class StateRegistry:
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        watch(self.all_modules)
 
     def slots(self, extra_params=()) -> list[Slot]:
         """Every rebindable tensor slot: grads, buffers, optimizer state entries."""

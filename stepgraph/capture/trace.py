@@ -67,6 +67,7 @@ class TraceResult:
     escapes: list[Slot]                  # slots the graph rebinds, in graph-output order after the user's
     input_grads: list                    # leaf indices whose .grad the graph sets (outputs after escapes)
     host_scalar_ops: int                 # CPU 0-dim ops in a CUDA step (replay can run them, a CUDA graph cannot)
+    rng_state_calls: int                 # host RNG get/set calls recorded (checkpointing); replay backend only
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
     result: object                       # the real result of the traced call
@@ -79,18 +80,34 @@ def _is_traced(t) -> bool:
 
 
 class _HostReadMode(TorchFunctionMode):
-    def __init__(self, step_ids: set[int], problems: list[Problem]):
+    def __init__(self, step_ids: set[int], problems: list[Problem], reg: StateRegistry | None = None):
         super().__init__()
         self.step_ids = step_ids
         self.problems = problems
+        self.reg = reg
+
+    def _new_counter(self, t) -> bool:
+        """A step counter the optimizer created during this trace (no warm-up before it)."""
+        if self.reg is None or t.numel() != 1 or t.device.type != "cpu":
+            return False
+        for _, opt in self.reg.optimizers:
+            for st in opt.state.values():
+                if st.get("step") is t:
+                    self.step_ids.add(id(t))
+                    return True
+        return False
 
     def _problem(self, op, fix):
         stack = traceback.extract_stack()
-        self.problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
+        inside = library_frame(stack)
+        if "amp/grad_scaler.py" in inside:
+            fix = ("GradScaler reads found_inf on the host for non-fused optimizers: use a fused "
+                   "optimizer (e.g. AdamW(..., fused=True)), whose step takes the scaler's tensors")
+        self.problems.append(Problem(op, user_frame(stack), fix, inside))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is _T.item and args and id(args[0]) in self.step_ids:
+        if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
         info = _HOST_READS.get(func)
         if info is not None and args and _is_traced(args[0]):
@@ -184,6 +201,95 @@ def _cpu_work(func, args, kwargs, out) -> str | None:
     return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
 
 
+# Host-side RNG state calls (activation checkpointing's preserve_rng_state, fork_rng): not aten
+# ops, so a plain trace drops them and a recompute would draw a different dropout mask.
+# They are recorded as Python call nodes and replayed in order (replay backend only).
+RNG_STATE_FUNCS: dict = {}
+
+
+class _RngStateRecorder:
+    NAMES = [(torch, "get_rng_state"), (torch, "set_rng_state"),
+             (torch.random, "get_rng_state"), (torch.random, "set_rng_state")]
+
+    def __init__(self, cuda: bool):
+        self.names = list(self.NAMES)
+        if cuda:
+            self.names += [(torch.cuda, "get_rng_state"), (torch.cuda, "set_rng_state")]
+        self.saved = []
+        self.nodes: dict[int, object] = {}
+        self.count = 0
+
+    def _wrap(self, orig, is_get):
+        rec = self
+
+        def wrapper(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            mode = get_proxy_mode()
+            if mode is not None:
+                tracer = mode.tracer
+                a = tuple(rec.nodes.get(id(x), x) for x in args)
+                node = tracer.create_node("call_function", orig, a, dict(kwargs))
+                rec.count += 1
+                if is_get:
+                    rec.nodes[id(out)] = node
+            return out
+        return wrapper
+
+    def __enter__(self):
+        for mod, name in self.names:
+            orig = getattr(mod, name)
+            orig = RNG_STATE_FUNCS.get(orig, orig)  # never wrap a wrapper
+            self.saved.append((mod, name, getattr(mod, name)))
+            w = self._wrap(orig, name.startswith("get"))
+            RNG_STATE_FUNCS[w] = orig
+            RNG_STATE_FUNCS[orig] = orig
+            setattr(mod, name, w)
+        return self
+
+    def __exit__(self, *exc):
+        for mod, name, f in reversed(self.saved):
+            setattr(mod, name, f)
+
+
+def _register_dataclasses(out, depth: int = 0) -> None:
+    """Make plain dataclass outputs pytree nodes (torch's own registry), so each replay builds a
+    fresh instance around its own tensors instead of handing back the capture call's object."""
+    import dataclasses
+    if depth > 4:
+        return
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        cls = type(out)
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(cls)
+        for f in dataclasses.fields(out):
+            _register_dataclasses(getattr(out, f.name), depth + 1)
+    elif isinstance(out, (list, tuple)):
+        for x in out:
+            _register_dataclasses(x, depth + 1)
+    elif isinstance(out, dict):
+        for x in out.values():
+            _register_dataclasses(x, depth + 1)
+
+
+def _opaque_outputs(out_leaves) -> str | None:
+    """A non-tensor output leaf that holds tensors the step computed (a dataclass, a cache)."""
+    def holds(v, depth=0):
+        if isinstance(v, torch.Tensor):
+            return _is_traced(v)
+        if depth > 3 or isinstance(v, (str, bytes, int, float, bool, type(None))):
+            return False
+        if isinstance(v, (list, tuple, set)):
+            return any(holds(x, depth + 1) for x in list(v)[:256])
+        if isinstance(v, dict):
+            return any(holds(x, depth + 1) for x in list(v.values())[:256])
+        d = getattr(v, "__dict__", None)
+        return isinstance(d, dict) and any(holds(x, depth + 1) for x in list(d.values())[:256])
+    for v in out_leaves:
+        if not isinstance(v, torch.Tensor) and holds(v):
+            return type(v).__name__
+    return None
+
+
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
     ids = set()
     for _, opt in reg.optimizers:
@@ -210,7 +316,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
-        with _HostReadMode(step_ids, problems), box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")):
+        with _HostReadMode(step_ids, problems, reg), box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
+                box.setdefault("rng", _RngStateRecorder(device == "cuda")):
             try:
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
@@ -219,7 +326,16 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
         box["result"] = out
+        _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
+        opaque = _opaque_outputs(out_leaves)
+        if opaque is not None:
+            problems.append(Problem(
+                f"the step returns a {opaque} that holds tensors it computed, inside an object "
+                "stepgraph cannot see into (replays would hand back this call's tensors)",
+                user_frame(), "return tensors in tuples/lists/dicts (e.g. `return out.loss`), "
+                "or register the type with torch.utils._pytree (register_dataclass / "
+                "register_pytree_node); for Hugging Face models with a cache, pass use_cache=False"))
         box["out_spec"] = out_spec
         graph_outs, kinds = [], []
         for v in out_leaves:
@@ -267,7 +383,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["dm"].host_scalar_ops, box["clears"], grad_inputs, box["result"], problems)
+                       box["dm"].host_scalar_ops, box["rng"].count, box["clears"], grad_inputs,
+                       box["result"], problems)
 
 
 def raise_problems(problems: list[Problem]) -> None:
