@@ -42,6 +42,9 @@ CASES = {
     "gpt2l": BenchCase("gpt", dict(layers=2, d=128, heads=4, batch=4, seq=64, vocab=1024), gpu=True),
     "gpt6l": BenchCase("gpt", dict(layers=6, d=384, heads=6, batch=8, seq=256, vocab=4096), gpu=True),
     "mlp64": BenchCase("mlp", dict(width=64, depth=8, batch=32, classes=10), gpu=False),
+    # Hugging Face zoo (issue 5): run with --cases hf_gpt2,hf_llama (needs transformers).
+    "hf_gpt2": BenchCase("hf_gpt2", dict(layers=2, d=128, heads=4, vocab=1024, batch=4, seq=64), gpu=False),
+    "hf_llama": BenchCase("hf_llama", dict(layers=2, d=128, heads=4, vocab=1024, batch=4, seq=64), gpu=False),
 }
 
 

@@ -72,7 +72,7 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
     found = ""
     for fr in stack[user + 1:]:
         fn = os.path.abspath(fr.filename)
-        if fn.startswith(_PKG_DIR + os.sep):
+        if fn.startswith(os.path.join(_PKG_DIR, "capture") + os.sep):
             break  # stepgraph's own modes: everything from here on is the interception
         lib = next((d for d in _LIB_DIRS if fn.startswith(d)), None)
         if lib is not None and not any(m in fn for m in _MACHINERY):
