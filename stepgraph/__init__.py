@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .errors import CaptureError, StepGraphError
 from .runtime import Stats, StepFunction
+from .partial import GraphedModule, graph_module
 
 __version__ = "0.1.0"
 
@@ -56,4 +57,4 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
     return wrap(fn) if fn is not None else wrap
 
 
-__all__ = ["compile", "StepFunction", "Stats", "StepGraphError", "CaptureError"]
+__all__ = ["compile", "StepFunction", "Stats", "StepGraphError", "CaptureError", "graph_module", "GraphedModule"]

@@ -19,8 +19,9 @@ import torch.utils._pytree as pytree
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
+from .capture.hooks import registered_hooks, warn_side_effects
 from .capture.state import StateRegistry, discover, install_registration_hooks
-from .capture.trace import TraceResult, raise_problems, trace_step
+from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
 from .backends.cudagraph import NeedsReplay
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
@@ -162,7 +163,8 @@ class StepFunction:
                 self._remember(entry, args, kwargs)
                 return out
             if self._warm_done < self.warmup and not self._order:
-                out = self._eager(args, kwargs)
+                with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
+                    out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
                 return out
             if len(self._entries) >= self.max_captures:
@@ -208,6 +210,8 @@ class StepFunction:
                  f"compile_seconds={self.stats.compile_seconds:.3f}"]
         for note in self._prepared:
             lines.append(f"  prepared: {note}")
+        for note in getattr(self, "_hook_notes", []):
+            lines.append(f"  runs only at capture: {note}")
         if self._reg is not None:
             lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
                          + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
@@ -319,6 +323,16 @@ class StepFunction:
                 self._eager_only = True
             raise
         seconds = time.perf_counter() - t0
+        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__)
+        left = [src for src, t, fn in tr.state_hooks
+                if any(h is fn for d in (t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None))
+                       if d for h in d.values())]
+        if left:
+            msg = (f"stepgraph: {self.__name__} registers hooks on {', '.join(dict.fromkeys(left))} and leaves "
+                   "them registered: in eager they stack up call after call, so every call will "
+                   "recapture; register them once outside the step, or remove them before it returns")
+            warnings.warn(msg, stacklevel=3)
+            self._hook_notes.append(msg)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None))

@@ -29,7 +29,8 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 
 
 def test_families_registry_complete():
-    assert set(models.FAMILIES) == {"mlp", "cnn_bn", "gpt", "embedding_model", "hooked_mlp", "tied"}
+    assert set(models.FAMILIES) == {"mlp", "cnn_bn", "gpt", "embedding_model", "hooked_mlp", "tied",
+                                    "hf_gpt2", "hf_llama"}
 
 
 @pytest.mark.parametrize("family,kw", VARIANTS, ids=IDS)

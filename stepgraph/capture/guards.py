@@ -100,6 +100,7 @@ class Guards:
             tuple((opt.state, len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(map(self._grad, reg.grad_params)),
+            reg.hook_key(),
         )
 
     def signature(self, args, kwargs) -> Signature:
@@ -122,6 +123,7 @@ class Guards:
             tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
+            reg.hook_key(),
         )
         return Signature(key, leaves, tensor_pos)
 
@@ -131,9 +133,9 @@ class Guards:
         self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
         names = ("argument structure", "inputs", "input aliasing", "grad mode", "autocast",
                  "train/eval", "optimizer hyper-parameters", "optimizer state", "module structure",
-                 "grads")
+                 "grads", "hooks")
         # Most fundamental first: a replaced optimizer state also changes its hyper-parameters.
-        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9]
+        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9, 10]
         for i in order:
             a, b = old[i], new[i]
             if a == b:
@@ -142,6 +144,8 @@ class Guards:
                 return "a module parameter, buffer or submodule was assigned (module structure changed)"
             if i == 4:
                 return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
+            if i == 10:
+                return "a hook was added to or removed from the step's modules or parameters"
             fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
                     self._diff_optstate, None, self._diff_grads]
             f = fine[i - 1] if 0 < i <= len(fine) else None

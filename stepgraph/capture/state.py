@@ -96,6 +96,7 @@ class StateRegistry:
     params: list = field(default_factory=list)         # (source, Parameter), unique
     all_modules: list = field(default_factory=list)    # every submodule, for train/eval guards
     grad_params: list = field(default_factory=list)    # params that require grad, in params order
+    module_hook_dicts: list = field(default_factory=list)  # the step's modules' hook OrderedDicts
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
@@ -133,7 +134,18 @@ class StateRegistry:
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        self.module_hook_dicts = [getattr(m, a) for m in self.all_modules for a in
+                                  ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+                                  if isinstance(getattr(m, a, None), dict)]
         watch(self.all_modules)
+
+    def hook_key(self) -> tuple:
+        """Which hooks exist on the step's modules and parameters: hooks run inside the trace,
+        so adding or removing one after capture must recapture, never be silently ignored."""
+        ph = tuple(p._backward_hooks for p in self.grad_params)
+        pa = tuple(getattr(p, "_post_accumulate_grad_hooks", None) for p in self.grad_params)
+        return (tuple(map(len, self.module_hook_dicts)),
+                tuple(len(d) if d else 0 for d in ph), tuple(len(d) if d else 0 for d in pa))
 
     def slots(self, extra_params=()) -> list[Slot]:
         """Every rebindable tensor slot: grads, buffers, optimizer state entries."""

@@ -45,6 +45,7 @@ _HOST_READS = {
     _T.__index__: ("using a tensor as a Python index", "index with the tensor itself, or outside the step"),
 }
 _DEVICE_MOVES = {_T.cpu, _T.to}
+_HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
 
 
 @dataclass
@@ -68,6 +69,8 @@ class TraceResult:
     input_grads: list                    # leaf indices whose .grad the graph sets (outputs after escapes)
     host_scalar_ops: int                 # CPU 0-dim ops in a CUDA step (replay can run them, a CUDA graph cannot)
     rng_state_calls: int                 # host RNG get/set calls recorded (checkpointing); replay backend only
+    hooks: list                          # (where, fn) of hooks registered while tracing
+    state_hooks: list                    # (source, tensor, fn) hooks the step registered on state
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
     result: object                       # the real result of the traced call
@@ -85,6 +88,8 @@ class _HostReadMode(TorchFunctionMode):
         self.step_ids = step_ids
         self.problems = problems
         self.reg = reg
+        self.hooks: list = []   # (where, fn) of hooks registered during the trace
+        self.state_hooks: list = []  # (source, tensor, fn): hooks the step put on its own state
 
     def _new_counter(self, t) -> bool:
         """A step counter the optimizer created during this trace (no warm-up before it)."""
@@ -107,6 +112,10 @@ class _HostReadMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _HOOK_REGISTRATIONS and len(args) > 1:
+            self.hooks.append((f"tensor {func.__name__}", args[1]))
+            if self.reg is not None and self.reg.name_of(args[0]) is not None:
+                self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
         info = _HOST_READS.get(func)
@@ -271,6 +280,36 @@ def _register_dataclasses(out, depth: int = 0) -> None:
             _register_dataclasses(x, depth + 1)
 
 
+@contextlib.contextmanager
+def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | None = None):
+    """Add any optimizer that steps to the registry (e.g. per-parameter optimizers stepped from
+    post-accumulate-grad hooks), so its counters and state are known. While tracing, also
+    re-enter ``mode`` for a step that runs where it is not active: hooks run by the autograd
+    engine do not see the caller's torch-function modes."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    entered: list = []
+
+    def pre_hook(opt, args, kwargs):
+        if all(o is not opt for _, o in reg.optimizers):
+            reg.optimizers.append((f"optimizer#{len(reg.optimizers)}", opt))
+        active = mode is not None and any(m is mode for m in torch.overrides._get_current_function_mode_stack())
+        if mode is not None and not active:
+            mode.__enter__()
+            entered.append(opt)
+
+    def post_hook(opt, args, kwargs):
+        if entered and entered[-1] is opt:
+            entered.pop()
+            mode.__exit__(None, None, None)
+    handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        reg.refresh_names()
+
+
 def _opaque_outputs(out_leaves) -> str | None:
     """A non-tensor output leaf that holds tensors the step computed (a dataclass, a cache)."""
     def holds(v, depth=0):
@@ -316,7 +355,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
-        with _HostReadMode(step_ids, problems, reg), box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
+        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
+        with discover_stepping_optimizers(reg, hm), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")):
             try:
                 out = fn(*a, **kw)
@@ -383,7 +423,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["dm"].host_scalar_ops, box["rng"].count, box["clears"], grad_inputs,
+                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box["hm"].state_hooks, box["clears"], grad_inputs,
                        box["result"], problems)
 
 

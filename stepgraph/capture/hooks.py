@@ -1,0 +1,88 @@
+"""Find hooks whose Python side effects would run only at capture, and say so.
+
+Hooks run while the step is traced, so their *tensor* effects are in the graph and replay
+every call; anything else they do (append to a list, bump a counter, log) happens only at
+warm-up and capture. Hooks are gathered from the step's modules and parameters and from
+``register_hook`` calls made during the trace, and each one's bytecode is checked for
+stores outside its own frame and for calls that usually mean a side effect.
+"""
+from __future__ import annotations
+
+import dis
+import functools
+import os
+
+_EFFECT_CALLS = {"append", "extend", "insert", "add", "update", "pop", "remove", "clear", "write",
+                 "print", "info", "debug", "warning", "warn", "error", "log", "put", "setdefault"}
+_EFFECT_STORES = {"STORE_GLOBAL", "STORE_DEREF", "STORE_ATTR", "STORE_SUBSCR"}
+_TENSOR_ATTRS = {"grad", "data"}
+
+
+def _code_of(fn):
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    fn = getattr(fn, "__func__", fn)
+    if hasattr(fn, "__code__"):
+        return fn.__code__
+    call = getattr(type(fn), "__call__", None)
+    return getattr(call, "__code__", None)
+
+
+def side_effects(fn) -> list[str]:
+    """Reasons to believe ``fn`` has Python side effects (empty if none found)."""
+    code = _code_of(fn)
+    if code is None:
+        return []
+    found = []
+    for ins in dis.get_instructions(code):
+        if ins.opname == "STORE_ATTR" and ins.argval in _TENSOR_ATTRS:
+            continue  # p.grad = ... is a tensor effect: the graph captures and rebinds it
+        if ins.opname in _EFFECT_STORES:
+            what = {"STORE_GLOBAL": "assigns a global", "STORE_DEREF": "assigns a nonlocal",
+                    "STORE_ATTR": f"sets attribute .{ins.argval}", "STORE_SUBSCR": "assigns an item"}[ins.opname]
+            found.append(what)
+        elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL", "LOAD_NAME") \
+                and isinstance(ins.argval, str) and ins.argval in _EFFECT_CALLS:
+            found.append(f"calls {ins.argval}()")
+    return list(dict.fromkeys(found))
+
+
+def registered_hooks(reg) -> list:
+    """(description, fn) for hooks on the step's modules and parameters."""
+    out = []
+    for sub in reg.all_modules:
+        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+            for fn in getattr(sub, attr, {}).values():
+                out.append((f"{type(sub).__name__}.{attr.strip('_')[:-1]}", fn))
+    for src, p in reg.params:
+        for attr in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            d = getattr(p, attr, None) or {}
+            for fn in d.values():
+                out.append((f"{src} {attr.strip('_')[:-1]}", fn))
+    return out
+
+
+def describe(fn) -> str:
+    code = _code_of(fn)
+    if code is None:
+        return repr(fn)
+    return f"{getattr(fn, '__qualname__', code.co_name)} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+
+
+def warn_side_effects(hooks, step_name: str):
+    """One warning naming each hook with side effects; returns the lines (for explain())."""
+    import warnings
+    lines, seen = [], set()
+    for where, fn in hooks:
+        key = _code_of(fn)
+        if key is None or key in seen:
+            continue
+        seen.add(key)
+        why = side_effects(fn)
+        if why:
+            lines.append(f"{where} hook {describe(fn)}: {', '.join(why)}")
+    if lines:
+        warnings.warn(f"stepgraph: {step_name}: these hooks have Python side effects that run only at "
+                      "warm-up and capture, not on replays (their tensor effects are captured):\n  "
+                      + "\n  ".join(lines), stacklevel=4)
+    return lines
