@@ -49,7 +49,12 @@ def side_effects(fn) -> list[str]:
 
 def registered_hooks(reg) -> list:
     """(description, fn) for hooks on the step's modules and parameters."""
+    from torch.nn.modules import module as _m
     out = []
+    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                 "_global_backward_pre_hooks"):
+        for fn in getattr(_m, attr, {}).values():
+            out.append((f"global module {attr[8:-1]}", fn))
     for sub in reg.all_modules:
         for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
             for fn in getattr(sub, attr, {}).values():

@@ -134,9 +134,13 @@ class StateRegistry:
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        from torch.nn.modules import module as _m
         self.module_hook_dicts = [getattr(m, a) for m in self.all_modules for a in
                                   ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
                                   if isinstance(getattr(m, a, None), dict)]
+        self.module_hook_dicts += [getattr(_m, a) for a in (
+            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks") if isinstance(getattr(_m, a, None), dict)]
         watch(self.all_modules)
 
     def hook_key(self) -> tuple:

@@ -46,6 +46,7 @@ _HOST_READS = {
 }
 _DEVICE_MOVES = {_T.cpu, _T.to}
 _HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
+_PATCHED_READS = {_T.tolist, _T.numpy, _T.__array__}  # checked by _host_read_patches instead
 
 
 @dataclass
@@ -119,7 +120,7 @@ class _HostReadMode(TorchFunctionMode):
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
         info = _HOST_READS.get(func)
-        if info is not None and args and _is_traced(args[0]):
+        if info is not None and func not in _PATCHED_READS and args and _is_traced(args[0]):
             self._problem(*info)
             with _disable_current_modes():
                 return func(*args, **kwargs)
@@ -310,6 +311,37 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
         reg.refresh_names()
 
 
+@contextlib.contextmanager
+def _host_read_patches(problems: list):
+    """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op, and hooks
+    run by the autograd engine do not see torch-function modes: patch the methods themselves
+    for the trace so a read inside a backward hook is refused too."""
+    saved = {}
+
+    def wrap(name, orig):
+        def method(self, *a, **k):
+            if _is_traced(self) and not getattr(_host_read_patches, "inside", False):
+                stack = traceback.extract_stack()
+                op, fix = _HOST_READS[orig]
+                problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
+            _host_read_patches.inside = True
+            try:
+                with _disable_current_modes():
+                    return orig(self, *a, **k)
+            finally:
+                _host_read_patches.inside = False
+        return method
+    for name in ("tolist", "numpy", "__array__"):
+        orig = getattr(torch.Tensor, name)
+        saved[name] = orig
+        setattr(torch.Tensor, name, wrap(name, orig))
+    try:
+        yield
+    finally:
+        for name, orig in saved.items():
+            setattr(torch.Tensor, name, orig)
+
+
 def _opaque_outputs(out_leaves) -> str | None:
     """A non-tensor output leaf that holds tensors the step computed (a dataclass, a cache)."""
     def holds(v, depth=0):
@@ -356,7 +388,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
-        with discover_stepping_optimizers(reg, hm), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
+        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")):
             try:
                 out = fn(*a, **kw)
