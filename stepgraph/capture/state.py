@@ -26,8 +26,45 @@ _PAUSED = [0]
 _WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
 
 
-def watch(modules) -> None:
+# id -> weakref: a WeakSet would compare tensors with == (elementwise) on lookup.
+_WATCHED_PARAMS: dict = {}
+_HOOK_EPOCH = [0]
+
+
+def watch(modules, params=()) -> None:
     _WATCHED.update(modules)
+    for p in params:
+        if id(p) not in _WATCHED_PARAMS:
+            _WATCHED_PARAMS[id(p)] = weakref.ref(p, lambda _r, k=id(p): _WATCHED_PARAMS.pop(k, None))
+
+
+def _counting(register):
+    """Wrap a Tensor hook-registration method so the hooks on parameters some step uses keep a
+    net fingerprint (sum of live handle ids): an O(1) per-call guard instead of reading every
+    parameter's hook dicts. A hook added and removed within one step leaves it unchanged; a
+    hook left behind, removed or replaced changes it."""
+    def wrapper(self, hook, *a, **k):
+        handle = register(self, hook, *a, **k)
+        if isinstance(self, nn.Module):
+            watched = self in _WATCHED
+        else:
+            ref = _WATCHED_PARAMS.get(id(self))
+            watched = ref is not None and ref() is self
+        if watched:
+            _HOOK_EPOCH[0] += handle.id
+            remove = handle.remove
+            live = [True]
+
+            def counted_remove(*ra, **rk):
+                if live[0]:
+                    live[0] = False
+                    _HOOK_EPOCH[0] -= handle.id
+                return remove(*ra, **rk)
+            handle.remove = counted_remove
+        return handle
+    wrapper.__wrapped__ = register
+    wrapper.__doc__ = register.__doc__
+    return wrapper
 
 
 def _bump(module, *_a):
@@ -46,12 +83,18 @@ class paused_registration_epoch:
 
 
 _HOOKS_INSTALLED = []
+_MODULE_HOOK_METHODS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                        "register_full_backward_pre_hook", "register_backward_hook")
 
 
 def install_registration_hooks() -> None:
     if _HOOKS_INSTALLED:
         return
     from torch.nn.modules import module as _m
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):
+        setattr(torch.Tensor, name, _counting(getattr(torch.Tensor, name)))
+    for name in _MODULE_HOOK_METHODS:
+        setattr(nn.Module, name, _counting(getattr(nn.Module, name)))
     _m.register_module_parameter_registration_hook(_bump)
     _m.register_module_buffer_registration_hook(_bump)
     _m.register_module_module_registration_hook(_bump)
@@ -97,6 +140,9 @@ class StateRegistry:
     all_modules: list = field(default_factory=list)    # every submodule, for train/eval guards
     grad_params: list = field(default_factory=list)    # params that require grad, in params order
     module_hook_dicts: list = field(default_factory=list)  # the step's modules' hook OrderedDicts
+    pre_hooked: list = field(default_factory=list)     # params that had hooks when first watched
+    _seen: set = field(default_factory=set)
+    pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
@@ -135,21 +181,34 @@ class StateRegistry:
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
         from torch.nn.modules import module as _m
-        self.module_hook_dicts = [getattr(m, a) for m in self.all_modules for a in
-                                  ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-                                  if isinstance(getattr(m, a, None), dict)]
+        # Hooks registered on watched modules are counted by their handles (``_counting``); only
+        # modules that already had hooks when first seen, and the global hook dicts, are read.
+        for m in self.all_modules:
+            if id(m) not in self._seen:
+                self._seen.add(id(m))
+                dicts = [getattr(m, a) for a in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                                                 "_backward_pre_hooks") if isinstance(getattr(m, a, None), dict)]
+                if any(dicts):
+                    self.pre_hooked_dicts += dicts
+        self.module_hook_dicts = list(self.pre_hooked_dicts)
         self.module_hook_dicts += [getattr(_m, a) for a in (
             "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
             "_global_backward_pre_hooks") if isinstance(getattr(_m, a, None), dict)]
-        watch(self.all_modules)
+        watch(self.all_modules, [p for _, p in self.params])
+        # Hooks registered before stepgraph watched these params have uncounted handles: read
+        # those params' hook dicts directly (usually none, so this costs nothing).
+        # Decided once per parameter (when first seen), so the key keeps its shape afterwards.
+        for _, p in self.params:
+            if id(p) not in self._seen and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)):
+                self.pre_hooked.append(p)
+            self._seen.add(id(p))
 
     def hook_key(self) -> tuple:
         """Which hooks exist on the step's modules and parameters: hooks run inside the trace,
         so adding or removing one after capture must recapture, never be silently ignored."""
-        ph = tuple(p._backward_hooks for p in self.grad_params)
-        pa = tuple(getattr(p, "_post_accumulate_grad_hooks", None) for p in self.grad_params)
-        return (tuple(map(len, self.module_hook_dicts)),
-                tuple(len(d) if d else 0 for d in ph), tuple(len(d) if d else 0 for d in pa))
+        return (tuple(map(len, self.module_hook_dicts)), _HOOK_EPOCH[0],
+                tuple(len(p._backward_hooks or ()) + len(getattr(p, "_post_accumulate_grad_hooks", None) or ())
+                      for p in self.pre_hooked))
 
     def slots(self, extra_params=()) -> list[Slot]:
         """Every rebindable tensor slot: grads, buffers, optimizer state entries."""

@@ -113,7 +113,7 @@ class _HostReadMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _HOOK_REGISTRATIONS and len(args) > 1:
+        if getattr(func, "__wrapped__", func) in _HOOK_REGISTRATIONS and len(args) > 1:
             self.hooks.append((f"tensor {func.__name__}", args[1]))
             if self.reg is not None and self.reg.name_of(args[0]) is not None:
                 self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
