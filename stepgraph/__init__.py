@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 
 def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: int = 8,
-            state=(), on_capture_error: str = "raise", clone_outputs: bool = True):
+            state=(), on_capture_error: str = "raise", clone_outputs: bool = True, check=0):
     """Capture ``fn`` — a whole training step — as one graph, replayed on later calls.
 
     Call 1 (``warmup`` calls) runs eagerly so optimizer state exists; the next call traces
@@ -46,6 +46,9 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
         clone_outputs: with the CUDA-graph backend, returned tensors are copies (default), so
             later replays never overwrite them; ``False`` returns the graph's static output
             buffers (zero-copy: valid until the next call).
+        check: for the first ``check`` replays (``True``: 3; also ``STEPGRAPH_CHECK=1``) also run
+            the step eagerly from the same state and report the first tensor that diverges
+            (``stats.check_reports``; eager's result is kept).
 
     Example::
 
@@ -53,7 +56,8 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
     """
     def wrap(f):
         return StepFunction(f, backend=backend, warmup=warmup, max_captures=max_captures,
-                            state=state, on_capture_error=on_capture_error, clone_outputs=clone_outputs)
+                            state=state, on_capture_error=on_capture_error, clone_outputs=clone_outputs,
+                            check=check)
     return wrap(fn) if fn is not None else wrap
 
 

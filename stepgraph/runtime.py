@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
+from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture.state import StateRegistry, discover, install_registration_hooks
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
@@ -37,6 +38,7 @@ class Stats:
     replays: int = 0
     recaptures: list = field(default_factory=list)
     failed_captures: int = 0
+    check_reports: list = field(default_factory=list)  # check mode: one line per checked replay
     capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
     compile_seconds: float = 0.0   # of which backend compilation (Inductor)
 
@@ -83,7 +85,7 @@ class StepFunction:
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
     def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
-                 clone_outputs=True):
+                 clone_outputs=True, check=0, check_rtol=1e-5):
         if warmup < 0 or max_captures < 1:
             raise StepGraphError("warmup must be >= 0 and max_captures >= 1")
         if on_capture_error not in ("raise", "eager"):
@@ -97,6 +99,8 @@ class StepFunction:
         self.max_captures = config.get("max_captures") or max_captures
         self.on_capture_error = on_capture_error
         self.clone_outputs = clone_outputs
+        self.check = 3 if check is True else int(check or (3 if config.get("check") else 0))
+        self.check_rtol = check_rtol
         self.disabled = bool(config.get("disable"))
         self._extra_state = tuple(state)
         self._lock = threading.RLock()
@@ -150,6 +154,9 @@ class StepFunction:
                     hit = False
                 if hit and (last.stale is None or last.stale() is None):
                     self.stats.replays += 1
+                    if len(self.stats.check_reports) < self.check:
+                        return checked_call(self, last, lambda: last.replay_args(args, kwargs), args, kwargs,
+                                            self.check_rtol)
                     return last.replay_args(args, kwargs)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
@@ -159,7 +166,11 @@ class StepFunction:
                 return self._capture(sig, args, kwargs, reason=stale_reason)
             if entry is not None:
                 self.stats.replays += 1
-                out = entry.replay(sig.leaves, sig.tensor_pos)
+                if len(self.stats.check_reports) < self.check:
+                    out = checked_call(self, entry, lambda: entry.replay(sig.leaves, sig.tensor_pos), args,
+                                       kwargs, self.check_rtol)
+                else:
+                    out = entry.replay(sig.leaves, sig.tensor_pos)
                 self._remember(entry, args, kwargs)
                 return out
             if self._warm_done < self.warmup and not self._order:
@@ -201,53 +212,8 @@ class StepFunction:
 
     def explain(self) -> str:
         """What was captured: ops, state by source name, inputs, written state, guards."""
-        lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "
-                 f"{len(self._order)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
-                 + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
-                 f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
-                 f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
-                 f"capture_seconds={self.stats.capture_seconds:.3f} "
-                 f"compile_seconds={self.stats.compile_seconds:.3f}"]
-        for note in self._prepared:
-            lines.append(f"  prepared: {note}")
-        for note in getattr(self, "_hook_notes", []):
-            lines.append(f"  runs only at capture: {note}")
-        if self._reg is not None:
-            lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
-                         + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
-        for r in self.stats.recaptures:
-            lines.append(f"  recapture: {r}")
-        for i, e in enumerate(self._order):
-            s = e.summary
-            tr = e.trace
-            compile_s = getattr(e.run, "compile_seconds", None)
-            lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
-                         + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None else "")
-                         + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
-                         f"{s.random_ops} random")
-            k = e.key
-            ins = [x for x in k[1] if len(x) == 7]
-            lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
-                                          else "used in place, never copied") + "): "
-                         + ", ".join(f"{str(m[1]).replace('torch.', '')}{list(m[3])}@{m[2]}" for m in ins))
-            if tr.grad_inputs:
-                lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
-            lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")
-            lines.append(f"    state written in place ({len(s.state_written)}): {_names(s.state_written)}")
-            if s.inputs_written:
-                lines.append(f"    inputs written in place: {s.inputs_written}")
-            if tr.escapes or tr.clear_slots:
-                lines.append(f"    rebound after each replay: "
-                             f"{_names([x.source for x in tr.escapes] + [x.source for x, _ in tr.clear_slots])}")
-            if s.host_scalar_reads:
-                lines.append(f"    host scalars: {s.host_scalar_reads} optimizer step-counter reads "
-                             "recomputed on the host each replay (eager-identical numerics)")
-            lines.append("    guards: input shapes/dtypes/devices/strides/requires_grad and non-tensor "
-                         "values; grad mode; autocast; train/eval of "
-                         f"{len(self._reg.all_modules) if self._reg else 0} modules; optimizer "
-                         "hyper-parameters; optimizer state identity; module parameter registration; "
-                         ".grad presence and layout")
-        return "\n".join(lines)
+        from .explain import explain
+        return explain(self)
 
     def __repr__(self):
         return f"<stepgraph.StepFunction {self.__name__} backend={self.backend} graphs={len(self._order)}>"

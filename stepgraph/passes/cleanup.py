@@ -29,7 +29,7 @@ def _impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
     t = node.target
-    from ..capture.trace import RNG_STATE_FUNCS
+    from ..capture.effects import RNG_STATE_FUNCS
     if t in RNG_STATE_FUNCS:
         return True
     if isinstance(t, torch._ops.OpOverload):

@@ -1,0 +1,202 @@
+"""What a trace must notice besides aten ops: host RNG state calls, host reads inside backward
+hooks, optimizers stepped from hooks, and outputs the pytree cannot see into."""
+from __future__ import annotations
+
+import contextlib
+import traceback
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _disable_current_modes
+
+from dataclasses import dataclass
+
+from torch.fx.experimental.proxy_tensor import has_proxy_slot
+
+from ..errors import library_frame, user_frame
+from .state import StateRegistry
+
+_T = torch.Tensor
+# Python-level reads of a tensor's value: each would bake this step's value into the graph.
+_HOST_READS = {
+    _T.item: ("Tensor.item()", "return the tensor itself from the step and call .item() outside it"),
+    _T.tolist: ("Tensor.tolist()", "return the tensor from the step and convert it outside"),
+    _T.numpy: ("Tensor.numpy()", "return the tensor from the step and convert it outside"),
+    _T.__array__: ("numpy conversion of a tensor", "return the tensor and convert it outside the step"),
+    _T.__repr__: ("print/repr of a tensor", "return the tensor from the step and print it outside"),
+    _T.__str__: ("print/str of a tensor", "return the tensor from the step and print it outside"),
+    _T.__format__: ("formatting a tensor (f-string/format)", "return the tensor and format it outside"),
+    _T.__bool__: ("bool(tensor): Python control flow on a tensor value",
+                  "use torch.where / masking instead of `if tensor:`, or move the branch outside"),
+    _T.__int__: ("int(tensor)", "keep the value as a tensor, or compute it outside the step"),
+    _T.__float__: ("float(tensor)", "keep the value as a tensor, or compute it outside the step"),
+    _T.__index__: ("using a tensor as a Python index", "index with the tensor itself, or outside the step"),
+}
+
+@dataclass
+class Problem:
+    op: str
+    where: str
+    fix: str
+    inside: str = ""
+
+    def message(self) -> str:
+        lib = f" (inside {self.inside})" if self.inside else ""
+        return f"host sync in the step: {self.op}{lib} cannot be captured in a graph"
+
+
+def _is_traced(t) -> bool:
+    mode = get_proxy_mode()
+    return mode is not None and isinstance(t, torch.Tensor) and has_proxy_slot(t, mode.tracer)
+
+
+# Host-side RNG state calls (activation checkpointing's preserve_rng_state, fork_rng): not aten
+# ops, so a plain trace drops them and a recompute would draw a different dropout mask.
+# They are recorded as Python call nodes and replayed in order (replay backend only).
+RNG_STATE_FUNCS: dict = {}
+
+
+class _RngStateRecorder:
+    NAMES = [(torch, "get_rng_state"), (torch, "set_rng_state"),
+             (torch.random, "get_rng_state"), (torch.random, "set_rng_state")]
+
+    def __init__(self, cuda: bool):
+        self.names = list(self.NAMES)
+        if cuda:
+            self.names += [(torch.cuda, "get_rng_state"), (torch.cuda, "set_rng_state")]
+        self.saved = []
+        self.nodes: dict[int, object] = {}
+        self.count = 0
+
+    def _wrap(self, orig, is_get):
+        rec = self
+
+        def wrapper(*args, **kwargs):
+            out = orig(*args, **kwargs)
+            mode = get_proxy_mode()
+            if mode is not None:
+                tracer = mode.tracer
+                a = tuple(rec.nodes.get(id(x), x) for x in args)
+                node = tracer.create_node("call_function", orig, a, dict(kwargs))
+                rec.count += 1
+                if is_get:
+                    rec.nodes[id(out)] = node
+            return out
+        return wrapper
+
+    def __enter__(self):
+        for mod, name in self.names:
+            orig = getattr(mod, name)
+            orig = RNG_STATE_FUNCS.get(orig, orig)  # never wrap a wrapper
+            self.saved.append((mod, name, getattr(mod, name)))
+            w = self._wrap(orig, name.startswith("get"))
+            RNG_STATE_FUNCS[w] = orig
+            RNG_STATE_FUNCS[orig] = orig
+            setattr(mod, name, w)
+        return self
+
+    def __exit__(self, *exc):
+        for mod, name, f in reversed(self.saved):
+            setattr(mod, name, f)
+
+
+def _register_dataclasses(out, depth: int = 0) -> None:
+    """Make plain dataclass outputs pytree nodes (torch's own registry), so each replay builds a
+    fresh instance around its own tensors instead of handing back the capture call's object."""
+    import dataclasses
+    if depth > 4:
+        return
+    if dataclasses.is_dataclass(out) and not isinstance(out, type):
+        cls = type(out)
+        if cls not in pytree.SUPPORTED_NODES:
+            pytree.register_dataclass(cls)
+        for f in dataclasses.fields(out):
+            _register_dataclasses(getattr(out, f.name), depth + 1)
+    elif isinstance(out, (list, tuple)):
+        for x in out:
+            _register_dataclasses(x, depth + 1)
+    elif isinstance(out, dict):
+        for x in out.values():
+            _register_dataclasses(x, depth + 1)
+
+
+@contextlib.contextmanager
+def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | None = None):
+    """Add any optimizer that steps to the registry (e.g. per-parameter optimizers stepped from
+    post-accumulate-grad hooks), so its counters and state are known. While tracing, also
+    re-enter ``mode`` for a step that runs where it is not active: hooks run by the autograd
+    engine do not see the caller's torch-function modes."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+    entered: list = []
+
+    def pre_hook(opt, args, kwargs):
+        if all(o is not opt for _, o in reg.optimizers):
+            reg.optimizers.append((f"optimizer#{len(reg.optimizers)}", opt))
+        active = mode is not None and any(m is mode for m in torch.overrides._get_current_function_mode_stack())
+        if mode is not None and not active:
+            mode.__enter__()
+            entered.append(opt)
+
+    def post_hook(opt, args, kwargs):
+        if entered and entered[-1] is opt:
+            entered.pop()
+            mode.__exit__(None, None, None)
+    handles = [register_optimizer_step_pre_hook(pre_hook), register_optimizer_step_post_hook(post_hook)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        reg.refresh_names()
+
+
+@contextlib.contextmanager
+def _host_read_patches(problems: list):
+    """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op, and hooks
+    run by the autograd engine do not see torch-function modes: patch the methods themselves
+    for the trace so a read inside a backward hook is refused too."""
+    saved = {}
+
+    def wrap(name, orig):
+        def method(self, *a, **k):
+            if _is_traced(self) and not getattr(_host_read_patches, "inside", False):
+                stack = traceback.extract_stack()
+                op, fix = _HOST_READS[orig]
+                problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
+            _host_read_patches.inside = True
+            try:
+                with _disable_current_modes():
+                    return orig(self, *a, **k)
+            finally:
+                _host_read_patches.inside = False
+        return method
+    for name in ("tolist", "numpy", "__array__"):
+        orig = getattr(torch.Tensor, name)
+        saved[name] = orig
+        setattr(torch.Tensor, name, wrap(name, orig))
+    try:
+        yield
+    finally:
+        for name, orig in saved.items():
+            setattr(torch.Tensor, name, orig)
+
+
+def _opaque_outputs(out_leaves) -> str | None:
+    """A non-tensor output leaf that holds tensors the step computed (a dataclass, a cache)."""
+    def holds(v, depth=0):
+        if isinstance(v, torch.Tensor):
+            return _is_traced(v)
+        if depth > 3 or isinstance(v, (str, bytes, int, float, bool, type(None))):
+            return False
+        if isinstance(v, (list, tuple, set)):
+            return any(holds(x, depth + 1) for x in list(v)[:256])
+        if isinstance(v, dict):
+            return any(holds(x, depth + 1) for x in list(v.values())[:256])
+        d = getattr(v, "__dict__", None)
+        return isinstance(d, dict) and any(holds(x, depth + 1) for x in list(d.values())[:256])
+    for v in out_leaves:
+        if not isinstance(v, torch.Tensor) and holds(v):
+            return type(v).__name__
+    return None

@@ -1,0 +1,62 @@
+"""``StepFunction.explain()``: what was captured, as text (ops, state by source, guards)."""
+from __future__ import annotations
+
+
+def _names(xs, limit=12) -> str:
+    xs = list(xs)
+    if not xs:
+        return "-"
+    head = ", ".join(xs[:limit])
+    return head + (f", ... (+{len(xs) - limit})" if len(xs) > limit else "")
+
+
+def explain(self) -> str:
+    """What was captured: ops, state by source name, inputs, written state, guards."""
+    lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "
+             f"{len(self._order)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
+             + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
+             f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
+             f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
+             f"capture_seconds={self.stats.capture_seconds:.3f} "
+             f"compile_seconds={self.stats.compile_seconds:.3f}"]
+    for note in self._prepared:
+        lines.append(f"  prepared: {note}")
+    for note in getattr(self, "_hook_notes", []):
+        lines.append(f"  runs only at capture: {note}")
+    if self._reg is not None:
+        lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
+                     + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
+    for r in self.stats.recaptures:
+        lines.append(f"  recapture: {r}")
+    for i, e in enumerate(self._order):
+        s = e.summary
+        tr = e.trace
+        compile_s = getattr(e.run, "compile_seconds", None)
+        lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
+                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None else "")
+                     + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
+                     f"{s.random_ops} random")
+        k = e.key
+        ins = [x for x in k[1] if len(x) == 7]
+        lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
+                                      else "used in place, never copied") + "): "
+                     + ", ".join(f"{str(m[1]).replace('torch.', '')}{list(m[3])}@{m[2]}" for m in ins))
+        if tr.grad_inputs:
+            lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
+        lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")
+        lines.append(f"    state written in place ({len(s.state_written)}): {_names(s.state_written)}")
+        if s.inputs_written:
+            lines.append(f"    inputs written in place: {s.inputs_written}")
+        if tr.escapes or tr.clear_slots:
+            lines.append(f"    rebound after each replay: "
+                         f"{_names([x.source for x in tr.escapes] + [x.source for x, _ in tr.clear_slots])}")
+        if s.host_scalar_reads:
+            lines.append(f"    host scalars: {s.host_scalar_reads} optimizer step-counter reads "
+                         "recomputed on the host each replay (eager-identical numerics)")
+        lines.append("    guards: input shapes/dtypes/devices/strides/requires_grad and non-tensor "
+                     "values; grad mode; autocast; train/eval of "
+                     f"{len(self._reg.all_modules) if self._reg else 0} modules; optimizer "
+                     "hyper-parameters; optimizer state identity; module parameter registration; "
+                     ".grad presence and layout")
+    return "\n".join(lines)
+
