@@ -38,8 +38,6 @@ KNOBS = {k.name: k for k in [
     Knob("trace_stream", "STEPGRAPH_TRACE_STREAM", "current",
          "CUDA: run the capturing call on the caller's stream ('current', default: measured "
          "1.24x eager peak memory on MLP-512 vs 1.62x) or on the capture side stream ('side')."),
-    Knob("verbose", "STEPGRAPH_VERBOSE", False,
-         "Log captures, replays' first use and recaptures at INFO on the 'stepgraph' logger."),
 ]}
 
 
