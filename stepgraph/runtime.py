@@ -256,6 +256,7 @@ class StepFunction:
             with _capture_stream(device), around:
                 tr = trace_step(self.fn, args, kwargs, self._reg, device)
             raise_problems(tr.problems)
+            _refuse_collectives(tr.graph_module)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
             summary = summarize(gm, self._reg.name_of)
@@ -263,7 +264,8 @@ class StepFunction:
             example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
             if device == "cuda" and self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"]
+            consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
+                      and isinstance(getattr(gm, n.target), torch.Tensor)]
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls)
@@ -316,6 +318,22 @@ class StepFunction:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return tr.result
+
+
+def _refuse_collectives(gm) -> None:
+    """DDP's gradient all-reduce completes through c10d Work objects and callbacks that a trace
+    does not see: replaying it gave diverging ranks (measured, gloo). Refuse until supported."""
+    ops = sorted({str(n.target) for n in gm.graph.nodes
+                  if n.op == "call_function" and getattr(n.target, "namespace", "") == "c10d"})
+    if ops:
+        from .errors import CaptureError
+        raise CaptureError(
+            f"the step runs torch.distributed collectives ({', '.join(ops)}), e.g. through "
+            "DistributedDataParallel: stepgraph does not capture those yet (replays would not "
+            "synchronise the ranks); this call ran eagerly to its end",
+            op=ops[0], where="the step function",
+            fix="run the step eagerly (STEPGRAPH_DISABLE=1), or graph the inner model only with "
+                "stepgraph.graph_module(ddp_model.module)")
 
 
 class _capture_stream:

@@ -19,6 +19,8 @@
     a tensor lr (fused/capturable optimizers) never recaptures (test_real_loops.py).
 (l) Returned plain dataclasses are registered as torch pytree nodes; other objects that hold
     tensors the step computed are refused with a CaptureError (replays would return stale ones).
+(m) A step with torch.distributed collectives (DistributedDataParallel) is refused with a
+    CaptureError until issue 7 captures them (test_distributed.py).
 """
 import copy
 import sys

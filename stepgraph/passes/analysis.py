@@ -39,6 +39,9 @@ def summarize(gm: fx.GraphModule, name_of) -> GraphSummary:
     for n in gm.graph.nodes:
         if n.op == "get_attr":
             t = getattr(gm, n.target)
+            if not isinstance(t, torch.Tensor):  # e.g. a c10d ProcessGroup (DDP's collectives)
+                s.constants.setdefault(n.target, f"<{type(t).__name__}>")
+                continue
             if n.target not in s.constants:
                 src = name_of(t)
                 if src is None:
