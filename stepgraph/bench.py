@@ -79,34 +79,22 @@ class Prepared:
 
 # --------------------------------------------------------------------------- variants
 
-def _eager_step(model, loss_fn, opt, before: Callable | None = None):
-    def step(*batch):
-        if before is not None:
-            before()
-        loss = loss_fn(model, *batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
-    return step
-
-
 def v_eager(case, batches, dev):
     opt = torch.optim.AdamW(case.model.parameters())
-    step = _eager_step(case.model, case.loss_fn, opt)
+    step = models.train_step(case.model, case.loss_fn, opt)
     return Prepared(lambda b: step(*b), keep=[opt])
 
 
 def v_compile(case, batches, dev):
     opt = torch.optim.AdamW(case.model.parameters())
-    step = _eager_step(torch.compile(case.model), case.loss_fn, opt)
+    step = models.train_step(torch.compile(case.model), case.loss_fn, opt)
     return Prepared(lambda b: step(*b), keep=[opt])
 
 
 def v_reduce_overhead(case, batches, dev):
     opt = torch.optim.AdamW(case.model.parameters())
     # Marking each step lets cudagraph trees reuse the previous step's output memory.
-    step = _eager_step(torch.compile(case.model, mode="reduce-overhead"), case.loss_fn, opt,
+    step = models.train_step(torch.compile(case.model, mode="reduce-overhead"), case.loss_fn, opt,
                        before=torch.compiler.cudagraph_mark_step_begin)
     return Prepared(lambda b: step(*b), keep=[opt])
 
@@ -150,7 +138,7 @@ def v_stepgraph(backend):
     def make(case, batches, dev):
         import stepgraph
         opt = torch.optim.AdamW(case.model.parameters())
-        sg = stepgraph.compile(_eager_step(case.model, case.loss_fn, opt), backend=backend)
+        sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend=backend)
         return Prepared(lambda b: sg(*b), handle=sg, keep=[opt])
     return make
 

@@ -43,13 +43,7 @@ class Result:
 
 def _train(case, steps: int, compiled: bool, device: str):
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
-
-    def step(*batch):
-        loss = case.loss_fn(case.model, *batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
+    step = models.train_step(case.model, case.loss_fn, opt)
     fn = stepgraph.compile(step) if compiled else step
     times, loss = [], None
     batches = [case.make_batch(i) for i in range(steps)]

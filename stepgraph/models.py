@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Case", "FAMILIES", "build", "mlp", "cnn_bn", "gpt", "embedding_model",
+__all__ = ["Case", "FAMILIES", "build", "train_step", "mlp", "cnn_bn", "gpt", "embedding_model",
            "hooked_mlp", "tied"]
 
 
@@ -42,6 +42,21 @@ class Case:
     def fresh(self) -> "Case":
         """A new, independent Case with identical initial weights (same family, config, seed)."""
         return FAMILIES[self.family](**self.config)
+
+
+def train_step(model: nn.Module, loss_fn: Callable, opt: torch.optim.Optimizer,
+               before: Callable | None = None) -> Callable:
+    """The plain eager training step every demo, benchmark and test wraps:
+    ``loss_fn(model, *batch)`` -> ``backward()`` -> ``opt.step()`` -> ``opt.zero_grad()``."""
+    def step(*batch):
+        if before is not None:
+            before()
+        loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+    return step
 
 
 def _generator(seed_or_gen: torch.Generator | int) -> torch.Generator:

@@ -369,14 +369,6 @@ class _capture_stream:
             self.prev.wait_stream(self.side)
 
 
-def _names(xs, limit=12) -> str:
-    xs = list(xs)
-    if not xs:
-        return "-"
-    head = ", ".join(xs[:limit])
-    return head + (f", ... (+{len(xs) - limit})" if len(xs) > limit else "")
-
-
 def _device_of(leaves, reg: StateRegistry) -> str:
     for x in leaves:
         if isinstance(x, torch.Tensor):

@@ -37,13 +37,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def make_step(case, opt):
-    def step(*batch):
-        loss = case.loss_fn(case.model, *batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
+    return models.train_step(case.model, case.loss_fn, opt)
 
 
 def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int = 7, device="cpu",
