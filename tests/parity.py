@@ -36,6 +36,11 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def ce_step(model, opt):
+    """A classification step ``cross_entropy(model(x), y)`` -> backward -> step -> zero_grad."""
+    return models.train_step(model, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), opt)
+
+
 def make_step(case, opt):
     return models.train_step(case.model, case.loss_fn, opt)
 
