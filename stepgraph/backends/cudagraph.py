@@ -92,8 +92,23 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, 
     return record(fn, example_inputs, **opts)
 
 
+def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
+    """Checkpointing saves/restores the RNG state even when the region draws no random numbers;
+    with no random op in the graph those calls change nothing and can go. True if dropped."""
+    from ..capture.effects import RNG_STATE_FUNCS
+    nodes = list(gm.graph.nodes)
+    if any(isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
+           for n in nodes if n.op == "call_function"):
+        return False
+    for n in reversed(nodes):
+        if n.op == "call_function" and n.target in RNG_STATE_FUNCS and not n.users:
+            gm.graph.erase_node(n)
+    gm.recompile()
+    return not any(n.op == "call_function" and n.target in RNG_STATE_FUNCS for n in gm.graph.nodes)
+
+
 def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_calls: int = 0) -> None:
-    if rng_state_calls:
+    if rng_state_calls and not _drop_idle_rng_state_calls(gm):
         raise NeedsReplay(
             "the step saves and restores the RNG state on the host (activation checkpointing with "
             "preserve_rng_state=True, or fork_rng): a CUDA graph cannot replay that",

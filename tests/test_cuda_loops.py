@@ -1,0 +1,186 @@
+"""Issue 5 on the GPU: real-loop features under the CUDA-graph backend, each against an eager
+twin that uses the optimizer form stepgraph switches to (capturable / tensor lr), bitwise.
+Skipped without CUDA; run on the device (scripts/device_suite.sh)."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import stepgraph
+from parity import run_parity
+from stepgraph.backends.cudagraph import make_capturable
+from stepgraph.capture.state import StateRegistry
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+STEPS = 7
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    prev = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = prev
+
+
+class Block(nn.Module):
+    def __init__(self, ckpt=False, p=0.0):
+        super().__init__()
+        self.a, self.b, self.drop, self.ckpt = nn.Linear(32, 64), nn.Linear(64, 32), nn.Dropout(p), ckpt
+
+    def inner(self, x):
+        return self.b(self.drop(F.gelu(self.a(x))))
+
+    def forward(self, x):
+        return x + (checkpoint(self.inner, x, use_reentrant=False) if self.ckpt else self.inner(x))
+
+
+def _net(**kw):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), Block(**kw), Block(**kw), nn.Linear(32, 4)).cuda()
+
+
+def _batch(k):
+    g = torch.Generator().manual_seed(500 + k)
+    return torch.randn(16, 16, generator=g).cuda(), torch.randint(0, 4, (16,), generator=g).cuda()
+
+
+def _flag(k):
+    # A tensor, not a Python value (which would be guarded and recapture): step 4 overflows.
+    return torch.tensor(float("inf") if k == 4 else 1.0, device="cuda")
+
+
+def _run(make_step, net_kw=None, opt_kw=None, seeded=False, expect_backend="cudagraph"):
+    """Drive stepgraph and an eager twin; the twin switches to the capturable form after capture."""
+    m = _net(**(net_kw or {}))
+    m2 = copy.deepcopy(m)
+    kw = dict(lr=1e-3, **(opt_kw or {}))
+    opt, opt2 = torch.optim.AdamW(m.parameters(), **kw), torch.optim.AdamW(m2.parameters(), **kw)
+    sg, eager = stepgraph.compile(make_step(m, opt)), make_step(m2, opt2)
+    for k in range(STEPS):
+        if seeded:
+            torch.manual_seed(k)
+        a = sg(*_batch(k), _flag(k))
+        if k == 1:
+            make_capturable(StateRegistry(optimizers=[("opt2", opt2)]))
+        if seeded:
+            torch.manual_seed(k)
+        b = eager(*_batch(k), _flag(k))
+        for x, y in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)):
+            assert torch.equal(x, y), f"call {k + 1}: output differs"
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert sg.stats.captures == 1 and sg.stats.replays == STEPS - 2, sg.stats
+    assert sg._order[0].backend == expect_backend
+    return sg
+
+
+def test_autocast_bf16():
+    def mk(m, opt):
+        def step(x, y, k):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    _run(mk)
+
+
+def test_grad_scaler_fp16_fused_adamw_with_a_skipped_step():
+    scalers = []
+
+    def mk(m, opt):
+        scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 8)
+        scalers.append(scaler)
+
+        def step(x, y, k):
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = F.cross_entropy(m(x), y)
+            scaler.scale(loss * k).backward()  # k: _flag(k), inf on step 4: that update is skipped
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad()
+            return loss.float(), scaler._scale.clone()
+        return step
+    _run(mk, opt_kw=dict(fused=True))
+    assert torch.equal(scalers[0]._scale, scalers[1]._scale)
+    assert scalers[0]._scale.item() < 2.0 ** 8  # the overflow halved the scale
+
+
+def test_clip_grad_norm_and_accumulation():
+    def mk(m, opt):
+        def step(x, y, k):
+            for xi, yi in zip(x.chunk(4), y.chunk(4)):  # 4 micro-batches
+                (F.cross_entropy(m(xi), yi) / 4).backward()
+            norm = torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+            return norm
+        return step
+    _run(mk)
+
+
+def test_checkpoint_without_dropout_stays_a_cuda_graph():
+    def mk(m, opt):
+        def step(x, y, k):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    _run(mk, net_kw=dict(ckpt=True))
+
+
+def test_checkpoint_with_dropout_falls_back_to_replay_with_a_warning():
+    def mk(m, opt):
+        def step(x, y, k):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    with pytest.warns(UserWarning, match="replay"):
+        _run(mk, net_kw=dict(ckpt=True, p=0.2), seeded=True, expect_backend="replay")
+
+
+def test_lr_schedulers_do_not_recapture():
+    for make in (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=5),
+                 lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1e-2, total_steps=20, cycle_momentum=False)):
+        m = _net()
+        m2 = copy.deepcopy(m)
+        opt, opt2 = torch.optim.AdamW(m.parameters(), lr=1e-3), torch.optim.AdamW(m2.parameters(), lr=1e-3)
+        s1, s2 = make(opt), make(opt2)
+
+        def mk(mm, o):
+            def step(x, y):
+                loss = F.cross_entropy(mm(x), y)
+                loss.backward()
+                o.step()
+                o.zero_grad()
+                return loss
+            return step
+        sg, eager = stepgraph.compile(mk(m, opt)), mk(m2, opt2)
+        for k in range(STEPS):
+            sg(*_batch(k))
+            if k == 1:
+                make_capturable(StateRegistry(optimizers=[("opt2", opt2)]))
+            eager(*_batch(k))
+            s1.step()
+            s2.step()
+        assert sg.stats.captures == 1, sg.stats.recaptures
+        for p, q in zip(m.parameters(), m2.parameters()):
+            assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("family", ["hf_gpt2", "hf_llama"])
+def test_hf_zoo_on_gpu(family):
+    pytest.importorskip("transformers")
+    run_parity(family, "adamw", device="cuda", backend="cudagraph", rtol=0.0,
+               config=dict(layers=2, d=64, heads=2, vocab=256, batch=2, seq=32))
