@@ -170,10 +170,13 @@ def _cpu_work(func, args, kwargs, out) -> str | None:
     one touching only 0-dim CPU tensors (host scalars such as step counters), else None."""
     if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
         return None  # torch.tensor(...) constants: fixed values, fine to bake
-    cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"]
+    # Empty CPU tensors hold no data (torch.utils.checkpoint allocates such placeholders).
+    cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"
+           and o.numel() > 0]
     # CPU inputs count when the step computed them, or when they hold data (not a 0-dim value).
     cpu += [a for a in pytree.tree_leaves((args, kwargs))
-            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and (_is_traced(a) or a.dim() > 0)]
+            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.numel() > 0
+            and (_is_traced(a) or a.dim() > 0)]
     if not cpu:
         return None
     return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
