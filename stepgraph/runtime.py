@@ -114,9 +114,10 @@ class StepFunction:
             self._entries: dict[tuple, CapturedStep] = {}
             self._order: list[CapturedStep] = []
             self._reg: StateRegistry | None = None
-            self._guards: Guards | None = None
+            self._guards: Guards | None = None  # (a reset also forgets live hyper-parameters)
             self._calls = 0
             self._warm_done = 0
+            self._baked_hypers: set = set()
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False
@@ -243,6 +244,15 @@ class StepFunction:
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
         backend = backends.pick(self.backend, device)
+        if self._order and backend.name == "replay":
+            # A float lr/betas that changed once (a schedule) is read live from here on.
+            from .capture.hostscalar import LIVE_HYPERS
+            new = [h for h in self._guards.changed_hypers(self._order[-1].key, sig.key)
+                   if h[2] in LIVE_HYPERS and h not in self._baked_hypers]
+            if new:
+                self._guards.live.update(new)
+                reason += " (now read live at each replay: no further recaptures for it)"
+                sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
         if backend.prepare is not None:
@@ -254,9 +264,15 @@ class StepFunction:
         try:
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with _capture_stream(device), around:
-                tr = trace_step(self.fn, args, kwargs, self._reg, device)
+                tr = trace_step(self.fn, args, kwargs, self._reg, device,
+                                live_hypers=sorted(self._guards.live) if backend.name == "replay" else ())
             raise_problems(tr.problems)
             _refuse_collectives(tr.graph_module)
+            if tr.baked_hypers:
+                # The step branched on a live value: this graph depends on it, so guard it again.
+                self._baked_hypers |= tr.baked_hypers
+                self._guards.live -= tr.baked_hypers
+                sig = self._guards.signature(args, kwargs)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
             summary = summarize(gm, self._reg.name_of)

@@ -14,9 +14,11 @@
     replays could not accumulate into a different tensor each call (test_bad_input.py).
 (j) On the GPU, optimizers switch to PyTorch's capturable form (device step counters, a device
     tensor ``lr``): numerics are PyTorch's capturable path, not its default (test_cuda.py).
-(k) A scheduler that assigns new float hyper-parameters every step (OneCycleLR's betas with
-    cycle_momentum=True, or any float lr) recaptures per distinct value, up to max_captures;
-    a tensor lr (fused/capturable optimizers) never recaptures (test_real_loops.py).
+(k) On the CPU a float ``lr`` or Adam's ``betas`` that a scheduler changes recaptures once, then is
+    read live from param_groups at each replay (no more recaptures, eager-exact); other float
+    hyper-parameters (SGD's momentum, weight_decay) recapture per distinct value up to
+    max_captures. On the GPU lr is a device tensor for Adam/AdamW/fused optimizers (never
+    recaptures); other float hyper-parameters recapture per value (test_real_loops.py).
 (l) Returned plain dataclasses are registered as torch pytree nodes; other objects that hold
     tensors the step computed are refused with a CaptureError (replays would return stale ones).
 (m) A step with torch.distributed collectives (DistributedDataParallel) is refused with a

@@ -76,6 +76,7 @@ class Guards:
         self.arg_names = arg_names
         self._training = operator.attrgetter("training")
         self._grad = operator.attrgetter("grad")
+        self.live: set = set()   # (optimizer index, group index, key) read live by the graphs
 
     def quick_key(self, args, kwargs) -> tuple:
         """A cheap key compared by ``==`` with the last replayed call's (never hashed).
@@ -96,7 +97,7 @@ class Guards:
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(map(self._training, reg.all_modules)),
-            tuple(tuple(g.values()) for _, opt in reg.optimizers for g in opt.param_groups),
+            self._groups_quick(),
             tuple((opt.state, len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(map(self._grad, reg.grad_params)),
@@ -117,15 +118,36 @@ class Guards:
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(m.training for m in reg.all_modules),
-            tuple(tuple(tuple((k, _hyper_value(v)) for k, v in g.items() if k != "params")
-                        + (("#params", len(g["params"])),) for g in opt.param_groups)
-                  for _, opt in reg.optimizers),
+            tuple(tuple(tuple((k, "<live>" if (oi, gi, k) in self.live else _hyper_value(v))
+                              for k, v in g.items() if k != "params")
+                        + (("#params", len(g["params"])),) for gi, g in enumerate(opt.param_groups))
+                  for oi, (_, opt) in enumerate(reg.optimizers)),
             tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
             reg.hook_key(),
         )
         return Signature(key, leaves, tensor_pos)
+
+    def _groups_quick(self) -> tuple:
+        if not self.live:
+            return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)
+        return tuple(tuple("<live>" if (oi, gi, k) in self.live else v for k, v in g.items())
+                     for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
+
+    def changed_hypers(self, old: tuple, new: tuple) -> list:
+        """(optimizer index, group index, key) of float hyper-parameters that differ."""
+        out = []
+        for oi, (ga, gb) in enumerate(zip(old[6], new[6])):
+            for gi, (x, y) in enumerate(zip(ga, gb)):
+                dx, dy = dict(x), dict(y)
+                for k in dx:
+                    a, b = dx[k], dy.get(k)
+                    floaty = all(isinstance(v, float) for v in (a if isinstance(a, tuple) else (a,))) and \
+                        all(isinstance(v, float) for v in (b if isinstance(b, tuple) else (b,)))
+                    if a != b and floaty:
+                        out.append((oi, gi, k))
+        return out
 
     # ---- explaining a miss -------------------------------------------------------------
     def diff(self, old: tuple, new: tuple, args=(), kwargs=None) -> str:

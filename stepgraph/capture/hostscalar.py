@@ -141,3 +141,52 @@ def substitute(nodes, floats, call_args) -> set:
         n.args = tuple(fix(a) for a in n.args)
         n.kwargs = {k: fix(v) for k, v in n.kwargs.items()}
     return used
+
+
+# ---- live optimizer hyper-parameters ---------------------------------------------------
+# After a float hyper-parameter (lr, betas) has changed once, later traces read it from its
+# param_groups dict at replay time instead of baking it: a schedule then never recaptures,
+# and the arithmetic stays the eager Python-float arithmetic.
+LIVE_HYPERS = ("lr", "betas")
+
+
+class HyperFloat(HostFloat):
+    """A HostFloat read live from a param group; branching on it bakes it (recorded)."""
+
+    __slots__ = ("hyper", "baked")
+
+    def __new__(cls, value, node, hyper, baked):
+        self = HostFloat.__new__(cls, value, node)
+        self.hyper, self.baked = hyper, baked
+        return self
+
+
+def _recording(name):
+    op = getattr(float, f"__{name}__")
+
+    def method(self, *a):
+        self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
+        return op(float(self), *a)
+    return method
+
+
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor", "ceil", "trunc"):
+    setattr(HyperFloat, f"__{_name}__", _recording(_name))
+HyperFloat.__hash__ = float.__hash__
+
+
+def _reader(group: dict, key: str):
+    def read():
+        return group[key]
+    read.__name__ = read.__qualname__ = f"param_group_{key}"
+    return read
+
+
+def live_hyper(tracer, group: dict, key: str, hyper, baked: set):
+    """Replace ``group[key]`` (a float or tuple of floats) by HyperFloats read at replay."""
+    value = group[key]
+    node = tracer.create_node("call_function", _reader(group, key), (), {})
+    if isinstance(value, tuple):
+        return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper, baked)
+                     if isinstance(v, float) else v for i, v in enumerate(value))
+    return HyperFloat(value, node, hyper, baked)

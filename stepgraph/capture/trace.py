@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import CaptureError, library_frame, user_frame
-from .hostscalar import HostFloat, _DataDependentBranch, item_node, substitute
+from .hostscalar import HostFloat, _DataDependentBranch, item_node, live_hyper, substitute
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers)
 from .state import Slot, StateRegistry, paused_registration_epoch
@@ -44,6 +44,7 @@ class TraceResult:
     host_scalar_ops: int                 # CPU 0-dim ops in a CUDA step (replay can run them, a CUDA graph cannot)
     rng_state_calls: int                 # host RNG get/set calls recorded (checkpointing); replay backend only
     hooks: list                          # (where, fn) of hooks registered while tracing
+    baked_hypers: set                    # live hyper-parameters the step branched on (guard them)
     state_hooks: list                    # (source, tensor, fn) hooks the step registered on state
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
@@ -192,7 +193,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
     return ids
 
 
-def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> TraceResult:
+def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -208,6 +209,12 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
         a, kw = pytree.tree_unflatten(flat, in_spec)
+        # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
+        saved_hypers = []
+        for oi, gi, k in live_hypers:
+            group = reg.optimizers[oi][1].param_groups[gi]
+            saved_hypers.append((group, k, group[k]))
+            group[k] = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()))
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")):
@@ -218,6 +225,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
                 raise CaptureError("Python control flow on an optimizer step counter cannot be captured",
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
+            finally:
+                for group, k, v in saved_hypers:
+                    group[k] = v
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -276,7 +286,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu") -> Tra
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box["hm"].state_hooks, box["clears"], grad_inputs,
+                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["hm"].state_hooks, box["clears"], grad_inputs,
                        box["result"], problems)
 
 
