@@ -18,13 +18,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 RTOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def _deterministic_cudnn():
-    # cuDNN's conv weight-gradient kernels may use atomics: eager vs eager differs run to run.
-    prev = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = prev
 FAMILIES = ["mlp", "cnn_bn", "gpt", "embedding_model", "hooked_mlp", "tied"]
 
 

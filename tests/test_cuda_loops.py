@@ -10,20 +10,12 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import stepgraph
-from parity import run_parity
+from parity import ce_step, run_parity
 from stepgraph.backends.cudagraph import make_capturable
 from stepgraph.capture.state import StateRegistry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 STEPS = 7
-
-
-@pytest.fixture(autouse=True)
-def _deterministic():
-    prev = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    yield
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = prev
 
 
 class Block(nn.Module):
@@ -46,6 +38,16 @@ def _net(**kw):
 def _batch(k):
     g = torch.Generator().manual_seed(500 + k)
     return torch.randn(16, 16, generator=g).cuda(), torch.randint(0, 4, (16,), generator=g).cuda()
+
+
+def _plain_step(m, opt):
+    def step(x, y, flag):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
 
 
 def _flag(k):
@@ -126,28 +128,12 @@ def test_clip_grad_norm_and_accumulation():
 
 
 def test_checkpoint_without_dropout_stays_a_cuda_graph():
-    def mk(m, opt):
-        def step(x, y, k):
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return step
-    _run(mk, net_kw=dict(ckpt=True))
+    _run(_plain_step, net_kw=dict(ckpt=True))
 
 
 def test_checkpoint_with_dropout_falls_back_to_replay_with_a_warning():
-    def mk(m, opt):
-        def step(x, y, k):
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-        return step
     with pytest.warns(UserWarning, match="replay"):
-        _run(mk, net_kw=dict(ckpt=True, p=0.2), seeded=True, expect_backend="replay")
+        _run(_plain_step, net_kw=dict(ckpt=True, p=0.2), seeded=True, expect_backend="replay")
 
 
 def test_lr_schedulers_do_not_recapture():
@@ -158,15 +144,7 @@ def test_lr_schedulers_do_not_recapture():
         opt, opt2 = torch.optim.AdamW(m.parameters(), lr=1e-3), torch.optim.AdamW(m2.parameters(), lr=1e-3)
         s1, s2 = make(opt), make(opt2)
 
-        def mk(mm, o):
-            def step(x, y):
-                loss = F.cross_entropy(mm(x), y)
-                loss.backward()
-                o.step()
-                o.zero_grad()
-                return loss
-            return step
-        sg, eager = stepgraph.compile(mk(m, opt)), mk(m2, opt2)
+        sg, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
         for k in range(STEPS):
             sg(*_batch(k))
             if k == 1:
