@@ -275,6 +275,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
+            bindings = _resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
             n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
             example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
@@ -284,7 +285,8 @@ class StepFunction:
                       and isinstance(getattr(gm, n.target), torch.Tensor)]
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
-                        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls)
+                        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
+                        grad_bindings=bindings)
             try:
                 run = backend.compile(gm, example, **opts)
             except NeedsReplay as e:
@@ -334,6 +336,27 @@ class StepFunction:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return tr.result
+
+
+def _resolve_bindings(gm, bindings, keep_markers: bool) -> list:
+    """Map recorded grad-binding nodes through the cleanup pass's replacements; for backends
+    that cannot raise mid-graph (CUDA graphs, Inductor) drop the zero_grad markers instead."""
+    from .capture.effects import zero_grad_marker
+    if not keep_markers:
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is zero_grad_marker:
+                gm.graph.erase_node(n)
+        gm.recompile()
+        return []
+    replaced, live = gm.meta.get("replaced", {}), set(gm.graph.nodes)
+    out = []
+    for entry in bindings:
+        node = entry[-1]
+        while node in replaced:
+            node = replaced[node]
+        if node in live:
+            out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
+    return out
 
 
 def _refuse_collectives(gm) -> None:

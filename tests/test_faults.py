@@ -321,15 +321,7 @@ def aux_step(where):
     return factory
 
 
-_MID_GRAPH_XFAIL = pytest.mark.xfail(strict=True, reason=(
-    "known difference (tests/test_footguns.py): when an op fails inside a replay after backward() "
-    "and before zero_grad(), the .grad tensors the step creates are not bound to the parameters "
-    "(eager binds them in backward); parameters and optimizer state are still eager-equal"))
-
-
-@pytest.mark.parametrize("where", [pytest.param("before_opt", marks=_MID_GRAPH_XFAIL),
-                                   pytest.param("before_zero_grad", marks=_MID_GRAPH_XFAIL),
-                                   "after_zero_grad"])
+@pytest.mark.parametrize("where", ["before_opt", "before_zero_grad", "after_zero_grad"])
 def test_replay_aten_failure_mid_graph(where):
     """An op after the backward (and after the optimizer update) fails inside the replay.
 

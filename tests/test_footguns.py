@@ -7,9 +7,9 @@
 (e) A global Python number read inside the step is baked at capture: later changes are NOT seen.
 (f) ``STEPGRAPH_DISABLE=1`` set before ``compile()`` makes every call eager (no capture).
 (g) ``model.eval()`` followed by a step that still does backward works, via one recapture.
-(h) An op failing *inside a replay* after backward() and before zero_grad() leaves parameters
-    and optimizer state eager-equal, but the step's fresh ``.grad`` tensors are not bound
-    (eager binds them during backward); pinned in test_faults.py (strict xfail).
+(h) (no longer a difference) An op failing *inside a replay* leaves parameters, optimizer state
+    and ``.grad`` as eager would: the replay backend binds the grads eager's backward had bound
+    unless zero_grad() had run (test_faults.py); a CUDA graph replay cannot fail mid-graph.
 (i) An input that requires grad and already holds a ``.grad`` is refused (CaptureError):
     replays could not accumulate into a different tensor each call (test_bad_input.py).
 (j) On the GPU, optimizers switch to PyTorch's capturable form (device step counters, a device

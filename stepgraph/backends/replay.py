@@ -46,8 +46,16 @@ class _Gen:
         return self.bind(a, "k")
 
 
-def generate(gm: fx.GraphModule, fn_name: str = "step_graph"):
-    """Return ``(python_source, callable)`` for the graph; the callable takes flat inputs."""
+def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
+    """Return ``(python_source, callable)`` for the graph; the callable takes flat inputs.
+
+    ``grad_bindings`` ((param, node) pairs, plus ``zero_grad`` marker nodes) make the function,
+    if an op raises mid-graph, bind the parameters' fresh grads computed so far unless the
+    step's ``zero_grad()`` had already run: ``.grad`` ends as the eager call leaves it.
+    """
+    from ..capture.effects import zero_grad_marker
+    binds = [(p, n.name) for kind, p, n in grad_bindings if kind == "bind"]
+    keep = {name for _, name in binds}
     g = _Gen(gm)
     nodes = list(gm.graph.nodes)
     last_use: dict = {}
@@ -58,6 +66,9 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph"):
     lines = [f"def {fn_name}({', '.join(placeholders)}):"]
     for i, n in enumerate(nodes):
         if n.op == "placeholder":
+            continue
+        if n.op == "call_function" and n.target is zero_grad_marker:
+            lines.append("    _zg = True" if binds else "    pass")
             continue
         if n.op == "get_attr":
             lines.append(f"    {n.name} = {g.bind(getattr(gm, n.target), 's')}")
@@ -73,11 +84,25 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph"):
             continue
         else:
             raise NotImplementedError(f"replay backend: node op {n.op}")
-        dead = [inp.name for inp in n.all_input_nodes if last_use.get(inp) == i and inp.op != "placeholder"]
+        dead = [inp.name for inp in n.all_input_nodes
+                if last_use.get(inp) == i and inp.op != "placeholder" and inp.name not in keep]
         if n.users == {} and n.op == "call_function":
             pass
         if dead:
             lines.append(f"    del {', '.join(dict.fromkeys(dead))}")
+    if binds:
+        # Body inside try/except: on an exception, bind what eager's backward had bound.
+        head, body = lines[0], lines[1:]
+        lines = [head, "    _zg = False", "    try:"] + ["    " + x for x in body] + [
+            "    except BaseException:", "        if not _zg:", "            _bind_grads(locals())",
+            "        raise"]
+
+        def _bind_grads(local_vars):
+            for p, name in binds:
+                v = local_vars.get(name)
+                if v is not None and p.grad is None:
+                    p.grad = v
+        g.globals["_bind_grads"] = _bind_grads
     src = "\n".join(lines) + "\n"
     ns = dict(g.globals)
     exec(compile(src, f"<stepgraph {fn_name}>", "exec"), ns)
@@ -86,8 +111,8 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph"):
     return src, fn
 
 
-def compile_replay(gm: fx.GraphModule, example_inputs=None, **_):
-    _, fn = generate(gm)
+def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
+    _, fn = generate(gm, grad_bindings=grad_bindings)
 
     def run(inputs):
         prev = torch.is_grad_enabled()

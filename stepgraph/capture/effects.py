@@ -13,7 +13,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from dataclasses import dataclass
 
-from torch.fx.experimental.proxy_tensor import has_proxy_slot
+from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
 from ..errors import library_frame, user_frame
 from .state import StateRegistry
@@ -200,3 +200,41 @@ def _opaque_outputs(out_leaves) -> str | None:
         if not isinstance(v, torch.Tensor) and holds(v):
             return type(v).__name__
     return None
+
+
+def zero_grad_marker():
+    """Graph marker: the step's ``optimizer.zero_grad()`` ran here (see record_grad_bindings)."""
+
+
+RNG_STATE_FUNCS[zero_grad_marker] = zero_grad_marker  # kept by the cleanup pass like RNG calls
+
+
+@contextlib.contextmanager
+def record_grad_bindings(reg: StateRegistry, out: list):
+    """Record where each parameter's fresh ``.grad`` was bound (autograd's AccumulateGrad) and
+    where ``zero_grad()`` ran, as graph nodes: a replay that raises mid-graph can then leave
+    ``.grad`` exactly as the eager call would (bound after backward, cleared after zero_grad)."""
+    register = getattr(torch.Tensor.register_post_accumulate_grad_hook, "__wrapped__",
+                       torch.Tensor.register_post_accumulate_grad_hook)
+    fresh = {id(p) for p in reg.grad_params if p.grad is None}
+
+    def hook(p):
+        mode = get_proxy_mode()
+        g = p.grad
+        if mode is not None and id(p) in fresh and g is not None and has_proxy_slot(g, mode.tracer):
+            out.append(("bind", p, get_proxy_slot(g, mode.tracer).proxy.node))
+    handles = [register(p, hook) for p in reg.grad_params]
+    orig = torch.optim.Optimizer.zero_grad
+
+    def zero_grad(self, *a, **k):
+        mode = get_proxy_mode()
+        if mode is not None:
+            out.append(("zero", mode.tracer.create_node("call_function", zero_grad_marker, (), {})))
+        return orig(self, *a, **k)
+    torch.optim.Optimizer.zero_grad = zero_grad
+    try:
+        yield
+    finally:
+        torch.optim.Optimizer.zero_grad = orig
+        for h in handles:
+            h.remove()

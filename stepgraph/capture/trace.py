@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 from ..errors import CaptureError, library_frame, user_frame
 from .hostscalar import HostFloat, _DataDependentBranch, item_node, live_hyper, substitute
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
-                      _RngStateRecorder, discover_stepping_optimizers)
+                      _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .state import Slot, StateRegistry, paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
@@ -45,6 +45,7 @@ class TraceResult:
     rng_state_calls: int                 # host RNG get/set calls recorded (checkpointing); replay backend only
     hooks: list                          # (where, fn) of hooks registered while tracing
     baked_hypers: set                    # live hyper-parameters the step branched on (guard them)
+    grad_bindings: list                  # ("bind", param, node) / ("zero", node), in trace order
     state_hooks: list                    # (source, tensor, fn) hooks the step registered on state
     clear_slots: list[tuple[Slot, object]]  # slots rebound to a non-graph value (None or a constant)
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
@@ -281,12 +282,12 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     import torch.fx.experimental.proxy_tensor as _pt
     saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
     try:
-        with paused_registration_epoch():
+        with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])):
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["hm"].state_hooks, box["clears"], grad_inputs,
+                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box["result"], problems)
 
 

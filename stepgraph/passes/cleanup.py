@@ -44,7 +44,9 @@ def _same_meta(a: fx.Node, b: fx.Node) -> bool:
 
 
 def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
+    """Returns ``gm``; ``gm.meta["replaced"]`` maps each removed alias node to its replacement."""
     g = gm.graph
+    replaced = gm.meta.setdefault("replaced", {})
     for n in list(g.nodes):
         if n.op != "call_function":
             continue
@@ -52,14 +54,17 @@ def cleanup(gm: fx.GraphModule) -> fx.GraphModule:
             n.replace_all_uses_with(None) if n.users else None
             g.erase_node(n) if not n.users else None
         elif n.target in _ALIAS:
+            replaced[n] = n.args[0]
             n.replace_all_uses_with(n.args[0])
             g.erase_node(n)
         elif n.target is aten.t.default and isinstance(n.args[0], fx.Node) \
                 and n.args[0].target is aten.t.default:
+            replaced[n] = n.args[0].args[0]
             n.replace_all_uses_with(n.args[0].args[0])
             g.erase_node(n)
         elif n.target in (aten.view.default, aten._unsafe_view.default, aten.reshape.default) \
                 and isinstance(n.args[0], fx.Node) and _same_meta(n, n.args[0]):
+            replaced[n] = n.args[0]
             n.replace_all_uses_with(n.args[0])
             g.erase_node(n)
     # profiler exit nodes consume enter nodes; erase in reverse until stable
