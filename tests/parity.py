@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 import torch
 
 import stepgraph
@@ -99,3 +100,13 @@ def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int 
     assert st.eager_calls == 1 and st.captures == 1 and st.replays == steps - 2, (st, step.explain())
     rep.stats = st
     return rep
+
+
+@pytest.fixture
+def deterministic_cudnn():
+    """GPU parity tests: cuDNN's conv weight-gradient kernels may use atomics, so eager vs
+    eager would differ run to run; pin deterministic algorithms for the test."""
+    prev = torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    yield
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = prev

@@ -12,9 +12,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import stepgraph
+from parity import deterministic_cudnn  # noqa: F401  (fixture)
 from parity import HAS_FUSED, OPTIMIZERS, run_parity
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.usefixtures("deterministic_cudnn")]
 RTOL = 1e-6
 
 

@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 import stepgraph
+from parity import deterministic_cudnn  # noqa: F401  (fixture)
 from parity import ce_step, run_parity
 from stepgraph.backends.cudagraph import make_capturable
 from stepgraph.capture.state import StateRegistry
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+              pytest.mark.usefixtures("deterministic_cudnn")]
 STEPS = 7
 
 
