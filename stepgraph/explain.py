@@ -21,7 +21,7 @@ def explain(self) -> str:
              f"compile_seconds={self.stats.compile_seconds:.3f}"]
     for note in self._prepared:
         lines.append(f"  prepared: {note}")
-    for note in getattr(self, "_hook_notes", []):
+    for note in self._hook_notes:
         lines.append(f"  runs only at capture: {note}")
     if self._reg is not None:
         lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")

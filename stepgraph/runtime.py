@@ -123,6 +123,7 @@ class StepFunction:
             self._warned_cap = False
             self._eager_only = False
             self._prepared: list[str] = []
+            self._hook_notes: list[str] = []
             had_graphs = bool(getattr(self, "_pool", None))
             self._pool = None
             self.stats = Stats()

@@ -12,6 +12,8 @@ import dis
 import functools
 import os
 
+from .state import GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS
+
 _EFFECT_CALLS = {"append", "extend", "insert", "add", "update", "pop", "remove", "clear", "write",
                  "print", "info", "debug", "warning", "warn", "error", "log", "put", "setdefault"}
 _EFFECT_STORES = {"STORE_GLOBAL", "STORE_DEREF", "STORE_ATTR", "STORE_SUBSCR"}
@@ -51,12 +53,11 @@ def registered_hooks(reg) -> list:
     """(description, fn) for hooks on the step's modules and parameters."""
     from torch.nn.modules import module as _m
     out = []
-    for attr in ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                 "_global_backward_pre_hooks"):
+    for attr in GLOBAL_HOOK_ATTRS:
         for fn in getattr(_m, attr, {}).values():
             out.append((f"global module {attr[8:-1]}", fn))
     for sub in reg.all_modules:
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+        for attr in MODULE_HOOK_ATTRS:
             for fn in getattr(sub, attr, {}).values():
                 out.append((f"{type(sub).__name__}.{attr.strip('_')[:-1]}", fn))
     for src, p in reg.params:

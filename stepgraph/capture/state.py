@@ -83,6 +83,11 @@ class paused_registration_epoch:
 
 
 _HOOKS_INSTALLED = []
+# The hook dicts a module carries, and torch's global (every-module) ones: read by the hook
+# guards here and by the side-effect scan in hooks.py.
+MODULE_HOOK_ATTRS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+GLOBAL_HOOK_ATTRS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                     "_global_backward_pre_hooks")
 _MODULE_HOOK_METHODS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
                         "register_full_backward_pre_hook", "register_backward_hook")
 
@@ -186,14 +191,12 @@ class StateRegistry:
         for m in self.all_modules:
             if id(m) not in self._seen:
                 self._seen.add(id(m))
-                dicts = [getattr(m, a) for a in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
-                                                 "_backward_pre_hooks") if isinstance(getattr(m, a, None), dict)]
+                dicts = [getattr(m, a) for a in MODULE_HOOK_ATTRS if isinstance(getattr(m, a, None), dict)]
                 if any(dicts):
                     self.pre_hooked_dicts += dicts
         self.module_hook_dicts = list(self.pre_hooked_dicts)
-        self.module_hook_dicts += [getattr(_m, a) for a in (
-            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-            "_global_backward_pre_hooks") if isinstance(getattr(_m, a, None), dict)]
+        self.module_hook_dicts += [getattr(_m, a) for a in GLOBAL_HOOK_ATTRS
+                                   if isinstance(getattr(_m, a, None), dict)]
         watch(self.all_modules, [p for _, p in self.params])
         # Hooks registered before stepgraph watched these params have uncounted handles: read
         # those params' hook dicts directly (usually none, so this costs nothing).
