@@ -21,9 +21,10 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
+from .capture import distributed
 from .capture.state import StateRegistry, discover, install_registration_hooks
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
-from .backends.cudagraph import NeedsReplay
+from .backends.cudagraph import NeedsReplay, capture_stream
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
 
@@ -58,6 +59,8 @@ class CapturedStep:
     tensor_pos: list
     flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
     stale: object = None     # backend check: a reason string when held addresses moved
+    distributed: bool = False  # the graph runs collectives (DDP gradient sync)
+    python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
@@ -68,7 +71,17 @@ class CapturedStep:
         tr = self.trace
         inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
-        outs = self.run(inputs)
+        try:
+            outs = self.run(inputs)
+        except RuntimeError as e:
+            if not self.distributed:
+                raise
+            raise StepGraphError(
+                "a collective of the replayed graph failed: another rank stopped, or it recaptured "
+                "while this rank replayed (ranks must see the same shapes and state changes at "
+                f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
+        for obj, attr, value in self.python_effects:
+            setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
         n = self.n_user_outputs
         for slot, value in zip(tr.escapes, outs[n:]):
             slot.set(value)
@@ -104,6 +117,7 @@ class StepFunction:
         self.disabled = bool(config.get("disable"))
         self._extra_state = tuple(state)
         self._lock = threading.RLock()
+        self._agree = distributed.agree(self.__name__)  # ranks meet before each capture (DDP)
         install_registration_hooks()
         self.reset()
 
@@ -188,6 +202,8 @@ class StepFunction:
                            f"{self._guards.diff(self._order[-1].key, sig.key, args, kwargs)})")
                     warnings.warn(msg, stacklevel=2)
                     log.warning(msg)
+                if self._reg.ddp:
+                    self._agree(self._reg, distributed.describe_call(sig.leaves, self._calls, "eager call"))
                 return self._eager(args, kwargs)
             return self._capture(sig, args, kwargs)
 
@@ -256,6 +272,8 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
+        if self._reg.ddp:
+            self._agree(self._reg, distributed.describe_call(sig.leaves, self._calls, "capture"))
         if backend.prepare is not None:
             changed = backend.prepare(self._reg)
             if changed:
@@ -264,11 +282,12 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
-            with _capture_stream(device), around:
+            ddp_names = {id(m): n for n, m in self._reg.ddp}
+            with capture_stream(device), around, distributed.tracing(self._reg, ddp_names) as ddp_records:
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                 live_hypers=sorted(self._guards.live) if backend.name == "replay" else ())
             raise_problems(tr.problems)
-            _refuse_collectives(tr.graph_module)
+            distributed.refuse_direct_collectives(tr.graph_module)
             if tr.baked_hypers:
                 # The step branched on a live value: this graph depends on it, so guard it again.
                 self._baked_hypers |= tr.baked_hypers
@@ -322,7 +341,9 @@ class StepFunction:
             self._hook_notes.append(msg)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
-                             sig.tensor_pos, flat, getattr(run, "stale", None))
+                             sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
+                             [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
+                              for r in ddp_records])
         self._entries[sig.key] = entry
         self._order.append(entry)
         self.stats.captures += 1
@@ -358,55 +379,6 @@ def _resolve_bindings(gm, bindings, keep_markers: bool) -> list:
         if node in live:
             out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
     return out
-
-
-def _refuse_collectives(gm) -> None:
-    """DDP's gradient all-reduce completes through c10d Work objects and callbacks that a trace
-    does not see: replaying it gave diverging ranks (measured, gloo). Refuse until supported."""
-    ops = sorted({str(n.target) for n in gm.graph.nodes
-                  if n.op == "call_function" and getattr(n.target, "namespace", "") == "c10d"})
-    if ops:
-        from .errors import CaptureError
-        raise CaptureError(
-            f"the step runs torch.distributed collectives ({', '.join(ops)}), e.g. through "
-            "DistributedDataParallel: stepgraph does not capture those yet (replays would not "
-            "synchronise the ranks); this call ran eagerly to its end",
-            op=ops[0], where="the step function",
-            fix="run the step eagerly (STEPGRAPH_DISABLE=1), or graph the inner model only with "
-                "stepgraph.graph_module(ddp_model.module)")
-
-
-class _capture_stream:
-    """Trace (the capturing call's real run) on the capture side stream on CUDA.
-
-    The same stream then records the CUDA graph: every stream gets its own cuBLAS workspace,
-    so one side stream per device (not one per capture) keeps that memory paid once.
-    """
-
-    def __init__(self, device: str):
-        self.on = device == "cuda" and config.get("trace_stream") == "side"
-
-    def __enter__(self):
-        if self.on:
-            from .backends.cudagraph import side_stream
-            self.prev = torch.cuda.current_stream()
-            self.side = side_stream()
-            self.side.wait_stream(self.prev)
-            self.ctx = torch.cuda.stream(self.side)
-            self.ctx.__enter__()
-            # Autograd warns that AccumulateGrad nodes made by the eager warm-up live on the
-            # default stream; it syncs the two correctly, and the graph itself has no such node.
-            setter = getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", None)
-            self.restore = setter
-            if setter is not None:
-                setter(False)
-
-    def __exit__(self, *exc):
-        if self.on:
-            if self.restore is not None:
-                self.restore(True)
-            self.ctx.__exit__(*exc)
-            self.prev.wait_stream(self.side)
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

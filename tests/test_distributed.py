@@ -1,7 +1,15 @@
-"""torch.distributed inside a step: until collectives are captured (issue 7), a DDP step is
-refused with a CaptureError at the capture call, never replayed with unsynchronised ranks."""
+"""DistributedDataParallel steps captured and replayed (issue 7).
+
+Multi-process cases run tests/ddp_worker.py under torchrun with 2 gloo ranks on the CPU (the
+same worker runs with NCCL on GPUs through scripts/device_suite.sh); each compares a stepgraph
+DDP model with an eager DDP twin fed the same per-rank batches, bitwise.
+"""
 import copy
+import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -11,9 +19,74 @@ import torch.nn.functional as F
 
 import stepgraph
 
+WORKER = os.path.join(os.path.dirname(__file__), "ddp_worker.py")
+needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+
+GPUS = os.environ.get("STEPGRAPH_TEST_CUDA") and torch.cuda.is_available() and torch.cuda.device_count() >= 2
+
+
+def launch(scenario, tmp_path, nproc=2, timeout=240, cuda=GPUS, **env):
+    """Run one scenario on ``nproc`` ranks (NCCL on GPUs when there are 2 and
+    STEPGRAPH_TEST_CUDA=1, else gloo); return each rank's JSON result and the wall time."""
+    e = dict(os.environ, STEPGRAPH_DIST_TIMEOUT="4", PG_TIMEOUT="30", OMP_NUM_THREADS="1",
+             DDP_DEVICE="cuda" if cuda else "cpu", **env)
+    t0 = time.time()
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc_per_node={nproc}", WORKER, scenario, str(tmp_path)],
+                       env=e, capture_output=True, text=True, timeout=timeout)
+    seconds = time.time() - t0
+    results = []
+    for r in range(nproc):
+        f = tmp_path / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        results.append(json.loads(f.read_text()))
+    return results, seconds
+
+
+@needs_dist
+def test_ddp_steps_match_eager_ddp_bitwise(tmp_path):
+    ranks, _ = launch("parity", tmp_path)
+    for r, res in enumerate(ranks):
+        for case in ("mlp_bn_adamw", "gpt_sgd_buckets", "accumulate_no_sync"):
+            got = res[case]
+            assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
+            assert got["captures"] == 1 and got["replays"] == 4 and not got["recaptures"], (r, case, got)
+            assert got["explain_has_collective"], "the gradient all-reduce must be in the graph"
+        acc = res["accumulate_across_calls"]
+        # no_sync() calls and syncing calls are two graphs (plus one for .grad None after zero_grad)
+        assert acc["max_diff"] == 0.0 and acc["captures"] == 3, acc
+        assert any("no_sync" in reason for reason in acc["recaptures"]), acc
+        out = res["backward_outside"]
+        assert "no backward" in out["error"] and out["max_diff"] == 0.0, out
+
+
+@needs_dist
+def test_ranks_disagreeing_on_shapes_fail_on_every_rank(tmp_path):
+    ranks, _ = launch("disagree_shapes", tmp_path)
+    for res in ranks:
+        assert res["error"].startswith("CaptureError: ranks disagree"), res
+        assert "rank 0: capture at call 2 with inputs (float32[8, 8]" in res["error"]
+        assert "rank 1: capture at call 2 with inputs (float32[6, 8]" in res["error"]
+        assert res["seconds"] < 10
+
+
+@needs_dist
+def test_one_rank_recapturing_while_others_replay_fails_on_every_rank_within_timeout(tmp_path):
+    # gloo (CPU): the replaying rank's collective fails as soon as its peer stops. With NCCL it
+    # fails at the process group's timeout instead (documented in tests/test_footguns.py).
+    ranks, seconds = launch("one_rank_recaptures", tmp_path, cuda=False)
+    r0, r1 = ranks
+    assert r1["error"].startswith("CaptureError: rank 1 is about to capture"), r1
+    assert "rank(s) [0] did not reach" in r1["error"] and "within 4 s" in r1["error"]
+    assert r0["error"].startswith("StepGraphError: a collective of the replayed graph failed"), r0
+    assert r0["seconds"] < 30 and r1["seconds"] < 30, (r0, r1)
+
+
+# ---- single process (a world of one): fast checks of the error paths ----------------------------
 
 @pytest.fixture
-def gloo_world_of_one(tmp_path):
+def world_of_one(tmp_path):
     if not dist.is_available():
         pytest.skip("torch.distributed unavailable")
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -21,27 +94,102 @@ def gloo_world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
-def test_ddp_step_is_refused_and_state_matches_eager(gloo_world_of_one):
+def _mlp():
     torch.manual_seed(0)
-    base = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
-    m, m2 = nn.parallel.DistributedDataParallel(copy.deepcopy(base)), nn.parallel.DistributedDataParallel(copy.deepcopy(base))
-    opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
 
-    def mk(mm, o):
-        def step(x, y):
-            loss = F.cross_entropy(mm(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            return loss
-        return step
-    sg, eager = stepgraph.compile(mk(m, opt)), mk(m2, opt2)
+
+def _step(m, opt):
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def test_world_of_one_ddp_matches_eager_and_shows_the_collective(world_of_one):
+    base = _mlp()
+    m, m2 = (nn.parallel.DistributedDataParallel(copy.deepcopy(base)) for _ in range(2))
+    opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+    sg, eager = stepgraph.compile(_step(m, opt)), _step(m2, opt2)
+    for i in range(5):
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        assert torch.equal(sg(x, y), eager(x, y))
+    assert sg.stats.replays == 3
+    assert "_c10d_functional.all_reduce" in sg.graph.code
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_find_unused_parameters_is_refused_before_the_call_runs(world_of_one):
+    m = nn.parallel.DistributedDataParallel(_mlp(), find_unused_parameters=True)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sg = stepgraph.compile(_step(m, opt))
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
     sg(x, y)
-    eager(x, y)
-    with pytest.raises(stepgraph.CaptureError, match="collectives") as e:
+    before = [p.detach().clone() for p in m.parameters()]
+    with pytest.raises(stepgraph.CaptureError, match="find_unused_parameters=True") as e:
         sg(x, y)
-    assert "graph_module" in e.value.fix
-    eager(x, y)
-    for p, q in zip(m.parameters(), m2.parameters()):
-        assert torch.equal(p, q), "the refused capture call must leave state as eager does"
+    assert "find_unused_parameters=False" in e.value.fix
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before)), "this call did not run"
+
+
+def test_direct_c10d_collective_is_refused_with_the_functional_fix(world_of_one):
+    m = _mlp()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        for p in m.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    sg(x, y)
+    with pytest.raises(stepgraph.CaptureError, match="collectives directly") as e:
+        sg(x, y)
+    assert "_functional_collectives.all_reduce" in e.value.fix
+
+
+def test_functional_collectives_in_a_user_step_are_captured(world_of_one):
+    from torch.distributed import _functional_collectives as fcol
+    m, m2 = _mlp(), _mlp()
+    opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def mk(model, o):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            for p in model.parameters():
+                p.grad.copy_(fcol.all_reduce(p.grad, "sum", dist.group.WORLD))
+            o.step()
+            o.zero_grad()
+            return fcol.all_reduce(loss.detach(), "avg", dist.group.WORLD)
+        return step
+    sg, eager = stepgraph.compile(mk(m, opt)), mk(m2, opt2)
+    for _ in range(4):
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        assert torch.equal(sg(x, y), eager(x, y))
+    assert sg.stats.replays == 2
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_no_sync_around_the_call_is_a_guard_with_a_reason(world_of_one):
+    m = nn.parallel.DistributedDataParallel(_mlp())
+
+    def backward_only(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        return loss
+    sg = stepgraph.compile(backward_only)
+    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    sg(x, y)
+    sg(x, y)
+    with m.no_sync():
+        sg(x, y)
+    assert "no_sync()" in sg.stats.recaptures[-1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from .. import config
 from ..errors import CaptureError
 from . import Backend
 from .replay import generate
@@ -60,6 +61,38 @@ def make_capturable(reg) -> list[str]:
     return changed
 
 
+class capture_stream:
+    """Trace (the capturing call's real run) on the capture side stream on CUDA.
+
+    The same stream then records the CUDA graph: every stream gets its own cuBLAS workspace,
+    so one side stream per device (not one per capture) keeps that memory paid once.
+    """
+
+    def __init__(self, device: str):
+        self.on = device == "cuda" and config.get("trace_stream") == "side"
+
+    def __enter__(self):
+        if self.on:
+            self.prev = torch.cuda.current_stream()
+            self.side = side_stream()
+            self.side.wait_stream(self.prev)
+            self.ctx = torch.cuda.stream(self.side)
+            self.ctx.__enter__()
+            # Autograd warns that AccumulateGrad nodes made by the eager warm-up live on the
+            # default stream; it syncs the two correctly, and the graph itself has no such node.
+            setter = getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", None)
+            self.restore = setter
+            if setter is not None:
+                setter(False)
+
+    def __exit__(self, *exc):
+        if self.on:
+            if self.restore is not None:
+                self.restore(True)
+            self.ctx.__exit__(*exc)
+            self.prev.wait_stream(self.side)
+
+
 class NeedsReplay(CaptureError):
     """The graph needs host work every call; only the ``replay`` backend can run it."""
 
@@ -69,19 +102,16 @@ class NeedsHostScalars(NeedsReplay):
 
 
 def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
-    """Refuse what a CUDA graph would silently get wrong: CPU work and host scalars."""
+    """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
+    (CPU tensor work is classified while tracing, op by op: capture/trace.py:_cpu_work.)"""
     devices = set()
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
             problems_out.append("host-scalar")
         val = n.meta.get("val")
-        vals = val if isinstance(val, (list, tuple)) else [val]
-        for v in vals:
-            if isinstance(v, torch.Tensor):
-                if v.device.type == "cuda":
-                    devices.add(v.device.index)
-                elif v.device.type == "cpu" and n.op != "get_attr" and not (v.dim() == 0 and n.op == "call_function" and n.target is torch.ops.aten.lift_fresh_copy.default):
-                    problems_out.append(f"CPU tensor work in a CUDA step ({n.format_node()[:120]})")
+        for v in val if isinstance(val, (list, tuple)) else [val]:
+            if isinstance(v, torch.Tensor) and v.device.type == "cuda":
+                devices.add(v.device.index)
     if len(devices) > 1:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 

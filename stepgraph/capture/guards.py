@@ -167,6 +167,9 @@ class Guards:
             if i == 4:
                 return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
             if i == 10:
+                if a[2] != b[2]:
+                    return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "
+                            f"{a[2]} -> {b[2]} (no_sync() around the call?)")
                 return "a hook was added to or removed from the step's modules or parameters"
             fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
                     self._diff_optstate, None, self._diff_grads]

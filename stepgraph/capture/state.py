@@ -148,6 +148,7 @@ class StateRegistry:
     pre_hooked: list = field(default_factory=list)     # params that had hooks when first watched
     _seen: set = field(default_factory=set)
     pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
+    ddp: list = field(default_factory=list)            # DistributedDataParallel modules (source, module)
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
@@ -185,6 +186,9 @@ class StateRegistry:
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
+        self.ddp = [(mname + (f".{sub}" if sub else ""), m) for mname, mod in self.modules
+                    for sub, m in mod.named_modules() if isinstance(m, ddp_type)]
         from torch.nn.modules import module as _m
         # Hooks registered on watched modules are counted by their handles (``_counting``); only
         # modules that already had hooks when first seen, and the global hook dicts, are read.
@@ -210,6 +214,7 @@ class StateRegistry:
         """Which hooks exist on the step's modules and parameters: hooks run inside the trace,
         so adding or removing one after capture must recapture, never be silently ignored."""
         return (tuple(map(len, self.module_hook_dicts)), _HOOK_EPOCH[0],
+                tuple((m.require_backward_grad_sync, m.require_forward_param_sync) for _, m in self.ddp),
                 tuple(len(p._backward_hooks or ()) + len(getattr(p, "_post_accumulate_grad_hooks", None) or ())
                       for p in self.pre_hooked))
 

@@ -1,0 +1,276 @@
+"""DistributedDataParallel inside a captured step, and rank agreement on captures.
+
+DDP's C++ Reducer all-reduces gradients through ``Work`` objects and autograd-engine
+callbacks that a trace cannot see (replaying its trace gave diverging ranks). So while
+stepgraph traces, each DDP module
+
+* runs its wrapped module directly (DDP's buffer broadcast, when DDP would do it, becomes a
+  functional broadcast), and
+* all-reduces gradients from post-accumulate-grad hooks, bucket by bucket, with
+  ``torch.distributed._functional_collectives``: plain aten ops
+  (``_c10d_functional.all_reduce`` + ``wait_tensor``) that ``make_fx`` records, the replay
+  backend re-runs (gloo, CPU) and a CUDA graph captures (NCCL).
+
+Numerics follow the Reducer: ``grad * (1 / world_size)``, then a sum across ranks, copied
+back into ``p.grad`` -- equal to eager DDP's bit for bit. Synchronisation is decided at
+forward time as DDP does (``no_sync()`` around a forward skips the all-reduce of its
+backward), so accumulation inside the step works.
+
+Ranks must capture the same graph at the same call: before every capture (and every eager
+fallback) of a step holding a DDP module, the ranks meet in the process group's store and
+compare what they are about to capture (``agree``). A rank that replays while another
+recaptures never reaches that meeting: the capturing rank raises after ``STEPGRAPH_DIST_TIMEOUT``
+seconds naming the missing ranks; the replaying rank's collective fails when its peer stops
+(gloo at once, NCCL at the process group's timeout).
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .. import config
+from ..errors import CaptureError
+
+_STEP_KEYS: dict = {}  # step name -> per-process count of step functions with that name
+
+
+def ddp_modules(reg) -> list:
+    """DistributedDataParallel modules among the step's modules (outermost first)."""
+    return [m for _, m in reg.ddp]
+
+
+def _refuse_unsupported(ddp, name: str) -> None:
+    what = None
+    if ddp.find_unused_parameters:
+        what, fix = "find_unused_parameters=True", "construct DDP with find_unused_parameters=False"
+    elif ddp._comm_hooks:
+        what, fix = "a DDP communication hook (register_comm_hook)", "remove the comm hook"
+    elif getattr(ddp, "mixed_precision", None) is not None:
+        what, fix = "DDP's mixed_precision", "use torch.autocast inside the step instead"
+    elif ddp._use_python_reducer:
+        what, fix = "DDP's python reducer (compiled autograd)", "unset optimize_ddp='python_reducer'"
+    if what is not None:
+        raise CaptureError(f"the step's DistributedDataParallel model {name} uses {what}, which "
+                           "stepgraph does not capture; this call did not run",
+                           op="DistributedDataParallel", where="the step function",
+                           fix=f"{fix}, or run the step eagerly (STEPGRAPH_DISABLE=1)")
+
+
+@dataclass
+class _Bucket:
+    params: list
+    ready: set = field(default_factory=set)
+
+
+@dataclass
+class _DDPTrace:
+    """Per DDP module, during one trace: buckets and whether a backward is due to sync."""
+    ddp: nn.Module
+    name: str
+    buckets: list
+    armed: bool = False
+    done: set = field(default_factory=set)   # ids of buckets all-reduced since the forward
+    flushed: int = 0
+    pending: list = field(default_factory=list)  # (all-reduce output, grads) not yet waited on
+    problems: list = field(default_factory=list)
+
+    def forward(self, *inputs, **kwargs):
+        ddp = self.ddp
+        from torch.distributed import _functional_collectives as fcol
+        if ddp.require_forward_param_sync and ddp.broadcast_buffers and ddp.modules_buffers:
+            # DDP keeps buffers (BatchNorm statistics) equal to rank 0's before each forward.
+            src = getattr(ddp, "_authoritative_rank", 0)
+            for b in ddp.modules_buffers:
+                b.copy_(fcol.broadcast(b, src, ddp.process_group))
+        out = ddp.module(*inputs, **kwargs)
+        sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
+        ddp.require_forward_param_sync = sync
+        if sync:
+            for b in self.buckets:
+                b.ready.clear()
+            self.done.clear()
+            self.armed = True
+        return out
+
+    def hook(self, bucket: _Bucket, p: torch.Tensor) -> None:
+        if not self.armed or p.grad is None:
+            return
+        bucket.ready.add(id(p))
+        if len(bucket.ready) == len(bucket.params):
+            self._all_reduce(bucket)
+
+    def _all_reduce(self, bucket: _Bucket) -> None:
+        grads = [p.grad for p in bucket.params]
+        pg = self.ddp.process_group
+        world = torch.distributed.get_world_size(pg)
+        # One elementwise scale then one collective per bucket: the Reducer's arithmetic. The
+        # wait comes after the last bucket is issued, so collectives overlap the backward.
+        flat = torch.cat([g.reshape(-1) for g in grads]).mul_(1.0 / world)
+        self.pending.append((torch.ops._c10d_functional.all_reduce(flat, "sum", pg.group_name), grads))
+        self.flushed += 1
+        self.done.add(id(bucket))
+        if len(self.done) == len(self.buckets):
+            for flat, grads in self.pending:
+                flat = torch.ops._c10d_functional.wait_tensor(flat)
+                off = 0
+                for g in grads:
+                    g.copy_(flat[off:off + g.numel()].view_as(g))
+                    off += g.numel()
+            self.pending.clear()
+            self.armed = False  # this backward is synchronised; the next needs a forward
+
+    def finish(self) -> None:
+        for flat, _ in self.pending:  # (only after a failed sync) leave no collective in flight
+            torch.ops._c10d_functional.wait_tensor(flat)
+        self.pending.clear()
+        if self.armed:
+            waiting = [p for b in self.buckets if id(b) not in self.done for p in b.params
+                       if id(p) not in b.ready]
+            if not self.done and not any(b.ready for b in self.buckets):
+                self.problems.append(
+                    f"{self.name} ran a forward that DDP would synchronise, but no backward through "
+                    "it ran inside the step (gradients would never be all-reduced)")
+            elif waiting:
+                self.problems.append(
+                    f"{self.name}: {len(waiting)} parameter(s) got no gradient in a synchronised "
+                    "backward (DDP needs find_unused_parameters=True for that, which stepgraph "
+                    "does not capture)")
+
+
+def _buckets(ddp) -> list[_Bucket]:
+    """Reverse registration order (about the order gradients become ready), by dtype, capped at
+    DDP's bucket size: the Reducer's layout, so collectives overlap the rest of the backward."""
+    cap = int(getattr(ddp, "bucket_bytes_cap", 25 * 1024 * 1024))
+    params = [p for p in ddp.module.parameters() if p.requires_grad]
+    out, open_by_dtype = [], {}
+    for p in reversed(params):
+        b, size = open_by_dtype.get(p.dtype, (None, 0))
+        if b is None or size + p.numel() * p.element_size() > cap:
+            b, size = _Bucket([]), 0
+            out.append(b)
+        b.params.append(p)
+        open_by_dtype[p.dtype] = (b, size + p.numel() * p.element_size())
+    return out
+
+
+@contextlib.contextmanager
+def tracing(reg, names=None):
+    """Around one trace: route each DDP module's forward and gradient sync through functional
+    collectives (see the module doc). Yields the per-module trace records."""
+    mods = ddp_modules(reg)
+    if not mods:
+        yield []
+        return
+    records, handles = [], []
+    for ddp in mods:
+        name = (names or {}).get(id(ddp), type(ddp).__name__)
+        _refuse_unsupported(ddp, name)
+        rec = _DDPTrace(ddp, name, _buckets(ddp))
+        records.append(rec)
+        ddp.forward = rec.forward  # instance attribute: nn.Module.__call__ finds it first
+        for b in rec.buckets:
+            for p in b.params:
+                handles.append(p.register_post_accumulate_grad_hook(
+                    lambda p, rec=rec, b=b: rec.hook(b, p)))
+    try:
+        yield records
+    finally:
+        for h in handles:
+            h.remove()
+        for rec in records:
+            rec.ddp.__dict__.pop("forward", None)
+    problems = []
+    for rec in records:
+        rec.finish()
+        problems += rec.problems
+    if problems:
+        raise CaptureError(problems[0] + "; this call ran to its end as eager DDP would",
+                           op="DistributedDataParallel", where="the step function",
+                           fix="run forward and loss.backward() of the DDP model inside the step, "
+                               "with every parameter used")
+
+
+def world(reg) -> tuple[int, int] | None:
+    """(rank, world size) when the step holds a DDP module in a multi-process group."""
+    mods = ddp_modules(reg)
+    if not mods or not torch.distributed.is_initialized():
+        return None
+    pg = mods[0].process_group
+    return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg)
+
+
+def describe_call(leaves, calls: int, what: str) -> str:
+    """What this rank is about to do, in words every rank can compare (no device indices)."""
+    parts = []
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}")
+        else:
+            parts.append(repr(x)[:40])
+    return f"{what} at call {calls} with inputs ({', '.join(parts)})"
+
+
+class agree:
+    """Meet every rank in the default store before a capture; raise on every rank that got
+    there if they disagree, and on a rank whose peers never come (they replayed instead)."""
+
+    def __init__(self, step_name: str):
+        n = _STEP_KEYS.get(step_name, 0)
+        _STEP_KEYS[step_name] = n + 1
+        self.prefix = f"stepgraph/{step_name}#{n}"
+        self.meetings = 0
+
+    def __call__(self, reg, description: str) -> None:
+        w = world(reg)
+        if w is None or w[1] == 1:
+            return
+        rank, size = w
+        from torch.distributed import distributed_c10d as c10d
+        store = c10d._get_default_store()
+        k = self.meetings
+        self.meetings += 1
+        keys = [f"{self.prefix}/{k}/{r}" for r in range(size)]
+        store.set(keys[rank], description)
+        timeout = float(config.get("dist_timeout"))
+        try:
+            store.wait(keys, datetime.timedelta(seconds=timeout))
+        except Exception:  # noqa: BLE001 - the store raises its own timeout types
+            missing = [r for r in range(size) if not store.check([keys[r]])]
+            raise CaptureError(
+                f"rank {rank} is about to capture ({description}), but rank(s) {missing} did not "
+                f"reach capture #{k} of this step within {timeout:g} s: they replayed a graph "
+                "instead, so the ranks disagree on whether to recapture (their collectives will "
+                "fail or time out too); this call did not run",
+                op="rank agreement", where="the step function",
+                fix="give every rank the same shapes, hyper-parameters and state changes at the "
+                    "same call (e.g. DataLoader(drop_last=True)); STEPGRAPH_DIST_TIMEOUT sets the "
+                    "wait") from None
+        seen = [store.get(key).decode() for key in keys]
+        if len(set(seen)) > 1:
+            lines = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
+            raise CaptureError(
+                f"ranks disagree on capture #{k} of this step ({lines}); a graph whose collectives "
+                "differ across ranks would hang or mix gradients, so no rank ran this call",
+                op="rank agreement", where="the step function",
+                fix="give every rank the same input shapes and the same hyper-parameter and state "
+                    "changes at the same call (e.g. DataLoader(drop_last=True))")
+
+
+def refuse_direct_collectives(gm) -> None:
+    """c10d collectives called directly (``dist.all_reduce(t)``) complete through Work objects a
+    trace does not see: replaying them would not synchronise the ranks. DDP's own gradient sync
+    is traced as functional collectives (capture/distributed.py); these are refused."""
+    ops = sorted({str(n.target) for n in gm.graph.nodes
+                  if n.op == "call_function" and getattr(n.target, "namespace", "") == "c10d"})
+    if ops:
+        raise CaptureError(
+            f"the step calls torch.distributed collectives directly ({', '.join(ops)}): those "
+            "complete through Work objects a captured graph cannot replay; this call ran eagerly "
+            "to its end", op=ops[0], where="the step function",
+            fix="use the traceable functional collectives instead (t = torch.distributed."
+                "_functional_collectives.all_reduce(t, 'sum', group)); DistributedDataParallel "
+                "models need nothing: their gradient all-reduce is captured")

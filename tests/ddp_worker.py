@@ -1,0 +1,224 @@
+"""One rank of tests/test_distributed.py's multi-process scenarios (launched by torchrun).
+
+usage: torchrun --nproc_per_node 2 tests/ddp_worker.py SCENARIO OUT_DIR
+Each rank writes OUT_DIR/rank{r}.json: per scenario, what it measured against an eager DDP twin.
+"""
+import contextlib
+import copy
+import datetime
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import stepgraph  # noqa: E402
+from stepgraph import models  # noqa: E402
+
+RANK = int(os.environ["RANK"])
+DEVICE = os.environ.get("DDP_DEVICE", "cpu")
+
+
+def twins(model_fn, opt_fn, **ddp_kw):
+    torch.manual_seed(0)
+    base = model_fn().to(DEVICE)
+    ids = [RANK % torch.cuda.device_count()] if DEVICE == "cuda" else None
+    a = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids, **ddp_kw)
+    b = nn.parallel.DistributedDataParallel(copy.deepcopy(base), device_ids=ids, **ddp_kw)
+    return a, opt_fn(a.parameters()), b, opt_fn(b.parameters())
+
+
+def max_diff(a_mod, a_opt, b_mod, b_opt) -> float:
+    d = 0.0
+    for x, y in zip(list(a_mod.parameters()) + list(a_mod.buffers()),
+                    list(b_mod.parameters()) + list(b_mod.buffers())):
+        d = max(d, (x.double() - y.double()).abs().max().item())
+    for p, q in zip(a_mod.parameters(), b_mod.parameters()):
+        sa, sb = a_opt.state.get(p, {}), b_opt.state.get(q, {})
+        for k in sa:
+            if isinstance(sa[k], torch.Tensor):
+                d = max(d, (sa[k].double().cpu() - sb[k].double().cpu()).abs().max().item())
+    return d
+
+
+def plain_step(model, opt, loss_fn):
+    def step(*batch):
+        loss = loss_fn(model, *batch)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def accumulating_step(model, opt, loss_fn):
+    """Two micro-batches in one step; DDP syncs only the second backward (no_sync)."""
+    def step(x, y):
+        half = x.shape[0] // 2
+        with model.no_sync():
+            loss_fn(model, x[:half], y[:half]).backward()
+        loss = loss_fn(model, x[half:], y[half:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    return step
+
+
+def mlp_bn():
+    return nn.Sequential(nn.Linear(8, 32), nn.BatchNorm1d(32), nn.GELU(), nn.Linear(32, 4))
+
+
+def run_parity(name, model_fn, opt_fn, step_fn, make_batch, calls=6, **ddp_kw):
+    a, oa, b, ob = twins(model_fn, opt_fn, **ddp_kw)
+    sg, eager = stepgraph.compile(step_fn(a, oa, _LOSS)), step_fn(b, ob, _LOSS)
+    g = torch.Generator().manual_seed(100 + RANK)  # every rank its own data
+    losses = []
+    for i in range(calls):
+        batch = [t.to(DEVICE) for t in make_batch(g)]
+        if DEVICE == "cuda" and i == 1:
+            # The eager twin takes the optimizer form stepgraph switches to on the GPU (PyTorch's
+            # capturable path), so the comparison is kernel for kernel.
+            from stepgraph.backends.cudagraph import make_capturable
+            from stepgraph.capture.state import StateRegistry
+            make_capturable(StateRegistry(optimizers=[("opt", ob)]))
+        la, lb = sg(*batch), eager(*batch)
+        losses.append(abs(la.item() - lb.item()))
+    return {"max_diff": max_diff(a, oa, b, ob), "loss_diff": max(losses), "captures": sg.stats.captures,
+            "replays": sg.stats.replays, "recaptures": sg.stats.recaptures,
+            "explain_has_collective": "all_reduce" in sg.explain() or "all_reduce" in sg.graph.code}
+
+
+def _LOSS(model, x, y):
+    out = model(x)
+    if out.dim() == 3:
+        return F.cross_entropy(out.flatten(0, 1), y.flatten())
+    return F.cross_entropy(out, y)
+
+
+def batch_mlp(g, n=8):
+    return torch.randn(n, 8, generator=g).to(DEVICE), torch.randint(0, 4, (n,), generator=g).to(DEVICE)
+
+
+def batch_gpt(g):
+    ids = torch.randint(0, 64, (2, 16), generator=g)
+    return ids.to(DEVICE), torch.roll(ids, -1, 1).to(DEVICE)
+
+
+def gpt_model():
+    return models.GPT(layers=2, d=32, heads=2, vocab=64, seq=16, dropout=0.0, sdpa=False)
+
+
+def scenario_parity(out):
+    out["mlp_bn_adamw"] = run_parity("mlp", mlp_bn, lambda p: torch.optim.AdamW(p, lr=1e-2), plain_step, batch_mlp)
+    out["gpt_sgd_buckets"] = run_parity(
+        "gpt", gpt_model, lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), plain_step, batch_gpt,
+        bucket_cap_mb=0.01)
+    out["accumulate_no_sync"] = run_parity("acc", mlp_bn, lambda p: torch.optim.Adam(p, lr=1e-2),
+                                           accumulating_step, batch_mlp)
+    # Accumulation across calls: backward-only steps under no_sync(), every 3rd call syncs and
+    # the optimizer steps outside the step function.
+    a, oa, b, ob = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
+
+    def backward_only(model):
+        def step(x, y):
+            loss = _LOSS(model, x, y)
+            loss.backward()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(backward_only(a)), backward_only(b)
+    g = torch.Generator().manual_seed(7 + RANK)
+    for i in range(9):
+        x, y = batch_mlp(g)
+        for f, m, o in ((sg, a, oa), (eager, b, ob)):
+            ctx = m.no_sync() if i % 3 != 2 else contextlib.nullcontext()
+            with ctx:
+                f(x, y)
+            if i % 3 == 2:
+                o.step()
+                o.zero_grad()
+    out["accumulate_across_calls"] = {"max_diff": max_diff(a, oa, b, ob), "captures": sg.stats.captures,
+                                      "recaptures": sg.stats.recaptures}
+
+    # A forward in the step whose backward runs outside it: refused; no state half updated.
+    a, oa, b, ob = twins(lambda: nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)),
+                         lambda p: torch.optim.SGD(p, lr=0.1))
+    sg, eager = stepgraph.compile(lambda x, y: _LOSS(a, x, y)), (lambda x, y: _LOSS(b, x, y))
+    err = None
+    g = torch.Generator().manual_seed(3 + RANK)
+    for i in range(3):
+        x, y = batch_mlp(g)
+        try:
+            la = sg(x, y)
+        except stepgraph.CaptureError as e:
+            err = str(e)
+            la = None
+        lb = eager(x, y)
+        lb.backward()
+        ob.step()
+        ob.zero_grad()
+        if la is not None:
+            la.backward()
+        else:  # the refused call returned nothing: the user reruns it eagerly
+            _LOSS(a, x, y).backward()
+        oa.step()
+        oa.zero_grad()
+    out["backward_outside"] = {"error": err, "max_diff": max_diff(a, oa, b, ob)}
+
+
+def scenario_disagree_shapes(out):
+    """Rank 1's batches are smaller from the start: both ranks capture, with different shapes."""
+    a, oa, _, _ = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
+    sg = stepgraph.compile(plain_step(a, oa, _LOSS))
+    g = torch.Generator().manual_seed(RANK)
+    n = 8 if RANK == 0 else 6
+    t0 = time.time()
+    try:
+        for _ in range(3):
+            sg(*batch_mlp(g, n))
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.time() - t0
+
+
+def scenario_one_rank_recaptures(out):
+    """At call 4 only rank 1 sees a new batch shape: it recaptures while rank 0 replays."""
+    a, oa, _, _ = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
+    sg = stepgraph.compile(plain_step(a, oa, _LOSS))
+    g = torch.Generator().manual_seed(RANK)
+    t0 = time.time()
+    try:
+        for i in range(6):
+            n = 6 if (RANK == 1 and i == 3) else 8
+            sg(*batch_mlp(g, n))
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.time() - t0
+
+
+def main():
+    scenario, out_dir = sys.argv[1], sys.argv[2]
+    backend = "nccl" if DEVICE == "cuda" else "gloo"
+    if DEVICE == "cuda":
+        torch.cuda.set_device(RANK % torch.cuda.device_count())
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "60"))))
+    out: dict = {}
+    globals()[f"scenario_{scenario}"](out)
+    with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:
+        json.dump(out, f)
+    if not out.get("error"):  # (an error scenario breaks the group on purpose)
+        dist.barrier()
+    # Skip the group's teardown: gloo's sometimes aborts at exit ("terminate called without an
+    # active exception"), with or without stepgraph, which would only add noise here.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
