@@ -35,8 +35,8 @@ def run_variant(name, case_name, dev, rank, steps, warmup) -> dict:
     ddp = torch.nn.parallel.DistributedDataParallel(case.model, device_ids=ids)
     opt = torch.optim.AdamW(ddp.parameters())
     step = _step(ddp, case.loss_fn, opt)
-    if name == "stepgraph":
-        step = stepgraph.compile(step)
+    if name.startswith("stepgraph"):
+        step = stepgraph.compile(step, backend=name[len("stepgraph["):-1] if "[" in name else "auto")
     total = 3 + warmup + steps
     batches = [case.make_batch(1000 + i + 100000 * rank) for i in range(total)]
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -70,7 +70,7 @@ def run_variant(name, case_name, dev, rank, steps, warmup) -> dict:
     dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     out = dict(case=case_name, variant=name, median_ms=med, max_rank_median_ms=worst.item(), first_s=first_s,
                final_loss=float(loss.detach()), steps=steps)
-    if name == "stepgraph":
+    if name.startswith("stepgraph"):
         st = step.stats
         out.update(captures=st.captures, replays=st.replays, recaptures=list(st.recaptures))
     return out
@@ -83,6 +83,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--stepgraph-backends", default="", help="extra stepgraph backends, e.g. inductor")
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", 0))
     if args.device == "cuda":
@@ -96,7 +97,8 @@ def main(argv=None) -> int:
     cases = (args.cases or ("gpt2l,gpt6l" if dev.type == "cuda" else "mlp64")).split(",")
     rows = []
     for c in cases:
-        for v in ("eager", "stepgraph"):
+        extra = [f"stepgraph[{b}]" for b in args.stepgraph_backends.split(",") if b]
+        for v in ("eager", "stepgraph", *extra):
             rows.append(run_variant(v, c, dev, rank, args.steps, args.warmup))
     if rank == 0:
         world = dist.get_world_size()

@@ -24,7 +24,7 @@ from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
 from .capture.state import StateRegistry, discover, install_registration_hooks
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
-from .backends.cudagraph import NeedsReplay, capture_stream
+from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
 
@@ -161,6 +161,8 @@ class StepFunction:
             if self._reg is None:
                 self._reg = discover(self.fn, self._extra_state)
                 self._guards = Guards(self._reg, arg_names(self.fn))
+            if self._reg.device_hypers:
+                absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
             last = self._last
             if last is not None:
                 try:
@@ -269,6 +271,13 @@ class StepFunction:
             if new:
                 self._guards.live.update(new)
                 reason += " (now read live at each replay: no further recaptures for it)"
+                sig = self._guards.signature(args, kwargs)
+        elif self._order and device == "cuda":
+            from .capture.hostscalar import LIVE_HYPERS
+            notes = [n for h in self._guards.changed_hypers(self._order[-1].key, sig.key) if h[2] in LIVE_HYPERS
+                     for n in [make_hyper_tensor(self._reg, *h)] if n]
+            if notes:
+                reason += f" ({'; '.join(notes)}: no further recaptures for it)"
                 sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()

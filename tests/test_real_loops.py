@@ -732,7 +732,7 @@ class TinyGNN(nn.Module):
         h = self.l1(x)
         gate = torch.sigmoid(self.gate(h)).gather(0, src.unsqueeze(1))
         agg = torch.zeros_like(h).index_add_(0, dst, h.index_select(0, src) * gate)
-        deg = torch.zeros(x.shape[0], dtype=x.dtype).scatter_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
+        deg = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).scatter_add_(0, dst, torch.ones_like(dst, dtype=x.dtype))
         h = F.relu(agg / deg.clamp_min(1).unsqueeze(1) + h)
         h2 = self.l2(h)
         idx = src.unsqueeze(1).expand(-1, h2.shape[1])

@@ -93,6 +93,44 @@ class capture_stream:
             self.prev.wait_stream(self.side)
 
 
+def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
+    """After a float ``lr``/``betas`` changed between calls (a schedule, e.g. OneCycleLR cycling
+    beta1): hold it as 0-dim device tensors that later float assignments fill in place
+    (``absorb_floats``), so the schedule recaptures once, not every step. Only PyTorch's
+    capturable Adam/AdamW read tensor betas inside a graph; returns what changed, or None."""
+    name, opt = reg.optimizers[oi]
+    group = opt.param_groups[gi]
+    if type(opt).__name__ not in ("Adam", "AdamW") or group.get("fused") or not group.get("capturable"):
+        return None
+    dev = next((p.device for p in group["params"] if p.is_cuda), None)
+    v = group.get(key)
+    if dev is None or key not in ("lr", "betas"):
+        return None
+    as_t = (lambda x: x if isinstance(x, torch.Tensor) else torch.tensor(float(x), device=dev))
+    group[key] = as_t(v) if key == "lr" else tuple(as_t(b) for b in v)
+    reg.device_hypers.append((group, key, group[key]))
+    return f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place"
+
+
+def absorb_floats(reg) -> None:
+    """Floats a scheduler assigned to a hyper-parameter held on the device: fill the tensors the
+    graphs read and put them back in the group (no host sync: a fill kernel on the stream)."""
+    for group, key, held in reg.device_hypers:
+        v = group.get(key)
+        if v is held:
+            continue
+        if isinstance(held, torch.Tensor):
+            if isinstance(v, (float, int)):
+                held.fill_(v)
+                group[key] = held
+        elif isinstance(v, tuple) and len(v) == len(held) and all(
+                x is h or isinstance(x, (float, int)) for x, h in zip(v, held)):
+            for x, h in zip(v, held):
+                if x is not h:
+                    h.fill_(x)
+            group[key] = held
+
+
 class NeedsReplay(CaptureError):
     """The graph needs host work every call; only the ``replay`` backend can run it."""
 
@@ -162,6 +200,12 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
                                "or use backend='replay'")
 
 
+def _clear_cublas_workspaces() -> None:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=True, n_user_outputs=None,
            state_tensors=(), warmup=None, **_):
     """Record ``fn(*static_inputs)`` into one CUDA graph; return the per-call runner.
@@ -177,10 +221,16 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
+        # cuBLAS keeps one ~32 MiB workspace per stream: the caller's (from the eager calls) and
+        # the capture stream's would both stay alive, which dominates a small model's memory.
+        # Drop them before recording, as torch's cudagraph trees do: the caller's comes back on
+        # its next eager matmul, and the capture allocates its own inside the graph's pool.
+        _clear_cublas_workspaces()
         if warmup is not None:
             with torch.cuda.stream(side):
                 warmup(static)
             side.synchronize()
+            _clear_cublas_workspaces()
         with torch.cuda.graph(graph, pool=pool, stream=side):
             outs = fn(*static)
     finally:

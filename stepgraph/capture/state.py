@@ -149,6 +149,7 @@ class StateRegistry:
     _seen: set = field(default_factory=set)
     pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
     ddp: list = field(default_factory=list)            # DistributedDataParallel modules (source, module)
+    device_hypers: list = field(default_factory=list)  # (group, key, tensors) held on the GPU
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
