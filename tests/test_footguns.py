@@ -18,11 +18,18 @@
     read live from param_groups at each replay (no more recaptures, eager-exact); other float
     hyper-parameters (SGD's momentum, weight_decay) recapture per distinct value up to
     max_captures. On the GPU lr is a device tensor for Adam/AdamW/fused optimizers (never
-    recaptures); other float hyper-parameters recapture per value (test_real_loops.py).
+    recaptures); capturable Adam/AdamW's cycling betas[0] (OneCycleLR) recaptures once, then is a
+    device tensor filled in place, with Adam's single-tensor form (foreach reads tensor betas on
+    the host); fused Adam's betas and other float hyper-parameters recapture per value
+    (test_real_loops.py, test_cuda_loops.py).
 (l) Returned plain dataclasses are registered as torch pytree nodes; other objects that hold
     tensors the step computed are refused with a CaptureError (replays would return stale ones).
-(m) A step with torch.distributed collectives (DistributedDataParallel) is refused with a
-    CaptureError until issue 7 captures them (test_distributed.py).
+(m) DistributedDataParallel steps are captured with their all-reduce, bitwise equal to eager DDP;
+    but ranks must capture at the same calls: ranks that disagree get a CaptureError before
+    running; a rank that replays while another recaptures sees its collective fail -- at once
+    with gloo, at the process group's timeout with NCCL (a GPU graph cannot fail mid-replay).
+    ``find_unused_parameters=True``, comm hooks and direct ``dist.all_reduce`` calls are refused
+    (test_distributed.py).
 """
 import copy
 import sys

@@ -94,22 +94,32 @@ class capture_stream:
 
 
 def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
-    """After a float ``lr``/``betas`` changed between calls (a schedule, e.g. OneCycleLR cycling
-    beta1): hold it as 0-dim device tensors that later float assignments fill in place
+    """After a float ``lr``/``betas[0]`` changed between calls (a schedule: OneCycleLR cycles
+    beta1): hold it as a 0-dim device tensor that later float assignments fill in place
     (``absorb_floats``), so the schedule recaptures once, not every step. Only PyTorch's
-    capturable Adam/AdamW read tensor betas inside a graph; returns what changed, or None."""
+    capturable Adam/AdamW read such a tensor inside a graph, and for beta1 only in their
+    single-tensor form (the foreach form reads tensor betas on the host, torch 2.11), which this
+    switches to. Returns what changed, or None (then each new value recaptures)."""
     name, opt = reg.optimizers[oi]
     group = opt.param_groups[gi]
     if type(opt).__name__ not in ("Adam", "AdamW") or group.get("fused") or not group.get("capturable"):
         return None
     dev = next((p.device for p in group["params"] if p.is_cuda), None)
     v = group.get(key)
-    if dev is None or key not in ("lr", "betas"):
+    if dev is None or key not in ("lr", "betas") or isinstance(v, torch.Tensor):
         return None
-    as_t = (lambda x: x if isinstance(x, torch.Tensor) else torch.tensor(float(x), device=dev))
-    group[key] = as_t(v) if key == "lr" else tuple(as_t(b) for b in v)
+    held = [h for g, k, h in reg.device_hypers if g is group and k == key]
+    if held:
+        return None  # already held: this change is something else (beta2)
+    if key == "lr":
+        group[key] = torch.tensor(float(v), device=dev)
+        note = ""
+    else:
+        group[key] = (torch.tensor(float(v[0]), device=dev), *v[1:])
+        group["foreach"] = False
+        note = " (with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)"
     reg.device_hypers.append((group, key, group[key]))
-    return f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place"
+    return f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place{note}"
 
 
 def absorb_floats(reg) -> None:
@@ -124,9 +134,10 @@ def absorb_floats(reg) -> None:
                 held.fill_(v)
                 group[key] = held
         elif isinstance(v, tuple) and len(v) == len(held) and all(
-                x is h or isinstance(x, (float, int)) for x, h in zip(v, held)):
+                x is h or (isinstance(h, torch.Tensor) and isinstance(x, (float, int)))
+                or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
             for x, h in zip(v, held):
-                if x is not h:
+                if isinstance(h, torch.Tensor) and x is not h:
                     h.fill_(x)
             group[key] = held
 
