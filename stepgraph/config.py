@@ -38,6 +38,9 @@ KNOBS = {k.name: k for k in [
     Knob("trace_stream", "STEPGRAPH_TRACE_STREAM", "current",
          "CUDA: run the capturing call on the caller's stream ('current', default: measured "
          "1.24x eager peak memory on MLP-512 vs 1.62x) or on the capture side stream ('side')."),
+    Knob("inductor_patches", "STEPGRAPH_INDUCTOR_PATCHES", "",
+         "JSON object of torch._inductor.config patches for backend='inductor', merged over "
+         "stepgraph's own (e.g. '{\"combo_kernels\": true}')."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

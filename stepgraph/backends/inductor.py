@@ -64,7 +64,10 @@ def _compile(gm: fx.GraphModule, inputs: list):
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
-        return compile_fx(gm, inputs, config_patches=_PATCHES)
+        import json
+        from .. import config
+        extra = json.loads(config.get("inductor_patches") or "{}")
+        return compile_fx(gm, inputs, config_patches={**_PATCHES, **extra})
     finally:
         torch._C._set_grad_enabled(prev)
 
