@@ -188,19 +188,22 @@ def scenario_disagree_shapes(out):
 
 
 def scenario_one_rank_recaptures(out):
-    """At call 4 only rank 1 sees a new batch shape: it recaptures while rank 0 replays."""
+    """At call 4 only rank 1 sees a new batch shape: it recaptures while rank 0 replays. Rank 1
+    then stays alive (a user who catches the error), so rank 0 cannot rely on its peer dying."""
     a, oa, _, _ = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
     sg = stepgraph.compile(plain_step(a, oa, _LOSS))
     g = torch.Generator().manual_seed(RANK)
     t0 = time.time()
     try:
-        for i in range(6):
+        for i in range(8):
             n = 6 if (RANK == 1 and i == 3) else 8
-            sg(*batch_mlp(g, n))
+            sg(*batch_mlp(g, n)).item()  # a host sync each call, as a logging loop would do
         out["error"] = None
     except Exception as e:  # noqa: BLE001
         out["error"] = f"{type(e).__name__}: {e}"
     out["seconds"] = time.time() - t0
+    if RANK == 1:
+        time.sleep(float(os.environ.get("LINGER", "12")))
 
 
 def main():

@@ -73,14 +73,26 @@ def test_ranks_disagreeing_on_shapes_fail_on_every_rank(tmp_path):
 
 @needs_dist
 def test_one_rank_recapturing_while_others_replay_fails_on_every_rank_within_timeout(tmp_path):
-    # gloo (CPU): the replaying rank's collective fails as soon as its peer stops. With NCCL it
-    # fails at the process group's timeout instead (documented in tests/test_footguns.py).
-    ranks, seconds = launch("one_rank_recaptures", tmp_path, cuda=False)
+    # gloo (CPU): the replaying rank's collective fails as soon as its peer's process ends (gloo
+    # has no abort that interrupts an op in flight; otherwise at the group's timeout).
+    ranks, seconds = launch("one_rank_recaptures", tmp_path, cuda=False, LINGER="0")
     r0, r1 = ranks
     assert r1["error"].startswith("CaptureError: rank 1 is about to capture"), r1
     assert "rank(s) [0] did not reach" in r1["error"] and "within 4 s" in r1["error"]
     assert r0["error"].startswith("StepGraphError: a collective of the replayed graph failed"), r0
     assert r0["seconds"] < 30 and r1["seconds"] < 30, (r0, r1)
+
+
+@pytest.mark.skipif(not GPUS, reason="needs 2 GPUs and STEPGRAPH_TEST_CUDA=1")
+def test_nccl_replaying_rank_is_aborted_while_the_recapturing_rank_lives_on(tmp_path):
+    """NCCL: rank 1 gives up and stays alive (12 s); rank 0, stuck in its replay's all-reduce,
+    must still fail well before the process group's timeout (30 s): its stepgraph monitor sees
+    rank 1's give-up in the store and aborts the NCCL communicator."""
+    ranks, _ = launch("one_rank_recaptures", tmp_path, cuda=True, LINGER="12")
+    r0, r1 = ranks
+    assert r1["error"].startswith("CaptureError: rank 1 is about to capture"), r1
+    assert r0["error"] is not None and r0["seconds"] < 12, r0
+    print("rank 0 error:", r0["error"][:300], f"after {r0['seconds']:.1f} s")
 
 
 # ---- single process (a world of one): fast checks of the error paths ----------------------------

@@ -223,6 +223,42 @@ class agree:
         _STEP_KEYS[step_name] = n + 1
         self.prefix = f"stepgraph/{step_name}#{n}"
         self.meetings = 0
+        self.aborted: str | None = None  # set by the monitor: another rank gave up on this step
+        self._monitor = None
+
+    def _watch(self, store, pg, rank: int) -> None:
+        """A daemon thread polling the store for another rank's give-up (``abort`` key): a rank
+        replaying while a peer recaptured is stuck in a collective the peer never joins, so the
+        monitor aborts this rank's process group (NCCL kernels exit instead of waiting for the
+        group's timeout) and the next call raises ``StepGraphError``."""
+        import logging
+        import threading
+        import time
+        key = f"{self.prefix}/abort"
+        period = min(1.0, float(config.get("dist_timeout")) / 4)
+
+        def loop():
+            while self.aborted is None:
+                time.sleep(period)
+                try:
+                    if not store.check([key]):
+                        continue
+                    self.aborted = store.get(key).decode()
+                except Exception:  # noqa: BLE001 - the group was torn down: stop watching
+                    return
+                logging.getLogger("stepgraph").error(
+                    "stepgraph: rank %d: %s; aborting this rank's process group", rank, self.aborted)
+                try:
+                    # NCCL: abort makes kernels stuck in a collective exit. gloo has no abort; its
+                    # shutdown closes this rank's connections, so the peers' ops fail at once.
+                    if torch.distributed.get_backend(pg) == "nccl":
+                        pg.abort()
+                    else:
+                        pg.shutdown()
+                except Exception:  # noqa: BLE001 - then the group's own timeout ends it
+                    pass
+        self._monitor = threading.Thread(target=loop, name=f"stepgraph-monitor {self.prefix}", daemon=True)
+        self._monitor.start()
 
     def __call__(self, reg, description: str) -> None:
         w = world(reg)
@@ -236,10 +272,14 @@ class agree:
         keys = [f"{self.prefix}/{k}/{r}" for r in range(size)]
         store.set(keys[rank], description)
         timeout = float(config.get("dist_timeout"))
+        if self._monitor is None:
+            self._watch(store, reg.ddp[0][1].process_group, rank)
         try:
             store.wait(keys, datetime.timedelta(seconds=timeout))
         except Exception:  # noqa: BLE001 - the store raises its own timeout types
             missing = [r for r in range(size) if not store.check([keys[r]])]
+            store.set(f"{self.prefix}/abort", f"rank {rank} gave up waiting for rank(s) {missing} at capture "
+                      f"#{k} of this step (they replayed while it recaptured)")
             raise CaptureError(
                 f"rank {rank} is about to capture ({description}), but rank(s) {missing} did not "
                 f"reach capture #{k} of this step within {timeout:g} s: they replayed a graph "
