@@ -26,8 +26,10 @@
     tensors the step computed are refused with a CaptureError (replays would return stale ones).
 (m) DistributedDataParallel steps are captured with their all-reduce, bitwise equal to eager DDP;
     but ranks must capture at the same calls: ranks that disagree get a CaptureError before
-    running; a rank that replays while another recaptures sees its collective fail -- at once
-    with gloo, at the process group's timeout with NCCL (a GPU graph cannot fail mid-replay).
+    running; a rank that replays while another recaptures is stuck in its graph's collective
+    until the other gives up (STEPGRAPH_DIST_TIMEOUT): with NCCL its monitor then aborts the
+    communicator and its next call raises StepGraphError; with gloo it fails when the other
+    process ends, or at the process group's timeout.
     ``find_unused_parameters=True``, comm hooks and direct ``dist.all_reduce`` calls are refused
     (test_distributed.py).
 """
