@@ -50,6 +50,12 @@ def explain(self) -> str:
         if tr.escapes or tr.clear_slots:
             lines.append(f"    rebound after each replay: "
                          f"{_names([x.source for x in tr.escapes] + [x.source for x, _ in tr.clear_slots])}")
+        colls = [n for n in e.graph.graph.nodes if n.op == "call_function"
+                 and getattr(n.target, "namespace", "") == "_c10d_functional" and "wait" not in str(n.target)]
+        if colls:
+            kinds = sorted({str(n.target).split(".")[1] for n in colls})
+            lines.append(f"    collectives in the graph: {len(colls)} ({', '.join(kinds)}; DDP gradient "
+                         "buckets and buffer broadcasts); ranks agree in the store before each capture")
         if s.host_scalar_reads:
             lines.append(f"    host scalars: {s.host_scalar_reads} optimizer step-counter reads "
                          "recomputed on the host each replay (eager-identical numerics)")

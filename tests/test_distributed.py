@@ -48,11 +48,13 @@ def launch(scenario, tmp_path, nproc=2, timeout=240, cuda=GPUS, **env):
 def test_ddp_steps_match_eager_ddp_bitwise(tmp_path):
     ranks, _ = launch("parity", tmp_path)
     for r, res in enumerate(ranks):
-        for case in ("mlp_bn_adamw", "gpt_sgd_buckets", "accumulate_no_sync"):
+        for case in ("mlp_bn_adamw", "gpt_sgd_buckets", "bucket_view_static_graph", "accumulate_no_sync"):
             got = res[case]
             assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
             assert got["captures"] == 1 and got["replays"] == 4 and not got["recaptures"], (r, case, got)
             assert got["explain_has_collective"], "the gradient all-reduce must be in the graph"
+        ind = res["inductor"]  # the whole step fused by Inductor, all-reduce included
+        assert ind["max_diff"] < 1e-5 and ind["loss_rel"] < 1e-5 and ind["captures"] == 1, (r, ind)
         acc = res["accumulate_across_calls"]
         # no_sync() calls and syncing calls are two graphs (plus one for .grad None after zero_grad)
         assert acc["max_diff"] == 0.0 and acc["captures"] == 3, acc
