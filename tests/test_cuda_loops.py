@@ -270,3 +270,31 @@ def test_gnn_scatter_gather_on_gpu():
     # index_add_/scatter_add_ use atomics on the GPU: summation order varies run to run, in
     # eager as well, so this one is compared within float32 rounding.
     _zoo_gpu("GNN scatter/gather", TinyGNN, lambda m: torch.optim.Adam(m.parameters(), lr=1e-2), batches, step_fn, 1e-4)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_accumulation_with_optimizer_outside_every_3_calls_on_gpu(set_to_none):
+    """The step only does forward+backward; optimizer.step()/zero_grad() run outside every 3rd
+    call: .grad accumulates across replays exactly as in eager."""
+    m = _net()
+    m2 = copy.deepcopy(m)
+    opt, opt2 = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+
+    def mk(model):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(m)), mk(m2)
+    for k in range(9):
+        assert torch.equal(sg(*_batch(k)), eager(*_batch(k)))
+        for p, q in zip(m.parameters(), m2.parameters()):
+            assert torch.equal(p.grad, q.grad), k
+        if k % 3 == 2:
+            for o in (opt, opt2):
+                o.step()
+                o.zero_grad(set_to_none=set_to_none)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert sg.stats.replays >= 5 and sg._order[-1].backend == "cudagraph", sg.stats
