@@ -57,9 +57,13 @@ def lift_state(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
 # (scheduler.reorder_loops_by_dep_pair); compiling without it from the start avoids paying
 # for a failed compile first. Retried once more with the same patches on an internal error.
 _PATCHES = {"loop_ordering_after_fusion": False}
+# On the GPU, horizontal fusion of independent kernels (the optimizer's per-parameter work, the
+# backward's parallel branches): H200, median step ms default -> combo: MLP-512 0.248 -> 0.249,
+# GPT-2L 0.345 -> 0.312, GPT-6L 5.663 -> 5.522; GPU parity tests pass with it.
+_CUDA_PATCHES = {"combo_kernels": True}
 
 
-def _compile(gm: fx.GraphModule, inputs: list):
+def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
     from torch._inductor.compile_fx import compile_fx
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
@@ -67,7 +71,7 @@ def _compile(gm: fx.GraphModule, inputs: list):
         import json
         from .. import config
         extra = json.loads(config.get("inductor_patches") or "{}")
-        return compile_fx(gm, inputs, config_patches={**_PATCHES, **extra})
+        return compile_fx(gm, inputs, config_patches={**_PATCHES, **(_CUDA_PATCHES if cuda else {}), **extra})
     finally:
         torch._C._set_grad_enabled(prev)
 
@@ -85,7 +89,7 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
     state_in = [t.detach() for t in state]
     t0 = time.perf_counter()
     try:
-        compiled = _compile(lifted, list(example_inputs) + state_in)
+        compiled = _compile(lifted, list(example_inputs) + state_in, cuda)
     except Exception as e:
         from ..errors import CaptureError
         raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
