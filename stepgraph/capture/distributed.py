@@ -86,6 +86,12 @@ class _DDPTrace:
             src = getattr(ddp, "_authoritative_rank", 0)
             for b in ddp.modules_buffers:
                 b.copy_(fcol.broadcast(b, src, ddp.process_group))
+        if ddp.device_ids:
+            # DDP moves inputs to its device; a CPU batch then shows up as CPU work in a CUDA
+            # step, which the trace reports with the user's line and the fix.
+            import torch.utils._pytree as pytree
+            dev = torch.device(ddp.device_type, ddp.device_ids[0])
+            inputs, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(dev), (inputs, kwargs))
         out = ddp.module(*inputs, **kwargs)
         sync = torch.is_grad_enabled() and ddp.require_backward_grad_sync
         ddp.require_forward_param_sync = sync
