@@ -207,3 +207,17 @@ def test_no_sync_around_the_call_is_a_guard_with_a_reason(world_of_one):
     with m.no_sync():
         sg(x, y)
     assert "no_sync()" in sg.stats.recaptures[-1]
+
+
+@needs_dist
+def test_readme_ddp_benchmark_command_runs_on_cpu(tmp_path):
+    """`torchrun --standalone --nproc_per_node 2 -m stepgraph.bench_ddp --device cpu` (README)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "stepgraph.bench_ddp", "--device", "cpu", "--cases", "mlp64", "--steps", "5",
+                        "--warmup", "1", "--out", str(tmp_path)], env=e, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = json.loads((tmp_path / "bench_ddp.json").read_text())["rows"]
+    sg = [r for r in rows if r["variant"] == "stepgraph"][0]
+    assert sg["captures"] == 1 and sg["replays"] == 3 + 1 + 5 - 2 and not sg["recaptures"], sg  # 1 eager, 1 capture
+    assert "| mlp64 | stepgraph |" in p.stdout
