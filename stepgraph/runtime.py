@@ -157,7 +157,7 @@ class StepFunction:
         with self._lock:
             self._calls += 1
             if self._agree.aborted:
-                raise StepGraphError(self.aborted_message())
+                raise StepGraphError(self._agree.aborted_message())
             if self.disabled or self._eager_only:
                 return self._eager(args, kwargs)
             if self._reg is None:
@@ -210,11 +210,6 @@ class StepFunction:
                     self._agree(self._reg, distributed.describe_call(sig.leaves, self._calls, "eager call"))
                 return self._eager(args, kwargs)
             return self._capture(sig, args, kwargs)
-
-    def aborted_message(self) -> str:
-        return (f"another rank gave up on this data-parallel step ({self._agree.aborted}); this "
-                "rank's process group was aborted, so its collectives cannot complete: stop "
-                "this run, and give every rank the same shapes and state changes at the same call")
 
     def overhead_us(self, *args, repeat: int = 500, **kwargs) -> dict:
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running

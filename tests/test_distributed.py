@@ -221,3 +221,31 @@ def test_readme_ddp_benchmark_command_runs_on_cpu(tmp_path):
     sg = [r for r in rows if r["variant"] == "stepgraph"][0]
     assert sg["captures"] == 1 and sg["replays"] == 3 + 1 + 5 - 2 and not sg["recaptures"], sg  # 1 eager, 1 capture
     assert "| mlp64 | stepgraph |" in p.stdout
+
+
+def test_two_ddp_models_in_one_step(world_of_one):
+    """A step training two DDP models (e.g. generator and discriminator) syncs both."""
+    torch.manual_seed(0)
+    a, b = _mlp(), nn.Sequential(nn.Linear(4, 4))
+    a2, b2 = copy.deepcopy(a), copy.deepcopy(b)
+    ma, mb = nn.parallel.DistributedDataParallel(a), nn.parallel.DistributedDataParallel(b)
+    ma2, mb2 = nn.parallel.DistributedDataParallel(a2), nn.parallel.DistributedDataParallel(b2)
+    opt = torch.optim.SGD(list(ma.parameters()) + list(mb.parameters()), lr=0.1)
+    opt2 = torch.optim.SGD(list(ma2.parameters()) + list(mb2.parameters()), lr=0.1)
+
+    def mk(m1, m2, o):
+        def step(x, y):
+            loss = F.cross_entropy(m2(m1(x)), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(ma, mb, opt)), mk(ma2, mb2, opt2)
+    for _ in range(4):
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        assert torch.equal(sg(x, y), eager(x, y))
+    assert sg.stats.replays == 2
+    assert sg.graph.code.count("_c10d_functional.all_reduce") == 2  # one bucket per model
+    for p, q in zip(list(ma.parameters()) + list(mb.parameters()), list(ma2.parameters()) + list(mb2.parameters())):
+        assert torch.equal(p, q)

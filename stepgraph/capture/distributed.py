@@ -232,6 +232,11 @@ class agree:
         self.aborted: str | None = None  # set by the monitor: another rank gave up on this step
         self._monitor = None
 
+    def aborted_message(self) -> str:
+        return (f"another rank gave up on this data-parallel step ({self.aborted}); this rank's "
+                "process group was aborted, so its collectives cannot complete: stop this run, "
+                "and give every rank the same shapes and state changes at the same call")
+
     def _watch(self, store, pg, rank: int) -> None:
         """A daemon thread polling the store for another rank's give-up (``abort`` key): a rank
         replaying while a peer recaptured is stuck in a collective the peer never joins, so the
