@@ -23,10 +23,6 @@ from stepgraph import models
 from stepgraph.bench import CASES
 
 
-def _step(model, loss_fn, opt):
-    return models.train_step(model, loss_fn, opt)
-
-
 def run_variant(name, case_name, dev, rank, steps, warmup) -> dict:
     import stepgraph
     bench = CASES[case_name]
@@ -34,7 +30,7 @@ def run_variant(name, case_name, dev, rank, steps, warmup) -> dict:
     ids = [dev.index] if dev.type == "cuda" else None
     ddp = torch.nn.parallel.DistributedDataParallel(case.model, device_ids=ids)
     opt = torch.optim.AdamW(ddp.parameters())
-    step = _step(ddp, case.loss_fn, opt)
+    step = models.train_step(ddp, case.loss_fn, opt)
     if name.startswith("stepgraph"):
         step = stepgraph.compile(step, backend=name[len("stepgraph["):-1] if "[" in name else "auto")
     total = 3 + warmup + steps

@@ -206,8 +206,7 @@ class StepFunction:
                            f"{self._guards.diff(self._order[-1].key, sig.key, args, kwargs)})")
                     warnings.warn(msg, stacklevel=2)
                     log.warning(msg)
-                if self._reg.ddp:
-                    self._agree(self._reg, distributed.describe_call(sig.leaves, self._calls, "eager call"))
+                self._agree(self._reg, sig.leaves, self._calls, "eager call")  # (no-op without DDP)
                 return self._eager(args, kwargs)
             return self._capture(sig, args, kwargs)
 
@@ -283,8 +282,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
-        if self._reg.ddp:
-            self._agree(self._reg, distributed.describe_call(sig.leaves, self._calls, "capture"))
+        self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
         if backend.prepare is not None:
             changed = backend.prepare(self._reg)
             if changed:
@@ -293,8 +291,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
-            ddp_names = {id(m): n for n, m in self._reg.ddp}
-            with capture_stream(device), around, distributed.tracing(self._reg, ddp_names) as ddp_records:
+            with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                 live_hypers=sorted(self._guards.live) if backend.name == "replay" else ())
             raise_problems(tr.problems)

@@ -47,13 +47,7 @@ def max_diff(a_mod, a_opt, b_mod, b_opt) -> float:
 
 
 def plain_step(model, opt, loss_fn):
-    def step(*batch):
-        loss = loss_fn(model, *batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
+    return models.train_step(model, loss_fn, opt)  # (the argument order of accumulating_step)
 
 
 def accumulating_step(model, opt, loss_fn):

@@ -221,22 +221,13 @@ def _zoo_gpu(feat, build, make_opt, batches, step_fn, rtol):
     assert sg._order[-1].backend == "cudagraph"
 
 
-def _dict_step(m, opt):
-    def step(batch):
-        loss = m(**batch).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
-
-
 def test_hf_bert_masked_lm_on_gpu():
     pytest.importorskip("transformers")
-    from test_hf_zoo import build, make_batch
+    from test_hf_zoo import build, make_batch, step_fn
     batches = [({k: v.cuda() for k, v in make_batch("bert", k).items()},) for k in range(STEPS)]
     _zoo_gpu("HF BERT masked LM", lambda: build("bert", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0),
-             lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), batches, _dict_step, 0.0)
+             lambda m: torch.optim.AdamW(m.parameters(), lr=1e-3), batches,
+             lambda m, o: step_fn(m, o, "loss"), 0.0)
 
 
 def test_resnet_cnn_on_gpu():

@@ -18,6 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import stepgraph
+from parity import ce_step
 
 WORKER = os.path.join(os.path.dirname(__file__), "ddp_worker.py")
 needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
@@ -113,21 +114,11 @@ def _mlp():
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
 
 
-def _step(m, opt):
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
-
-
 def test_world_of_one_ddp_matches_eager_and_shows_the_collective(world_of_one):
     base = _mlp()
     m, m2 = (nn.parallel.DistributedDataParallel(copy.deepcopy(base)) for _ in range(2))
     opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
-    sg, eager = stepgraph.compile(_step(m, opt)), _step(m2, opt2)
+    sg, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     for i in range(5):
         x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
         assert torch.equal(sg(x, y), eager(x, y))
@@ -140,7 +131,7 @@ def test_world_of_one_ddp_matches_eager_and_shows_the_collective(world_of_one):
 def test_find_unused_parameters_is_refused_before_the_call_runs(world_of_one):
     m = nn.parallel.DistributedDataParallel(_mlp(), find_unused_parameters=True)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    sg = stepgraph.compile(_step(m, opt))
+    sg = stepgraph.compile(ce_step(m, opt))
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
     sg(x, y)
     before = [p.detach().clone() for p in m.parameters()]

@@ -94,48 +94,36 @@ class capture_stream:
 
 
 def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
-    """After a float ``lr``/``betas[0]`` changed between calls (a schedule: OneCycleLR cycles
-    beta1): hold it as a 0-dim device tensor that later float assignments fill in place
-    (``absorb_floats``), so the schedule recaptures once, not every step. Only PyTorch's
-    capturable Adam/AdamW read such a tensor inside a graph, and for beta1 only in their
-    single-tensor form (the foreach form reads tensor betas on the host, torch 2.11), which this
-    switches to. Returns what changed, or None (then each new value recaptures)."""
+    """After a float ``betas[0]`` changed between calls (OneCycleLR cycles beta1): hold it as a
+    0-dim device tensor that later float assignments fill in place (``absorb_floats``), so the
+    schedule recaptures once, not every step. Only PyTorch's capturable Adam/AdamW read such a
+    tensor inside a graph, and only in their single-tensor form (the foreach form reads tensor
+    betas on the host, torch 2.11), which this switches to. (Their ``lr`` is a device tensor
+    already: ``make_capturable``.) Returns what changed, or None (each new value recaptures)."""
     name, opt = reg.optimizers[oi]
     group = opt.param_groups[gi]
     if type(opt).__name__ not in ("Adam", "AdamW") or group.get("fused") or not group.get("capturable"):
         return None
     dev = next((p.device for p in group["params"] if p.is_cuda), None)
-    v = group.get(key)
-    if dev is None or key not in ("lr", "betas") or isinstance(v, torch.Tensor):
-        return None
-    held = [h for g, k, h in reg.device_hypers if g is group and k == key]
-    if held:
-        return None  # already held: this change is something else (beta2)
-    if key == "lr":
-        group[key] = torch.tensor(float(v), device=dev)
-        note = ""
-    else:
-        group[key] = (torch.tensor(float(v[0]), device=dev), *v[1:])
-        group["foreach"] = False
-        note = " (with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)"
+    if dev is None or key != "betas" or any(k == key and g is group for g, k, _ in reg.device_hypers):
+        return None  # (already held: this change is something else, beta2)
+    v = group[key]
+    group[key] = (torch.tensor(float(v[0]), device=dev), *v[1:])
+    group["foreach"] = False
     reg.device_hypers.append((group, key, group[key]))
-    return f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place{note}"
+    return (f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place "
+            "(with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)")
 
 
 def absorb_floats(reg) -> None:
-    """Floats a scheduler assigned to a hyper-parameter held on the device: fill the tensors the
-    graphs read and put them back in the group (no host sync: a fill kernel on the stream)."""
+    """Floats a scheduler assigned in place of hyper-parameters held on the device: fill the
+    tensors the graphs read and put them back in the group (no host sync: a fill kernel)."""
     for group, key, held in reg.device_hypers:
         v = group.get(key)
-        if v is held:
+        if v is held or not (isinstance(v, tuple) and len(v) == len(held)):
             continue
-        if isinstance(held, torch.Tensor):
-            if isinstance(v, (float, int)):
-                held.fill_(v)
-                group[key] = held
-        elif isinstance(v, tuple) and len(v) == len(held) and all(
-                x is h or (isinstance(h, torch.Tensor) and isinstance(x, (float, int)))
-                or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
+        if all(x is h or (isinstance(h, torch.Tensor) and isinstance(x, (float, int)))
+               or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
             for x, h in zip(v, held):
                 if isinstance(h, torch.Tensor) and x is not h:
                     h.fill_(x)

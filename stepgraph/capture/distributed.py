@@ -20,8 +20,10 @@ Ranks must capture the same graph at the same call: before every capture (and ev
 fallback) of a step holding a DDP module, the ranks meet in the process group's store and
 compare what they are about to capture (``agree``). A rank that replays while another
 recaptures never reaches that meeting: the capturing rank raises after ``STEPGRAPH_DIST_TIMEOUT``
-seconds naming the missing ranks; the replaying rank's collective fails when its peer stops
-(gloo at once, NCCL at the process group's timeout).
+seconds naming the missing ranks and leaves an abort mark in the store; every rank's monitor
+thread then aborts its NCCL communicator, so the replaying rank's next call raises (gloo has
+no abort for an op in flight: there it fails when its peer's process ends, or at the group's
+timeout).
 """
 from __future__ import annotations
 
@@ -36,11 +38,6 @@ from .. import config
 from ..errors import CaptureError
 
 _STEP_KEYS: dict = {}  # step name -> per-process count of step functions with that name
-
-
-def ddp_modules(reg) -> list:
-    """DistributedDataParallel modules among the step's modules (outermost first)."""
-    return [m for _, m in reg.ddp]
 
 
 def _refuse_unsupported(ddp, name: str) -> None:
@@ -74,7 +71,6 @@ class _DDPTrace:
     buckets: list
     armed: bool = False
     done: set = field(default_factory=set)   # ids of buckets all-reduced since the forward
-    flushed: int = 0
     pending: list = field(default_factory=list)  # (all-reduce output, grads) not yet waited on
     problems: list = field(default_factory=list)
 
@@ -117,7 +113,6 @@ class _DDPTrace:
         # wait comes after the last bucket is issued, so collectives overlap the backward.
         flat = torch.cat([g.reshape(-1) for g in grads]).mul_(1.0 / world)
         self.pending.append((torch.ops._c10d_functional.all_reduce(flat, "sum", pg.group_name), grads))
-        self.flushed += 1
         self.done.add(id(bucket))
         if len(self.done) == len(self.buckets):
             for flat, grads in self.pending:
@@ -164,16 +159,14 @@ def _buckets(ddp) -> list[_Bucket]:
 
 
 @contextlib.contextmanager
-def tracing(reg, names=None):
+def tracing(reg):
     """Around one trace: route each DDP module's forward and gradient sync through functional
     collectives (see the module doc). Yields the per-module trace records."""
-    mods = ddp_modules(reg)
-    if not mods:
+    if not reg.ddp:
         yield []
         return
     records, handles = [], []
-    for ddp in mods:
-        name = (names or {}).get(id(ddp), type(ddp).__name__)
+    for name, ddp in reg.ddp:
         _refuse_unsupported(ddp, name)
         rec = _DDPTrace(ddp, name, _buckets(ddp))
         records.append(rec)
@@ -200,13 +193,12 @@ def tracing(reg, names=None):
                                "with every parameter used")
 
 
-def world(reg) -> tuple[int, int] | None:
-    """(rank, world size) when the step holds a DDP module in a multi-process group."""
-    mods = ddp_modules(reg)
-    if not mods or not torch.distributed.is_initialized():
+def world(reg) -> tuple[int, int, object] | None:
+    """(rank, world size, process group) when the step holds a DDP module and a group exists."""
+    if not reg.ddp or not torch.distributed.is_initialized():
         return None
-    pg = mods[0].process_group
-    return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg)
+    pg = reg.ddp[0][1].process_group
+    return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg), pg
 
 
 def describe_call(leaves, calls: int, what: str) -> str:
@@ -260,8 +252,9 @@ class agree:
                 logging.getLogger("stepgraph").error(
                     "stepgraph: rank %d: %s; aborting this rank's process group", rank, self.aborted)
                 try:
-                    # NCCL: abort makes kernels stuck in a collective exit. gloo has no abort; its
-                    # shutdown closes this rank's connections, so the peers' ops fail at once.
+                    # NCCL: abort makes kernels stuck in a collective exit (measured: 5.2 s with a
+                    # 4 s timeout). gloo: shutdown is the closest call; measured, it does not end
+                    # an op already in flight, which then fails at the peer's exit or timeout.
                     if torch.distributed.get_backend(pg) == "nccl":
                         pg.abort()
                     else:
@@ -271,11 +264,13 @@ class agree:
         self._monitor = threading.Thread(target=loop, name=f"stepgraph-monitor {self.prefix}", daemon=True)
         self._monitor.start()
 
-    def __call__(self, reg, description: str) -> None:
+    def __call__(self, reg, leaves, calls: int, what: str) -> None:
+        """Before ``what`` ("capture" / "eager call") at call ``calls`` with input ``leaves``."""
         w = world(reg)
         if w is None or w[1] == 1:
             return
-        rank, size = w
+        rank, size, pg = w
+        description = describe_call(leaves, calls, what)
         from torch.distributed import distributed_c10d as c10d
         store = c10d._get_default_store()
         k = self.meetings
@@ -284,7 +279,7 @@ class agree:
         store.set(keys[rank], description)
         timeout = float(config.get("dist_timeout"))
         if self._monitor is None:
-            self._watch(store, reg.ddp[0][1].process_group, rank)
+            self._watch(store, pg, rank)
         try:
             store.wait(keys, datetime.timedelta(seconds=timeout))
         except Exception:  # noqa: BLE001 - the store raises its own timeout types
