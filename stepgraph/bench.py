@@ -58,6 +58,7 @@ class Row:
     p10_ms: float | None = None
     p90_ms: float | None = None
     first_s: float | None = None
+    fused_s: float | None = None  # backend="inductor": until the first step of the fused graph
     peak_mib: float | None = None
     final_loss: float | None = None
     steps: int = 0
@@ -206,7 +207,13 @@ def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) ->
             loss = prep.run(batches[i])
         _sync(dev)
         row.first_s = time.perf_counter() - t0
-        for i in range(prep.first_calls, FIRST_CALLS + warmup):
+        start = prep.first_calls
+        if prep.handle is not None and prep.handle.backend == "inductor":
+            prep.handle.wait_compiled()  # Inductor compiles in the background: time the fused graph
+            loss = prep.run(batches[start])
+            _sync(dev)
+            row.fused_s, start = time.perf_counter() - t0, start + 1
+        for i in range(start, FIRST_CALLS + warmup):
             loss = prep.run(batches[i])
         _sync(dev)
         times: list[float] = []
@@ -276,7 +283,7 @@ def table(name: str, rows: list[Row], gpu: bool) -> str:
             cells = [name, r.variant, _f(r.median_ms, ".3f"),
                      _f(eager.median_ms / r.median_ms if eager else None, ".2f")]
             cells += [_f(r.median_ms / hand.median_ms if hand else None, ".2f")] if gpu else []
-            cells += [_f(r.first_s, ".2f"), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
+            cells += [_f(r.first_s, ".2f") + (f" (fused {r.fused_s:.1f})" if r.fused_s else ""), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
                       r.note.replace("|", "/").replace("\n", " ")[:120]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
@@ -288,7 +295,8 @@ def header(dev, args) -> dict:
         (platform.processor() or platform.machine()) + f" ({os.cpu_count()} cpus, "
         f"{torch.get_num_threads()} threads)",
         "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "warm_cache": args.warm_cache, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
+        "threads": torch.get_num_threads(), "warm_cache": args.warm_cache, "dtype": args.dtype,
+        "matmul_precision": args.matmul_precision, "steps": args.steps, "warmup": args.warmup,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
     }
 
@@ -312,6 +320,8 @@ def main(argv=None) -> int:
     p.add_argument("--warm-cache", action="store_true",
                    help="let torch.compile use inductor's caches (default off: otherwise the second "
                    "compile variant of a case reuses the first's kernels and its 'first s' is unfair)")
+    p.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"],
+                   help="torch.set_float32_matmul_precision for every variant ('high': TF32)")
     p.add_argument("--quick", action="store_true", help="few steps, for CI smoke tests")
     args = p.parse_args(argv)
 
@@ -328,9 +338,14 @@ def main(argv=None) -> int:
     # >= 1 warm-up keeps step i on batch i for handwritten too (its first replay is step 3).
     args.steps, args.warmup = max(args.steps, 1), max(args.warmup, 1)
     dtype = getattr(torch, args.dtype)
+    torch.set_float32_matmul_precision(args.matmul_precision)
     if not args.warm_cache:
+        import tempfile
         import torch._inductor.config as inductor_config
         inductor_config.force_disable_caches = True
+        # stepgraph's background compile process needs caches (its artifact is built from
+        # them): give it an empty cache dir so its compile is as cold as the others'.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="bench-inductor-")
     names = [c for c in args.cases.split(",") if c] or [n for n, c in CASES.items() if c.gpu == gpu]
 
     variants: dict[str, Callable] = {"eager": v_eager, "compile": v_compile,
@@ -351,13 +366,14 @@ def main(argv=None) -> int:
         prewarm_compile(dev)
     meta = header(dev, args)
     title = (f"# stepgraph bench\n\ndevice: {meta['device']} | torch {meta['torch']} | "
-             f"python {meta['python']} | dtype {args.dtype} | {args.steps} timed steps after "
+             f"python {meta['python']} | dtype {args.dtype} | fp32 matmul {args.matmul_precision} | {args.steps} timed steps after "
              f"{FIRST_CALLS}+{args.warmup} warm-up | {meta['time']}\n\n"
              "median ms: per-step median (" + ("CUDA events" if gpu else "perf_counter, "
              f"{meta['threads']} thread(s)") + "); speedup = eager ms / ms; "
              + ("x floor = ms / handwritten ms; " if gpu else "")
              + "first s: from building the step function to the end of the first compiled/"
              "replayed step (3 calls; handwritten: 3 warm-up steps + capture + first replay; "
+             "stepgraph[inductor]: (fused s) = until the first step of the background-compiled graph; "
              + ("inductor caches off, compile start-up pre-warmed" if not args.warm_cache
                 else "inductor caches on") + "); "
              + ("peak MiB: max_memory_allocated incl. model and batches" if gpu

@@ -41,6 +41,9 @@ KNOBS = {k.name: k for k in [
     Knob("inductor_patches", "STEPGRAPH_INDUCTOR_PATCHES", "",
          "JSON object of torch._inductor.config patches for backend='inductor', merged over "
          "stepgraph's own (e.g. '{\"combo_kernels\": true}')."),
+    Knob("inductor_background", "STEPGRAPH_INDUCTOR_BACKGROUND", True,
+         "backend='inductor': compile in a child process while the step runs its unfused graph, "
+         "and switch when ready (0: block the capturing call until Inductor is done)."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

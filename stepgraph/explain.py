@@ -32,10 +32,14 @@ def explain(self) -> str:
         s = e.summary
         tr = e.trace
         compile_s = getattr(e.run, "compile_seconds", None)
+        background = getattr(e.run, "describe", None)
         lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
-                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None else "")
+                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None
+                        and background is None else "")
                      + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
                      f"{s.random_ops} random")
+        if background is not None:
+            lines.append(f"    {background()}")
         k = e.key
         ins = [x for x in k[1] if len(x) == 7]
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"

@@ -23,6 +23,7 @@ from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
 from .capture.state import StateRegistry, discover, install_registration_hooks
+from .capture.effects import resolve_bindings
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
 from .errors import StepGraphError
@@ -231,6 +232,28 @@ class StepFunction:
             out["state_address_check"] = med(self._last.stale)
         return out
 
+    def wait_compiled(self, timeout: float | None = None) -> bool:
+        """Block until background Inductor compiles are done and switch to them now.
+
+        ``backend="inductor"`` compiles in a child process while calls run the unfused graph
+        (see ``STEPGRAPH_INDUCTOR_BACKGROUND``); call this where you want the fused graph from
+        the next call on, e.g. before timing. True when every graph is fused (also when there
+        is nothing to wait for); False on timeout or a failed compile (which was warned).
+
+            step = stepgraph.compile(train_step, backend="inductor")
+            step(batch); step(batch)       # warm-up, capture: training goes on unfused
+            step.wait_compiled()           # later calls run the fused graph
+        """
+        ok = True
+        for e in list(self._order):
+            wait = getattr(e.run, "wait", None)
+            if wait is not None:
+                ok &= wait(timeout)
+        return ok
+
+    def _on_fused(self, seconds: float) -> None:
+        self.stats.compile_seconds += seconds
+
     def explain(self) -> str:
         """What was captured: ops, state by source name, inputs, written state, guards."""
         from .explain import explain
@@ -303,7 +326,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
-            bindings = _resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
+            bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
             n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
             example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
@@ -314,7 +337,7 @@ class StepFunction:
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
-                        grad_bindings=bindings)
+                        grad_bindings=bindings, on_fused=self._on_fused)
             try:
                 run = backend.compile(gm, example, **opts)
             except NeedsReplay as e:
@@ -366,27 +389,6 @@ class StepFunction:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return tr.result
-
-
-def _resolve_bindings(gm, bindings, keep_markers: bool) -> list:
-    """Map recorded grad-binding nodes through the cleanup pass's replacements; for backends
-    that cannot raise mid-graph (CUDA graphs, Inductor) drop the zero_grad markers instead."""
-    from .capture.effects import zero_grad_marker
-    if not keep_markers:
-        for n in list(gm.graph.nodes):
-            if n.op == "call_function" and n.target is zero_grad_marker:
-                gm.graph.erase_node(n)
-        gm.recompile()
-        return []
-    replaced, live = gm.meta.get("replaced", {}), set(gm.graph.nodes)
-    out = []
-    for entry in bindings:
-        node = entry[-1]
-        while node in replaced:
-            node = replaced[node]
-        if node in live:
-            out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
-    return out
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

@@ -43,8 +43,10 @@ def test_inductor_reports_compile_time_and_keeps_user_optimizer_flags():
     for i in range(4):
         sg(*case.make_batch(i))
     assert sg.stats.captures == 1 and sg.stats.replays == 2
+    assert sg.wait_compiled()
+    sg(*case.make_batch(4))
     assert sg.stats.compile_seconds > 0
-    assert "compile" in sg.explain()
+    assert "Inductor graph live from this graph's replay 3 (compiled in the background" in sg.explain(), sg.explain()
     g = opt.param_groups[0]
     assert g["fused"] is True and g["capturable"] is False, "the user's optimizer flags must be restored"
 
@@ -72,3 +74,63 @@ def test_inductor_sgd_update_from_a_matmul_keeps_its_alpha():
         x = torch.randn(2, 4, generator=torch.Generator().manual_seed(i))
         torch.testing.assert_close(sg(x), eager(x), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(m.weight, m2.weight, rtol=1e-5, atol=1e-6)
+
+
+def _mlp_step(width=16):
+    from stepgraph import models
+    case = models.build("mlp", width=width, depth=2)
+    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
+    return case, opt, models.train_step(case.model, case.loss_fn, opt)
+
+
+def test_inductor_background_compile_does_not_block_and_switches_seamlessly():
+    """The capturing call returns without waiting for Inductor; calls meanwhile run the unfused
+    graph (bitwise eager); after the switch the fused graph continues the same training."""
+    import time
+
+    import stepgraph
+    case, opt, step = _mlp_step()
+    twin = case.fresh()
+    opt2 = torch.optim.AdamW(twin.model.parameters(), lr=1e-3)
+    from stepgraph import models
+    eager = models.train_step(twin.model, twin.loss_fn, opt2)
+    sg = stepgraph.compile(step, backend="inductor")
+    t0 = time.perf_counter()
+    for i in range(3):
+        b = case.make_batch(i)
+        assert torch.equal(sg(*b), eager(*b)), "unfused calls are eager's kernels: bitwise"
+    unfused_s = time.perf_counter() - t0
+    run = sg._order[0].run
+    assert run.state == "compiling", "a C++ compile of a whole step takes seconds: still running"
+    assert "compiling in a background process" in sg.explain()
+    assert sg.wait_compiled()
+    assert run.compile_seconds > unfused_s, (run.compile_seconds, unfused_s)
+    for i in range(3, 8):
+        b = case.make_batch(i)
+        torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
+    for p, p2 in zip(case.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)
+
+
+def test_inductor_blocking_compile_when_background_is_off(monkeypatch):
+    import stepgraph
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
+    case, opt, step = _mlp_step()
+    sg = stepgraph.compile(step, backend="inductor")
+    for i in range(2):
+        sg(*case.make_batch(i))
+    assert sg.stats.compile_seconds > 0, "compiled inside the capturing call"
+    assert not hasattr(sg._order[0].run, "wait")
+
+
+def test_inductor_failed_background_compile_warns_and_keeps_the_unfused_graph(monkeypatch):
+    import stepgraph
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_PATCHES", '{"no_such_inductor_option": 1}')
+    case, opt, step = _mlp_step()
+    sg = stepgraph.compile(step, backend="inductor")
+    for i in range(2):
+        sg(*case.make_batch(i))
+    with pytest.warns(UserWarning, match="background Inductor compile failed.*no_such_inductor_option"):
+        assert not sg.wait_compiled()
+    sg(*case.make_batch(2))
+    assert sg.stats.replays == 1 and "compile failed, running the unfused graph" in sg.explain()

@@ -12,6 +12,7 @@ input metadata, so a second process with the same step skips most of the compile
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import torch
@@ -19,7 +20,10 @@ from torch import fx
 
 from ..passes.alpha import fold_alpha
 from . import Backend
+from .background import BackgroundCompile, FusedWhenReady, can_background
 from .cudagraph import make_capturable, record, refuse_uncapturable
+
+log = logging.getLogger("stepgraph")
 
 
 def lift_state(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
@@ -63,40 +67,26 @@ _PATCHES = {"loop_ordering_after_fusion": False}
 _CUDA_PATCHES = {"combo_kernels": True}
 
 
+def _patches(cuda: bool) -> dict:
+    import json
+    from .. import config
+    extra = json.loads(config.get("inductor_patches") or "{}")
+    return {**_PATCHES, **(_CUDA_PATCHES if cuda else {}), **extra}
+
+
 def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
     from torch._inductor.compile_fx import compile_fx
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
-        import json
-        from .. import config
-        extra = json.loads(config.get("inductor_patches") or "{}")
-        return compile_fx(gm, inputs, config_patches={**_PATCHES, **(_CUDA_PATCHES if cuda else {}), **extra})
+        return compile_fx(gm, inputs, config_patches=_patches(cuda))
     finally:
         torch._C._set_grad_enabled(prev)
 
 
-def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0, **opts):
-    cuda = any(x.is_cuda for x in example_inputs) or any(
-        isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
-        for n in gm.graph.nodes if n.op == "get_attr")
-    if cuda or rng_state_calls:
-        refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
-    lifted, state = lift_state(gm)
-    fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
-    # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
-    # requires_grad, so AOTAutograd builds an inference graph.
+def _runner(compiled, state: list, example_inputs, cuda: bool, opts: dict):
+    """The per-call runner of a compiled step: state tensors passed after the user inputs."""
     state_in = [t.detach() for t in state]
-    t0 = time.perf_counter()
-    try:
-        compiled = _compile(lifted, list(example_inputs) + state_in, cuda)
-    except Exception as e:
-        from ..errors import CaptureError
-        raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                           op="torch._inductor.compile_fx", where="the captured step graph",
-                           fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
-    seconds = time.perf_counter() - t0
 
     def fn(*inputs):
         return compiled(*inputs, *state_in)
@@ -109,7 +99,6 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
                 return list(fn(*inputs))
             finally:
                 torch._C._set_grad_enabled(prev)
-        run.compile_seconds = seconds
         return run
 
     def warmup(static):
@@ -119,9 +108,60 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
         compiled(*[x.clone() for x in static], *clones)
         del clones
 
-    run = record(fn, example_inputs, warmup=warmup, **opts)
+    return record(fn, example_inputs, warmup=warmup, **opts)
+
+
+def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0,
+                     on_fused=None, **opts):
+    cuda = any(x.is_cuda for x in example_inputs) or any(
+        isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
+        for n in gm.graph.nodes if n.op == "get_attr")
+    if cuda or rng_state_calls:
+        refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
+    lifted, state = lift_state(gm)
+    fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
+    # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
+    # requires_grad, so AOTAutograd builds an inference graph.
+    state_in = [t.detach() for t in state]
+    from .. import config
+    if config.get("inductor_background"):
+        why = can_background(lifted, list(example_inputs) + state_in)
+        if why is None:
+            return _in_background(gm, lifted, state, example_inputs, cuda, on_fused, opts)
+        log.info("stepgraph: Inductor compiles in-process (blocking): %s", why)
+    t0 = time.perf_counter()
+    try:
+        compiled = _compile(lifted, list(example_inputs) + state_in, cuda)
+    except Exception as e:
+        from ..errors import CaptureError
+        raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                           op="torch._inductor.compile_fx", where="the captured step graph",
+                           fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
+    seconds = time.perf_counter() - t0
+    run = _runner(compiled, state, example_inputs, cuda, opts)
     run.compile_seconds = seconds
     return run
+
+
+def _in_background(gm, lifted, state, example_inputs, cuda, on_fused, opts):
+    """Start the compile in a child process; run ``gm`` unfused until it is done."""
+    from .replay import generate
+    job = BackgroundCompile(lifted, list(example_inputs) + [t.detach() for t in state], _patches(cuda))
+    _, fn = generate(gm)
+    if cuda:
+        unfused = record(fn, example_inputs, **opts)
+        examples = unfused.static_inputs  # same metadata; the call-2 batch need not stay alive
+    else:
+        def unfused(inputs):
+            prev = torch.is_grad_enabled()
+            torch._C._set_grad_enabled(False)
+            try:
+                return fn(*inputs)
+            finally:
+                torch._C._set_grad_enabled(prev)
+        examples = None
+    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state, examples, cuda, opts), on_fused)
 
 
 def prepare(reg) -> list[str]:

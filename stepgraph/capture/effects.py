@@ -238,3 +238,23 @@ def record_grad_bindings(reg: StateRegistry, out: list):
         torch.optim.Optimizer.zero_grad = orig
         for h in handles:
             h.remove()
+
+
+def resolve_bindings(gm, bindings, keep_markers: bool) -> list:
+    """Map recorded grad-binding nodes through the cleanup pass's replacements; for backends
+    that cannot raise mid-graph (CUDA graphs, Inductor) drop the zero_grad markers instead."""
+    if not keep_markers:
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is zero_grad_marker:
+                gm.graph.erase_node(n)
+        gm.recompile()
+        return []
+    replaced, live = gm.meta.get("replaced", {}), set(gm.graph.nodes)
+    out = []
+    for entry in bindings:
+        node = entry[-1]
+        while node in replaced:
+            node = replaced[node]
+        if node in live:
+            out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
+    return out
