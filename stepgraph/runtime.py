@@ -195,6 +195,9 @@ class StepFunction:
                 self._remember(entry, args, kwargs)
                 return out
             if self._warm_done < self.warmup and not self._order:
+                if self.backend == "inductor" and config.get("inductor_background"):
+                    from .backends.background import prestart
+                    prestart()  # the compile process starts up while warm-up and tracing run
                 with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
                     out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for

@@ -15,6 +15,8 @@ thread would stall the training loop's every call by up to the interpreter's swi
 """
 from __future__ import annotations
 
+import atexit
+import json
 import logging
 import os
 import pickle
@@ -22,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 import weakref
@@ -56,23 +59,61 @@ def _stop(proc: subprocess.Popen, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+def _spawn(spare: bool) -> tuple[subprocess.Popen, str]:
+    directory = tempfile.mkdtemp(prefix="stepgraph-inductor-")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    with open(os.path.join(directory, "log.txt"), "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "stepgraph.backends.compile_worker", directory]
+                                + (["--spare"] if spare else []), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.PIPE if spare else subprocess.DEVNULL, env=env)
+    return proc, directory
+
+
+def _import_loader() -> None:
+    import torch._inductor.standalone_compile  # noqa: F401
+    import torch._inductor.compile_fx  # noqa: F401
+
+
+_spare: list = []  # at most one (proc, dir) started ahead of a capture
+
+
+def prestart() -> None:
+    """Start a compile process ahead of the capture (called at the warm-up call): its start-up
+    (Python, torch, Inductor's compile workers: seconds) then overlaps warm-up and tracing."""
+    if not _spare:
+        _spare.append(_spawn(spare=True))
+
+
+@atexit.register
+def _drop_spare() -> None:
+    while _spare:
+        _stop(*_spare.pop())
+
+
 class BackgroundCompile:
     """One whole-step graph compiling in a child process."""
 
     def __init__(self, gm: torch.fx.GraphModule, inputs: list, patches: dict):
-        self.dir = tempfile.mkdtemp(prefix="stepgraph-inductor-")
         from torch.fx._graph_pickler import GraphPickler, Options
         # GraphPickler keeps the graph node for node; plain pickling of a GraphModule re-traces
         # its code, which turns e.g. an arange into a tensor constant (an extra input).
         graph = GraphPickler.dumps(gm, Options(ops_filter=None))
+        spare = _spare.pop() if _spare and _spare[0][0].poll() is None else None
+        self.proc, self.dir = spare or _spawn(spare=False)
         with open(os.path.join(self.dir, "job.pkl"), "wb") as f:
             pickle.dump(Job(graph, [InputSpec.of(t) for t in inputs], patches), f)
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        with open(os.path.join(self.dir, "log.txt"), "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "stepgraph.backends.compile_worker", self.dir],
-                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        if spare is not None:
+            try:
+                self.proc.stdin.write(b"go\n")
+                self.proc.stdin.close()
+            except OSError:  # it died: start a fresh one
+                self.proc, self.dir = _spawn(spare=False)
         self.started = time.perf_counter()
+        self.phases: dict = {}
+        # Loading the artifact imports much of Inductor (~1.3 s the first time in a process):
+        # do that now, off the call that will switch.
+        threading.Thread(target=_import_loader, daemon=True).start()
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.dir)
 
     def done(self) -> bool:
@@ -94,6 +135,11 @@ class BackgroundCompile:
                     lines = [ln for ln in f.read().strip().splitlines() if ln.strip()]
                 raise RuntimeError(f"the Inductor compile process exited with status {rc}: "
                                    + " | ".join(lines[-3:]))
+            try:
+                with open(os.path.join(self.dir, "done.json")) as f:
+                    self.phases = json.load(f)  # the child's own times: start-up, compile, save
+            except (OSError, ValueError):
+                pass
             from torch._inductor import CompiledArtifact
             import torch._inductor.config as ic
             # Loading unpacks the artifact's cache entries and looks them up, so it needs the
@@ -119,6 +165,7 @@ class FusedWhenReady:
         self.compile_seconds = 0.0   # wall time from the capture to the artifact being ready
         self.switch_seconds = 0.0    # loading + recording at the switch (blocks that call)
         self.calls = 0
+        self.phases: dict = {}  # child start-up / compile / save, then load+record at the switch
         self.fused_at_call: int | None = None  # counted in replays of this graph
 
     def __call__(self, inputs):
@@ -142,6 +189,7 @@ class FusedWhenReady:
             return
         self._run, self.state = fused, "fused"
         self.switch_seconds = time.perf_counter() - t0
+        self.phases = dict(job.phases, switch_s=self.switch_seconds)
         self.fused_at_call = self.calls + 1
         log.info("stepgraph: Inductor graph ready after %.1fs in the background; switched at replay %d "
                  "(load + record %.2fs)", self.compile_seconds, self.fused_at_call, self.switch_seconds)
@@ -163,6 +211,7 @@ class FusedWhenReady:
             return (f"Inductor compiling in a background process (pid {self.job.proc.pid}, "
                     f"{time.perf_counter() - self.job.started:.1f}s so far); running the unfused graph meanwhile")
         if self.state == "fused":
+            ph = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in self.phases.items())
             return (f"Inductor graph live from this graph's replay {self.fused_at_call} (compiled in the background "
-                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s)")
+                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})")
         return f"background Inductor compile failed, running the unfused graph: {self.error}"
