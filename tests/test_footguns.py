@@ -32,6 +32,10 @@
     process ends, or at the process group's timeout.
     ``find_unused_parameters=True``, comm hooks and direct ``dist.all_reduce`` calls are refused
     (test_distributed.py).
+(n) ``backend="inductor"`` compiles in a child process while calls run the unfused graph
+    (eager's kernels, bitwise), then switches to the fused graph (fp tolerance) at whichever call
+    finds the compile done: the switch call depends on timing. ``step.wait_compiled()`` switches
+    at a call you choose; ``STEPGRAPH_INDUCTOR_BACKGROUND=0`` compiles inside the capturing call.
 """
 import copy
 import sys
@@ -241,3 +245,21 @@ def test_g_eval_mode_step_with_backward_recaptures_and_works():
     assert counts(step) == (1, 2, 3)
     assert len(step.stats.recaptures) == 1 and ".training True -> False" in step.stats.recaptures[0]
     assert not torch.equal(model[0].weight, w0)  # the eval-mode steps still trained
+
+
+def test_n_inductor_switches_from_unfused_to_fused_when_its_compile_is_done():
+    """Known difference: which call first runs the fused graph depends on the compile's timing;
+    before it the results are eager's bitwise, after it within fp tolerance."""
+    from stepgraph import models
+    case = models.build("mlp", width=16, depth=2)
+    twin = case.fresh()
+    opt, opt2 = torch.optim.SGD(case.model.parameters(), lr=0.1), torch.optim.SGD(twin.model.parameters(), lr=0.1)
+    step = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend="inductor")
+    eager = models.train_step(twin.model, twin.loss_fn, opt2)
+    for k in range(3):
+        assert torch.equal(step(*case.make_batch(k)), eager(*case.make_batch(k)))
+    assert step._order[0].run.state == "compiling"  # seconds of C++/Triton compile: not yet
+    assert step.wait_compiled()  # the user picks the switch call
+    for k in range(3, 6):
+        torch.testing.assert_close(step(*case.make_batch(k)), eager(*case.make_batch(k)), rtol=1e-5, atol=1e-6)
+    assert step._order[0].run.fused_at_call == 2  # this graph's 2nd replay ran fused

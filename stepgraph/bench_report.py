@@ -1,0 +1,49 @@
+"""Markdown and metadata for :mod:`stepgraph.bench` results."""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+
+import torch
+
+
+def _f(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+
+def table(name: str, rows: list, gpu: bool) -> str:
+    """Markdown table for one case; speedup = eager_ms / ms, 'x floor' = ms / handwritten_ms."""
+    by = {r.variant: r for r in rows if not r.error}
+    eager = by.get("eager")
+    hand = by.get("handwritten")
+    head = ["case", "variant", "median ms", "speedup vs eager"]
+    head += ["x handwritten floor"] if gpu else []
+    head += ["first s", "peak MiB" if gpu else "RSS delta MiB", "final loss", "note"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        if r.error:
+            cells = [name, r.variant, f"FAILED: {r.error}"] + ["-"] * (len(head) - 3)
+        else:
+            cells = [name, r.variant, _f(r.median_ms, ".3f"),
+                     _f(eager.median_ms / r.median_ms if eager else None, ".2f")]
+            cells += [_f(r.median_ms / hand.median_ms if hand else None, ".2f")] if gpu else []
+            cells += [_f(r.first_s, ".2f") + (f" (fused {r.fused_s:.1f})" if r.fused_s else ""), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
+                      r.note.replace("|", "/").replace("\n", " ")[:120]]
+        out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def header(dev, args) -> dict:
+    return {
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else
+        (platform.processor() or platform.machine()) + f" ({os.cpu_count()} cpus, "
+        f"{torch.get_num_threads()} threads)",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "threads": torch.get_num_threads(), "warm_cache": args.warm_cache, "dtype": args.dtype,
+        "matmul_precision": args.matmul_precision, "steps": args.steps, "warmup": args.warmup,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
+    }
+
+
