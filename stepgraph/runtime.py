@@ -236,22 +236,20 @@ class StepFunction:
         return out
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
-        """Block until background Inductor compiles are done and switch to them now.
-
-        ``backend="inductor"`` compiles in a child process while calls run the unfused graph
-        (see ``STEPGRAPH_INDUCTOR_BACKGROUND``); call this where you want the fused graph from
-        the next call on, e.g. before timing. True when every graph is fused (also when there
-        is nothing to wait for); False on timeout or a failed compile (which was warned).
+        """Block until background Inductor compiles are done and switch to them now (e.g. before
+        timing). True when every graph is fused or there is nothing to wait for; False on
+        timeout or a failed compile (warned). See ``STEPGRAPH_INDUCTOR_BACKGROUND``.
 
             step = stepgraph.compile(train_step, backend="inductor")
             step(batch); step(batch)       # warm-up, capture: training goes on unfused
             step.wait_compiled()           # later calls run the fused graph
         """
         ok = True
-        for e in list(self._order):
-            wait = getattr(e.run, "wait", None)
-            if wait is not None:
-                ok &= wait(timeout)
+        with self._lock:
+            for e in list(self._order):
+                wait = getattr(e.run, "wait", None)
+                if wait is not None:
+                    ok &= wait(timeout)
         return ok
 
     def _on_fused(self, seconds: float) -> None:

@@ -6,8 +6,11 @@ optimizer state become placeholders), then ``torch._inductor.compile_fx`` functi
 kernels across the forward/backward/optimizer borders. On CUDA the compiled step is then
 recorded into one CUDA graph by the ``cudagraph`` backend's recorder.
 
-Compiled artifacts go through Inductor's on-disk FX-graph cache, keyed by the graph and its
-input metadata, so a second process with the same step skips most of the compile.
+By default the compile runs in a child process (background.py) while the step runs the same
+graph unfused; the fused runner takes over when the artifact is ready. With
+``STEPGRAPH_INDUCTOR_BACKGROUND=0`` (and for DDP steps) it compiles in the capturing call.
+Compiled artifacts go through Inductor's on-disk caches, keyed by the graph and its input
+metadata, so a second process with the same step skips most of the compile.
 """
 from __future__ import annotations
 
