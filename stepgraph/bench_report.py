@@ -45,5 +45,3 @@ def header(dev, args) -> dict:
         "matmul_precision": args.matmul_precision, "steps": args.steps, "warmup": args.warmup,
         "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:],
     }
-
-

@@ -99,7 +99,10 @@ class BackgroundCompile:
         # GraphPickler keeps the graph node for node; plain pickling of a GraphModule re-traces
         # its code, which turns e.g. an arange into a tensor constant (an extra input).
         graph = GraphPickler.dumps(gm, Options(ops_filter=None))
-        spare = _spare.pop() if _spare and _spare[0][0].poll() is None else None
+        spare = _spare.pop() if _spare else None
+        if spare is not None and spare[0].poll() is not None:  # it died: start a fresh one below
+            _stop(*spare)
+            spare = None
         self.proc, self.dir = spare or _spawn(spare=False)
         with open(os.path.join(self.dir, "job.pkl"), "wb") as f:
             pickle.dump(Job(graph, [InputSpec.of(t) for t in inputs], patches), f)
@@ -165,7 +168,7 @@ class FusedWhenReady:
         self.compile_seconds = 0.0   # wall time from the capture to the artifact being ready
         self.switch_seconds = 0.0    # loading + recording at the switch (blocks that call)
         self.calls = 0
-        self.phases: dict = {}  # child start-up / compile / save, then load+record at the switch
+        self.phases: dict = {}  # the child's own times: waiting for the job, compile, save
         self.fused_at_call: int | None = None  # counted in replays of this graph
 
     def __call__(self, inputs):
@@ -189,7 +192,7 @@ class FusedWhenReady:
             return
         self._run, self.state = fused, "fused"
         self.switch_seconds = time.perf_counter() - t0
-        self.phases = dict(job.phases, switch_s=self.switch_seconds)
+        self.phases = job.phases
         self.fused_at_call = self.calls + 1
         log.info("stepgraph: Inductor graph ready after %.1fs in the background; switched at replay %d "
                  "(load + record %.2fs)", self.compile_seconds, self.fused_at_call, self.switch_seconds)

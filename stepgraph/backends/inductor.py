@@ -25,6 +25,7 @@ from ..passes.alpha import fold_alpha
 from . import Backend
 from .background import BackgroundCompile, FusedWhenReady, can_background
 from .cudagraph import make_capturable, record, refuse_uncapturable
+from .replay import compile_replay, generate
 
 log = logging.getLogger("stepgraph")
 
@@ -87,10 +88,8 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
         torch._C._set_grad_enabled(prev)
 
 
-def _runner(compiled, state: list, example_inputs, cuda: bool, opts: dict):
+def _runner(compiled, state_in: list, example_inputs, cuda: bool, opts: dict):
     """The per-call runner of a compiled step: state tensors passed after the user inputs."""
-    state_in = [t.detach() for t in state]
-
     def fn(*inputs):
         return compiled(*inputs, *state_in)
 
@@ -107,7 +106,7 @@ def _runner(compiled, state: list, example_inputs, cuda: bool, opts: dict):
     def warmup(static):
         # Run once on copies of every input and every state tensor, so kernels load (and any
         # lazy init happens) outside the capture without stepping the user's model twice.
-        clones = [t.detach().clone() for t in state]
+        clones = [t.clone() for t in state_in]
         compiled(*[x.clone() for x in static], *clones)
         del clones
 
@@ -126,15 +125,16 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
     # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
     # requires_grad, so AOTAutograd builds an inference graph.
     state_in = [t.detach() for t in state]
+    inputs = list(example_inputs) + state_in
     from .. import config
     if config.get("inductor_background"):
-        why = can_background(lifted, list(example_inputs) + state_in)
+        why = can_background(lifted, inputs)
         if why is None:
-            return _in_background(gm, lifted, state, example_inputs, cuda, on_fused, opts)
+            return _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts)
         log.info("stepgraph: Inductor compiles in-process (blocking): %s", why)
     t0 = time.perf_counter()
     try:
-        compiled = _compile(lifted, list(example_inputs) + state_in, cuda)
+        compiled = _compile(lifted, inputs, cuda)
     except Exception as e:
         from ..errors import CaptureError
         raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
@@ -142,29 +142,21 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
                            op="torch._inductor.compile_fx", where="the captured step graph",
                            fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
     seconds = time.perf_counter() - t0
-    run = _runner(compiled, state, example_inputs, cuda, opts)
+    run = _runner(compiled, state_in, example_inputs, cuda, opts)
     run.compile_seconds = seconds
     return run
 
 
-def _in_background(gm, lifted, state, example_inputs, cuda, on_fused, opts):
-    """Start the compile in a child process; run ``gm`` unfused until it is done."""
-    from .replay import generate
-    job = BackgroundCompile(lifted, list(example_inputs) + [t.detach() for t in state], _patches(cuda))
-    _, fn = generate(gm)
+def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
+    """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
+    job = BackgroundCompile(lifted, inputs, _patches(cuda))
     if cuda:
+        _, fn = generate(gm)
         unfused = record(fn, example_inputs, **opts)
         examples = unfused.static_inputs  # same metadata; the call-2 batch need not stay alive
     else:
-        def unfused(inputs):
-            prev = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                return fn(*inputs)
-            finally:
-                torch._C._set_grad_enabled(prev)
-        examples = None
-    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state, examples, cuda, opts), on_fused)
+        unfused, examples = compile_replay(gm), None
+    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, examples, cuda, opts), on_fused)
 
 
 def prepare(reg) -> list[str]:
