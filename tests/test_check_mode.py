@@ -7,22 +7,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import stepgraph
+from parity import ce_step
 
 
 def _setup():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.2), nn.GELU(), nn.Linear(16, 4))
     return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
-
-
-def _step(m, opt):
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
 
 
 def _batch(i):
@@ -34,7 +25,7 @@ def test_check_mode_reports_equal_replays_and_keeps_eager_parity():
     m, opt = _setup()
     twin, topt = copy.deepcopy(m), None
     topt = torch.optim.AdamW(twin.parameters(), lr=1e-2)
-    step, eager = stepgraph.compile(_step(m, opt), check=2), _step(twin, topt)
+    step, eager = stepgraph.compile(ce_step(m, opt), check=2), ce_step(twin, topt)
     for i in range(6):
         torch.manual_seed(10 + i)
         a = step(*_batch(i))
@@ -71,7 +62,7 @@ def test_check_mode_finds_a_divergence(monkeypatch):
 def test_check_env(monkeypatch):
     monkeypatch.setenv("STEPGRAPH_CHECK", "1")
     m, opt = _setup()
-    sg = stepgraph.compile(_step(m, opt))
+    sg = stepgraph.compile(ce_step(m, opt))
     for i in range(6):
         sg(*_batch(i))
     assert len(sg.stats.check_reports) == 3

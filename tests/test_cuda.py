@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import stepgraph
 from parity import deterministic_cudnn  # noqa: F401  (fixture)
-from parity import HAS_FUSED, OPTIMIZERS, run_parity
+from parity import HAS_FUSED, OPTIMIZERS, ce_step, run_parity
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("deterministic_cudnn")]
@@ -57,16 +57,6 @@ def _mlp_pair(**optkw):
     return m, m2, torch.optim.AdamW(m.parameters(), lr=1e-3, **optkw), torch.optim.AdamW(m2.parameters(), lr=1e-3, **optkw)
 
 
-def _steps(m, opt):
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-    return step
-
-
 def _batch(n=8, seed=0):
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 16, generator=g).cuda(), torch.randint(0, 4, (n,), generator=g).cuda()
@@ -79,7 +69,7 @@ def _close(m, m2):
 
 def test_single_graph_replay_and_outputs_not_overwritten():
     m, m2, opt, opt2 = _mlp_pair()
-    step, eager = stepgraph.compile(_steps(m, opt)), _steps(m2, opt2)
+    step, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     outs = []
     for i in range(6):
         outs.append(step(*_batch(seed=i)))
@@ -94,7 +84,7 @@ def test_single_graph_replay_and_outputs_not_overwritten():
 
 def test_recapture_on_shape_change_and_shared_pool():
     m, m2, opt, opt2 = _mlp_pair()
-    step, eager = stepgraph.compile(_steps(m, opt)), _steps(m2, opt2)
+    step, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     for i, n in enumerate([8, 8, 8, 4, 4, 8, 4]):
         torch.testing.assert_close(step(*_batch(n, i)), eager(*_batch(n, i)), rtol=RTOL, atol=1e-6)
     assert step.stats.captures == 2
@@ -106,7 +96,7 @@ def test_lr_scheduler_never_recaptures():
     m, m2, opt, opt2 = _mlp_pair()
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
-    step, eager = stepgraph.compile(_steps(m, opt)), _steps(m2, opt2)
+    step, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     for i in range(8):
         step(*_batch(seed=i))
         eager(*_batch(seed=i))
@@ -118,7 +108,7 @@ def test_lr_scheduler_never_recaptures():
 
 def test_load_state_dict_mid_run():
     m, m2, opt, opt2 = _mlp_pair()
-    step, eager = stepgraph.compile(_steps(m, opt)), _steps(m2, opt2)
+    step, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     for i in range(4):
         step(*_batch(seed=i))
         eager(*_batch(seed=i))
@@ -134,7 +124,7 @@ def test_load_state_dict_mid_run():
 
 def test_param_data_moved_recaptures_not_stale():
     m, m2, opt, opt2 = _mlp_pair()
-    step, eager = stepgraph.compile(_steps(m, opt)), _steps(m2, opt2)
+    step, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     for i in range(3):
         step(*_batch(seed=i))
         eager(*_batch(seed=i))
@@ -153,7 +143,7 @@ def test_dropout_masks_differ_across_replays_and_seed_reproduces():
         torch.manual_seed(0)
         m = nn.Sequential(nn.Linear(16, 64), nn.Dropout(0.5), nn.Linear(64, 4)).cuda()
         opt = torch.optim.SGD(m.parameters(), lr=0.0)  # lr 0: same weights, only masks vary
-        step = stepgraph.compile(_steps(m, opt))
+        step = stepgraph.compile(ce_step(m, opt))
         x, y = _batch()
         return [step(x, y).item() for _ in range(6)]
     a, b = run(), run()
@@ -192,7 +182,7 @@ def test_host_sync_and_cpu_tensor_raise_capture_error():
 
 def test_zero_copy_outputs_are_static():
     m, _, opt, _ = _mlp_pair()
-    step = stepgraph.compile(_steps(m, opt), clone_outputs=False)
+    step = stepgraph.compile(ce_step(m, opt), clone_outputs=False)
     for i in range(3):
         a = step(*_batch(seed=i))
     b = step(*_batch(seed=5))
