@@ -38,7 +38,9 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
     ``fn``'s closure and globals; pass others in ``state=[model, opt]``.
 
     Args:
-        backend: ``"auto"`` (CUDA graph on GPU, ``"replay"`` on CPU), ``"replay"``, ``"cudagraph"``.
+        backend: ``"auto"`` (CUDA graph on GPU, ``"replay"`` on CPU), ``"replay"``, ``"cudagraph"``,
+            or ``"inductor"`` (the whole step fused by TorchInductor, compiled in a background
+            process while the unfused graph runs; fp tolerance instead of bitwise).
         warmup: eager calls before the first capture.
         max_captures: graphs kept (one per guard signature); past it, new signatures run
             eagerly with one warning.
