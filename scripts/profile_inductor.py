@@ -3,13 +3,13 @@
     python3 scripts/profile_inductor.py --cases gpt6l,gpt2l --out $OUT [--cprofile] [--kernels]
 
 Per case: wall time of each of the first 3 calls, split into trace / Inductor compile
-(with Inductor's own phase timers) / warm-up on clones / CUDA-graph recording; optionally a
-cProfile of the capturing call, and a kernel-time table of replays vs reduce-overhead.
+(with Inductor's own phase timers) / CUDA-graph recording; optionally a cProfile of the
+capturing call, and a kernel-time table of replays vs reduce-overhead. The compile runs
+in-process (STEPGRAPH_INDUCTOR_BACKGROUND=0 unless set), so its phases can be timed.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import json
@@ -20,6 +20,7 @@ import time
 
 import torch
 
+os.environ.setdefault("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
 from stepgraph import bench, models, runtime  # noqa: E402
@@ -43,22 +44,8 @@ def _timed(mod, name, key):
 
 _timed(runtime, "trace_step", "trace")
 _timed(inductor, "_compile", "inductor compile_fx")
-_orig_record = inductor.record
-
-
-def _record(fn, ex, *, warmup=None, **k):
-    def w(static):
-        t = time.perf_counter()
-        warmup(static)
-        torch.cuda.synchronize()
-        PHASES["warm-up on clones"] = time.perf_counter() - t
-    t = time.perf_counter()
-    out = _orig_record(fn, ex, warmup=w if warmup else None, **k)
-    PHASES["record total (incl. warm-up)"] = time.perf_counter() - t
-    return out
-
-
-inductor.record = _record
+# The first fused call runs the step directly, then records it (cudagraph.record_after_first_call).
+_timed(cudagraph, "record", "CUDA-graph record")
 
 
 def dynamo_times() -> str:

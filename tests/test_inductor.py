@@ -134,3 +134,38 @@ def test_inductor_failed_background_compile_warns_and_keeps_the_unfused_graph(mo
         assert not sg.wait_compiled()
     sg(*case.make_batch(2))
     assert sg.stats.replays == 1 and "compile failed, running the unfused graph" in sg.explain()
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA memory of the fused graph's switch (STEPGRAPH_TEST_CUDA=1)")
+def test_inductor_switch_does_not_hold_the_state_twice():
+    """The first fused call is that call's real step (then recorded), not a warm-up on copies
+    of the parameters and optimizer state: the switch's peak memory stays near an eager step's."""
+    import stepgraph
+    from stepgraph import models
+    case = models.build("mlp", width=2048, depth=4, batch=8, device="cuda")
+    twin = case.fresh()
+    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
+    sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend="inductor")
+    param_bytes = sum(p.numel() * p.element_size() for p in case.model.parameters())
+
+    def peak_of_call(f, i):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        f(*case.make_batch(i))
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    for i in range(2):
+        sg(*case.make_batch(i))
+        eager(*case.make_batch(i))
+    eager_peak = peak_of_call(eager, 2)
+    unfused = peak_of_call(sg, 2)
+    assert sg.wait_compiled()
+    switch = peak_of_call(sg, 3)
+    fused = peak_of_call(sg, 4)
+    print(f"peak above the state, MiB: eager step {eager_peak / 2**20:.1f}, unfused replay {unfused / 2**20:.1f}, "
+          f"switch {switch / 2**20:.1f}, fused replay {fused / 2**20:.1f}; parameters {param_bytes / 2**20:.1f}")
+    # Copies of parameters + exp_avg + exp_avg_sq would add 3x the parameter bytes.
+    assert switch < eager_peak + param_bytes, (switch, eager_peak, param_bytes)

@@ -24,7 +24,7 @@ from torch import fx
 from ..passes.alpha import fold_alpha
 from . import Backend
 from .background import BackgroundCompile, FusedWhenReady, can_background
-from .cudagraph import make_capturable, record, refuse_uncapturable
+from .cudagraph import make_capturable, record, record_after_first_call, refuse_uncapturable
 from .replay import compile_replay, generate
 
 log = logging.getLogger("stepgraph")
@@ -88,29 +88,22 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
         torch._C._set_grad_enabled(prev)
 
 
-def _runner(compiled, state_in: list, example_inputs, cuda: bool, opts: dict):
+def _runner(compiled, state_in: list, cuda: bool, opts: dict):
     """The per-call runner of a compiled step: state tensors passed after the user inputs."""
     def fn(*inputs):
         return compiled(*inputs, *state_in)
 
-    if not cuda:
-        def run(inputs):
-            prev = torch.is_grad_enabled()
-            torch._C._set_grad_enabled(False)
-            try:
-                return list(fn(*inputs))
-            finally:
-                torch._C._set_grad_enabled(prev)
-        return run
+    if cuda:
+        return record_after_first_call(fn, **opts)
 
-    def warmup(static):
-        # Run once on copies of every input and every state tensor, so kernels load (and any
-        # lazy init happens) outside the capture without stepping the user's model twice.
-        clones = [t.clone() for t in state_in]
-        compiled(*[x.clone() for x in static], *clones)
-        del clones
-
-    return record(fn, example_inputs, warmup=warmup, **opts)
+    def run(inputs):
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return list(fn(*inputs))
+        finally:
+            torch._C._set_grad_enabled(prev)
+    return run
 
 
 def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0,
@@ -142,7 +135,7 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
                            op="torch._inductor.compile_fx", where="the captured step graph",
                            fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
     seconds = time.perf_counter() - t0
-    run = _runner(compiled, state_in, example_inputs, cuda, opts)
+    run = _runner(compiled, state_in, cuda, opts)
     run.compile_seconds = seconds
     return run
 
@@ -153,10 +146,9 @@ def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused,
     if cuda:
         _, fn = generate(gm)
         unfused = record(fn, example_inputs, **opts)
-        examples = unfused.static_inputs  # same metadata; the call-2 batch need not stay alive
     else:
-        unfused, examples = compile_replay(gm), None
-    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, examples, cuda, opts), on_fused)
+        unfused = compile_replay(gm)
+    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused)
 
 
 def prepare(reg) -> list[str]:
