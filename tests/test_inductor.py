@@ -76,9 +76,9 @@ def test_inductor_sgd_update_from_a_matmul_keeps_its_alpha():
     torch.testing.assert_close(m.weight, m2.weight, rtol=1e-5, atol=1e-6)
 
 
-def _mlp_step(width=16):
+def _mlp_step(width=16, device="cpu"):
     from stepgraph import models
-    case = models.build("mlp", width=width, depth=2)
+    case = models.build("mlp", width=width, depth=2, device=device)
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
     return case, opt, models.train_step(case.model, case.loss_fn, opt)
 
@@ -169,3 +169,33 @@ def test_inductor_switch_does_not_hold_the_state_twice():
           f"switch {switch / 2**20:.1f}, fused replay {fused / 2**20:.1f}; parameters {param_bytes / 2**20:.1f}")
     # Copies of parameters + exp_avg + exp_avg_sq would add 3x the parameter bytes.
     assert switch < eager_peak + param_bytes, (switch, eager_peak, param_bytes)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA-graph recording of the fused step (STEPGRAPH_TEST_CUDA=1)")
+def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monkeypatch):
+    """The first fused call has already stepped the model when the recording runs: a failed
+    recording must not lose that step nor stop training (later calls run the compiled step
+    without a CUDA graph, with a warning)."""
+    import stepgraph
+    from stepgraph import models
+    from stepgraph.backends import cudagraph
+    case, opt, step = _mlp_step(device="cuda")
+    twin = case.fresh()
+    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    sg = stepgraph.compile(step, backend="inductor")
+    for i in range(3):
+        b = case.make_batch(i)
+        assert torch.equal(sg(*b), eager(*b))
+    assert sg.wait_compiled()
+
+    def broken(*a, **k):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(cudagraph, "record", broken)
+    with pytest.warns(UserWarning, match="could not be recorded into a CUDA graph.*not permitted"):
+        b = case.make_batch(3)
+        torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
+    for i in range(4, 7):
+        b = case.make_batch(i)
+        torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
+    for p, p2 in zip(case.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)

@@ -281,19 +281,33 @@ def record_after_first_call(fn, **opts):
     """
     recorded = None
 
+    def direct(inputs):
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            return list(fn(*inputs))
+        finally:
+            torch._C._set_grad_enabled(prev)
+
     def run(inputs):
         nonlocal recorded
         if recorded is not None:
             return recorded(inputs)
-        prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        outs = direct(inputs)
         try:
-            outs = list(fn(*inputs))
-        finally:
-            torch._C._set_grad_enabled(prev)
-        recorded = record(fn, inputs, **opts)
+            recorded = record(fn, inputs, **opts)
+        except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
+            import logging
+            import warnings
+            msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
+                   f"without one from now on (same results, one launch per kernel): "
+                   f"{type(e).__name__}: {str(e).strip()[:300]}")
+            warnings.warn(msg, stacklevel=2)
+            logging.getLogger("stepgraph").warning(msg)
+            recorded = direct
         return outs
 
+    direct.stale = lambda: None  # nothing held by address without a graph
     run.stale = lambda: recorded.stale() if recorded is not None else None
     return run
 
