@@ -8,13 +8,18 @@ moved (``load_state_dict``, ``.to()``) the graph is dropped and the step recaptu
 """
 from __future__ import annotations
 
+import logging
+import warnings
+
 import torch
 from torch import fx
 
 from .. import config
 from ..errors import CaptureError
 from . import Backend
-from .replay import generate
+from .replay import generate, without_grad
+
+log = logging.getLogger("stepgraph")
 
 _PTRS_EQUAL = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", None)
 _SIDE: dict = {}
@@ -280,14 +285,7 @@ def record_after_first_call(fn, **opts):
     raised the switch's peak memory by 1.12x on a 6-layer GPT).
     """
     recorded = None
-
-    def direct(inputs):
-        prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            return list(fn(*inputs))
-        finally:
-            torch._C._set_grad_enabled(prev)
+    direct = without_grad(fn)
 
     def run(inputs):
         nonlocal recorded
@@ -297,13 +295,11 @@ def record_after_first_call(fn, **opts):
         try:
             recorded = record(fn, inputs, **opts)
         except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
-            import logging
-            import warnings
             msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
                    f"without one from now on (same results, one launch per kernel): "
                    f"{type(e).__name__}: {str(e).strip()[:300]}")
             warnings.warn(msg, stacklevel=2)
-            logging.getLogger("stepgraph").warning(msg)
+            log.warning(msg)
             recorded = direct
         return outs
 

@@ -25,7 +25,7 @@ from ..passes.alpha import fold_alpha
 from . import Backend
 from .background import BackgroundCompile, FusedWhenReady, can_background
 from .cudagraph import make_capturable, record, record_after_first_call, refuse_uncapturable
-from .replay import compile_replay, generate
+from .replay import compile_replay, generate, without_grad
 
 log = logging.getLogger("stepgraph")
 
@@ -91,19 +91,9 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
 def _runner(compiled, state_in: list, cuda: bool, opts: dict):
     """The per-call runner of a compiled step: state tensors passed after the user inputs."""
     def fn(*inputs):
-        return compiled(*inputs, *state_in)
+        return list(compiled(*inputs, *state_in))
 
-    if cuda:
-        return record_after_first_call(fn, **opts)
-
-    def run(inputs):
-        prev = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
-        try:
-            return list(fn(*inputs))
-        finally:
-            torch._C._set_grad_enabled(prev)
-    return run
+    return record_after_first_call(fn, **opts) if cuda else without_grad(fn)
 
 
 def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0,

@@ -111,9 +111,9 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
     return src, fn
 
 
-def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
-    _, fn = generate(gm, grad_bindings=grad_bindings)
-
+def without_grad(fn):
+    """The per-call runner ``run(inputs) = fn(*inputs)`` with grad mode off (the graph already
+    holds the backward: nothing it computes should record autograd history)."""
     def run(inputs):
         prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
@@ -121,6 +121,12 @@ def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **
             return fn(*inputs)
         finally:
             torch._C._set_grad_enabled(prev)
+    return run
+
+
+def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
+    _, fn = generate(gm, grad_bindings=grad_bindings)
+    run = without_grad(fn)
     run.source = fn.__stepgraph_source__
     return run
 
