@@ -22,9 +22,10 @@ from .capture.guards import Guards, arg_names
 from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
-from .capture.state import StateRegistry, discover, install_registration_hooks
+from .capture.state import StateRegistry, adopt_arguments, discover, install_registration_hooks
 from .capture.effects import resolve_bindings
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
+from .capture.outputs import container_sizes, live_outputs, refuse_python_side_effects, warn_appends
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
@@ -83,6 +84,8 @@ class CapturedStep:
                 f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
         for obj, attr, value in self.python_effects:
             setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
+        for sched, a, k, _ in tr.scheduler_steps:
+            sched.step(*a, **k)  # LR schedulers stepped inside the step: Python, run again
         n = self.n_user_outputs
         for slot, value in zip(tr.escapes, outs[n:]):
             slot.set(value)
@@ -91,7 +94,7 @@ class CapturedStep:
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
-        leaves = [outs[v] if kind == "tensor" else v for kind, v in tr.out_leaves]
+        leaves = [outs[v] if kind == "tensor" else v() if kind == "live" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(leaves, tr.out_spec)
 
 
@@ -162,8 +165,10 @@ class StepFunction:
             if self.disabled or self._eager_only:
                 return self._eager(args, kwargs)
             if self._reg is None:
-                self._reg = discover(self.fn, self._extra_state)
-                self._guards = Guards(self._reg, arg_names(self.fn))
+                names = arg_names(self.fn)
+                self._reg = discover(self.fn, self._extra_state, args, kwargs, names)
+                self._guards = Guards(self._reg, names)
+                self._guards.find_python_values(self.fn, args)
             if self._reg.device_hypers:
                 absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
             last = self._last
@@ -179,6 +184,9 @@ class StepFunction:
                         return checked_call(self, last, lambda: last.replay_args(args, kwargs), args, kwargs,
                                             self.check_rtol)
                     return last.replay_args(args, kwargs)
+            # A model or optimizer passed as an argument that is new to this step is state too.
+            if adopt_arguments(self._reg, args, kwargs, self._guards.arg_names):
+                self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
             stale_reason = entry.stale() if entry is not None and entry.stale is not None else None
@@ -279,6 +287,15 @@ class StepFunction:
         else:
             self._last = self._last_quick = None
 
+    def _live_python_floats(self, old: tuple, new: tuple) -> list:
+        """Python floats of the step's own code (a global ``lr`` an epoch loop anneals) that
+        changed: read live from now on, as optimizer hyper-parameters are (replay backend)."""
+        if len(old) != len(new) or len(old[11]) != len(new[11]):
+            return []
+        return [s for s, a, b in zip(self._guards.py.sources, old[11], new[11])
+                if a != b and isinstance(a, float) and isinstance(b, float) and s.from_step
+                and s.kind != "arg" and s not in self._baked_hypers]
+
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
@@ -293,6 +310,7 @@ class StepFunction:
             from .capture.hostscalar import LIVE_HYPERS
             new = [h for h in self._guards.changed_hypers(self._order[-1].key, sig.key)
                    if h[2] in LIVE_HYPERS and h not in self._baked_hypers]
+            new += self._live_python_floats(self._order[-1].key, sig.key)
             if new:
                 self._guards.live.update(new)
                 reason += " (now read live at each replay: no further recaptures for it)"
@@ -316,9 +334,17 @@ class StepFunction:
         try:
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
+                live = self._guards.live if backend.name == "replay" else ()
+                py_before = self._guards.py.key(args)
+                sizes_before = container_sizes(self._guards.py, args)
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
-                                live_hypers=sorted(self._guards.live) if backend.name == "replay" else ())
+                                live_hypers=sorted(h for h in live if isinstance(h, tuple)),
+                                live_sources=[h for h in live if not isinstance(h, tuple)])
             raise_problems(tr.problems)
+            refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
+            append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
+                                        self.__name__)
+            live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
             distributed.refuse_direct_collectives(tr.graph_module)
             if tr.baked_hypers:
                 # The step branched on a live value: this graph depends on it, so guard it again.
@@ -361,7 +387,7 @@ class StepFunction:
                 self._eager_only = True
             raise
         seconds = time.perf_counter() - t0
-        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__)
+        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes
         left = [src for src, t, fn in tr.state_hooks
                 if any(h is fn for d in (t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None))
                        if d for h in d.values())]

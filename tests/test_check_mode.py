@@ -1,6 +1,8 @@
 """check mode: the first N replays also run eagerly from the same state and are compared."""
 import copy
 
+import types
+
 import pytest
 import torch
 import torch.nn as nn
@@ -39,13 +41,17 @@ def test_check_mode_reports_equal_replays_and_keeps_eager_parity():
 
 
 def test_check_mode_finds_a_divergence(monkeypatch):
-    """A replay that silently differs from eager (here: a baked global) is caught and named."""
+    """A replay that silently differs from eager (here: a value stepgraph's guards cannot see,
+    an attribute of an object a function returns) is caught and named."""
     m, opt = _setup()
     m.eval()  # no dropout: only the baked scale differs
-    scale = {"v": 1.0}
+    scale = types.SimpleNamespace(v=1.0)
+
+    def get_scale():
+        return scale
 
     def step(x, y):
-        loss = F.cross_entropy(m(x), y) * scale["v"]  # read at capture only: baked
+        loss = F.cross_entropy(m(x), y) * get_scale().v  # read at capture only: baked
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -53,7 +59,7 @@ def test_check_mode_finds_a_divergence(monkeypatch):
     sg = stepgraph.compile(step, check=1)
     sg(*_batch(0))
     sg(*_batch(1))
-    scale["v"] = 3.0
+    scale.v = 3.0
     with pytest.warns(UserWarning, match="diverged from eager"):
         sg(*_batch(2))
     assert "diverged" in sg.stats.check_reports[0]

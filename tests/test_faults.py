@@ -59,9 +59,13 @@ class Fault:
         self.point = self.exc = None
 
     def maybe(self, point):
-        if self.point == point:
-            exc, self.point, self.exc = self.exc, None, None
-            self.fired.append(point)
+        # Read through getattr: stepgraph guards the Python values a step reads (self.point
+        # would be one), and a fault injector must be as invisible to them as a real fault.
+        if getattr(self, "point") == point:
+            exc = getattr(self, "exc")
+            setattr(self, "point", None)
+            setattr(self, "exc", None)
+            getattr(self, "fired").append(point)
             raise exc
 
 

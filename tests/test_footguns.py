@@ -1,10 +1,13 @@
 """The documented semantic differences between a stepgraph step and the same step run eagerly.
 
-(a) Python side effects inside the step run at the warm-up and capture calls only, never on replays.
+(a) Python side effects inside the step run at the warm-up and capture calls only, never on replays:
+    appending to a list and print() (warned at capture when the list is one the step's code
+    reads); a Python value the step reads and changes (a counter) is refused with a CaptureError.
 (b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``.
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
-(e) A global Python number read inside the step is baked at capture: later changes are NOT seen.
+(e) (no longer a difference) A global Python number read inside the step is guarded: a change
+    recaptures with a reason naming it and its line; on the CPU a float is then read live.
 (f) ``STEPGRAPH_DISABLE=1`` set before ``compile()`` makes every call eager (no capture).
 (g) ``model.eval()`` followed by a step that still does backward works, via one recapture.
 (h) (no longer a difference) An op failing *inside a replay* leaves parameters, optimizer state
@@ -40,6 +43,7 @@
 import copy
 import sys
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -87,23 +91,36 @@ def counts(step):
 
 
 def test_a_python_side_effects_run_only_at_warmup_and_capture(capsys):
-    """Python side effects (list appends, counters, print) run at warm-up and capture, not on replays."""
+    """List appends and print run at warm-up and capture, not on replays (the append is warned
+    at capture); a counter the step reads and changes is refused, naming it and its line."""
     model, opt, _, _ = setup()
-    seen, counter = [], [0]
+    seen = []
 
     @stepgraph.compile
     def step(x, y):
         seen.append(x.shape[0])
-        counter[0] += 1
         print("step ran")
         return train(model, opt, x, y)
 
-    for k in range(5):
+    step(*batch(0))
+    with pytest.warns(UserWarning, match="seen"):
+        step(*batch(1))
+    for k in range(2, 5):
         step(*batch(k))
     assert counts(step) == (1, 1, 3)
     assert seen == [8, 8]
-    assert counter == [2]
     assert capsys.readouterr().out.count("step ran") == 2
+
+    counter = [0]
+
+    @stepgraph.compile
+    def counting(x, y):
+        counter[0] += 1
+        return train(model, opt, x, y)
+    counting(*batch(0))
+    with pytest.raises(stepgraph.CaptureError, match=r"changes the Python value counter") as info:
+        counting(*batch(1))
+    assert "test_footguns.py" in info.value.where and counter == [2]
 
 
 def test_b_replayed_loss_has_no_autograd_history():
@@ -181,25 +198,23 @@ def _global_scale_step(model, opt):
     return step
 
 
-def test_e_global_python_number_is_baked_at_capture(monkeypatch):
-    """Known footgun: a global Python number read in the step is baked at capture; changing it later is NOT seen by replays (no guard)."""
+def test_e_global_python_number_is_guarded_then_read_live(monkeypatch):
+    """A global Python number read in the step is guarded: a change recaptures with a reason
+    naming it. (This one scales the loss, so autograd saves it for the backward: it stays
+    guarded, one graph per value; a float used outside autograd is read live, test_pyvalues.)"""
     model, opt, twin, topt = setup(opt_cls=torch.optim.SGD, lr=0.1)
     step = stepgraph.compile(_global_scale_step(model, opt))
     for k in range(3):
         got = step(*batch(k))
         assert torch.equal(got, train(twin, topt, *batch(k), 2.0))
     assert counts(step) == (1, 1, 1)
-    monkeypatch.setattr(sys.modules[__name__], "SCALE", 3.0)
-    probe = copy.deepcopy(twin)
-    fresh = train(probe, torch.optim.SGD(probe.parameters(), lr=0.1), *batch(3), 3.0)
-    for k in range(3, 6):
+    for k, v in [(3, 3.0), (4, 3.0), (5, 0.5), (6, 0.5)]:
+        monkeypatch.setattr(sys.modules[__name__], "SCALE", v)
         got = step(*batch(k))
-        stale = train(twin, topt, *batch(k), 2.0)  # what the replay computes: the baked 2.0
-        assert torch.equal(got, stale)
+        assert torch.equal(got, train(twin, topt, *batch(k), v))
         assert_models_equal(model, twin)
-        if k == 3:
-            assert not torch.allclose(got, fresh)  # eager would have used 3.0
-    assert counts(step) == (1, 1, 4) and step.stats.recaptures == []
+    assert counts(step) == (1, 3, 3)
+    assert "global SCALE 2.0 -> 3.0" in step.stats.recaptures[0]
 
 
 def test_f_stepgraph_disable_env_makes_every_call_eager(monkeypatch):

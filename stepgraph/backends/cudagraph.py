@@ -55,6 +55,9 @@ def make_capturable(reg) -> list[str]:
             tensor_lr_ok = fused or type(opt).__name__ in ("Adam", "AdamW")
             if tensor_lr_ok and isinstance(group.get("lr"), float):
                 group["lr"] = torch.tensor(group["lr"], device=dev)
+                # A loop that assigns a float lr every iteration (nanoGPT's get_lr idiom) then
+                # fills this tensor in place (absorb_floats): no recapture.
+                reg.device_hypers.append((group, "lr", group["lr"]))
                 changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
             if not (group.get("capturable") or fused):
                 continue  # e.g. Adagrad: no capturable form; its counters stay host scalars
@@ -125,7 +128,14 @@ def absorb_floats(reg) -> None:
     tensors the graphs read and put them back in the group (no host sync: a fill kernel)."""
     for group, key, held in reg.device_hypers:
         v = group.get(key)
-        if v is held or not (isinstance(v, tuple) and len(v) == len(held)):
+        if v is held:
+            continue
+        if isinstance(held, torch.Tensor):
+            if isinstance(v, (float, int)) and not isinstance(v, bool):
+                held.fill_(v)
+                group[key] = held
+            continue
+        if not (isinstance(v, tuple) and len(v) == len(held)):
             continue
         if all(x is h or (isinstance(h, torch.Tensor) and isinstance(x, (float, int)))
                or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):

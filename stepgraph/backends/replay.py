@@ -75,6 +75,8 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
         elif n.op == "call_function":
             t = n.target
             fn = t._op if isinstance(t, torch._ops.OpOverload) else t
+            if t in _NEEDS_GRAD_MODE:
+                fn = _in_grad_mode(fn)
             callee = g.bind(fn, "f")
             args = [g.arg(a) for a in n.args] + [f"{k}={g.arg(v)}" for k, v in n.kwargs.items()]
             lhs = f"{n.name} = " if n.users else ""
@@ -109,6 +111,20 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
     fn = ns[fn_name]
     fn.__stepgraph_source__ = src
     return src, fn
+
+
+# Kernels whose forward keeps what their backward needs only when grad mode is on (the mkldnn
+# LSTM/GRU forward returns its workspace only then; the replay runs with grad mode off).
+_NEEDS_GRAD_MODE = {torch.ops.aten.mkldnn_rnn_layer.default}
+
+
+def _in_grad_mode(op):
+    def call(*a, **k):
+        # Grad mode on for the kernel, autograd itself skipped: no history is recorded.
+        with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
+            return op(*a, **k)
+    call.__name__ = f"{getattr(op, '__name__', 'op')}_in_grad_mode"
+    return call
 
 
 def without_grad(fn):

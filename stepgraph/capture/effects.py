@@ -41,9 +41,12 @@ class Problem:
     where: str
     fix: str
     inside: str = ""
+    plain: bool = False   # ``op`` is the whole sentence (not a host sync)
 
     def message(self) -> str:
         lib = f" (inside {self.inside})" if self.inside else ""
+        if self.plain:
+            return f"{self.op}{lib}"
         return f"host sync in the step: {self.op}{lib} cannot be captured in a graph"
 
 

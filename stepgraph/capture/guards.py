@@ -13,6 +13,7 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 
+from .pyvalues import PyValues, find_sources, module_sources
 from .state import StateRegistry, registration_epoch
 
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
@@ -27,7 +28,10 @@ def _grad_state(t: torch.Tensor) -> str:
 
 
 def tensor_meta(t: torch.Tensor) -> tuple:
-    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad, _grad_state(t))
+    # requires_grad of a non-leaf input (a hidden state returned by the previous call, which a
+    # replay hands back without autograd history) changes nothing the graph computes.
+    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad and t.is_leaf,
+            _grad_state(t))
 
 
 def _hyper_value(v):
@@ -76,7 +80,22 @@ class Guards:
         self.arg_names = arg_names
         self._training = operator.attrgetter("training")
         self._grad = operator.attrgetter("grad")
-        self.live: set = set()   # (optimizer index, group index, key) read live by the graphs
+        self.live: set = set()   # (optimizer index, group index, key) or Source read live by the graphs
+        self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
+
+    def find_python_values(self, fn, args) -> None:
+        """(Re)read which Python values the step reads: at the first call and whenever the
+        state found changes (a new model passed as an argument)."""
+        names = {id(m): (f"{root}.{k}" if k else root) for root, mod in self.reg.modules
+                 for k, m in mod.named_modules()}
+        self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
+        self.py.sources += module_sources(self.reg.all_modules, names)
+
+    def _py_key(self, args) -> tuple:
+        live = self.live
+        if not live:
+            return self.py.key(args)
+        return tuple("<live>" if s in live else s.value(args) for s in self.py.sources)
 
     def quick_key(self, args, kwargs) -> tuple:
         """A cheap key compared by ``==`` with the last replayed call's (never hashed).
@@ -87,7 +106,7 @@ class Guards:
         implies equal full signatures.
         """
         reg = self.reg
-        ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad,
+        ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
                     if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
         return (
@@ -102,6 +121,7 @@ class Guards:
             registration_epoch(),
             tuple(map(self._grad, reg.grad_params)),
             reg.hook_key(),
+            self._py_key(args),
         )
 
     def signature(self, args, kwargs) -> Signature:
@@ -126,6 +146,7 @@ class Guards:
             registration_epoch(),
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
             reg.hook_key(),
+            self._py_key(args),
         )
         return Signature(key, leaves, tensor_pos)
 
@@ -155,9 +176,9 @@ class Guards:
         self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
         names = ("argument structure", "inputs", "input aliasing", "grad mode", "autocast",
                  "train/eval", "optimizer hyper-parameters", "optimizer state", "module structure",
-                 "grads", "hooks")
+                 "grads", "hooks", "Python values")
         # Most fundamental first: a replaced optimizer state also changes its hyper-parameters.
-        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9, 10]
+        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9, 10, 11]
         for i in order:
             a, b = old[i], new[i]
             if a == b:
@@ -166,6 +187,8 @@ class Guards:
                 return "a module parameter, buffer or submodule was assigned (module structure changed)"
             if i == 4:
                 return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
+            if i == 11 and len(a) == len(b):
+                return self.py.diff(a, b) or "a Python value the step reads changed"
             if i == 10:
                 if a[2] != b[2]:
                     return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "

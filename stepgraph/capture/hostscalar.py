@@ -190,3 +190,13 @@ def live_hyper(tracer, group: dict, key: str, hyper, baked: set):
         return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper, baked)
                      if isinstance(v, float) else v for i, v in enumerate(value))
     return HyperFloat(value, node, hyper, baked)
+
+
+def live_source(tracer, src, value: float, baked: set):
+    """A Python float the step reads (a global ``lr``...) as a HyperFloat read at replay."""
+    def read():
+        return src.read()
+    read.__name__ = read.__qualname__ = "python_value_" + "".join(
+        c if c.isalnum() else "_" for c in src.describe().replace("global ", ""))
+    node = tracer.create_node("call_function", read, (), {})
+    return HyperFloat(value, node, src, baked)

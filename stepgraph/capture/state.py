@@ -298,18 +298,54 @@ def _consider(name: str, obj, found: dict, depth: int) -> None:
                 _consider(f"{name}.{k}", v, found, depth + 1)
 
 
-def discover(fn, extra=()) -> StateRegistry:
-    """Find modules and optimizers reachable from ``fn`` (plus ``extra`` objects given by the user)."""
+def _arg_objects(args, kwargs, arg_names=()) -> list:
+    """(name, object) of the step's arguments, named as the user's parameters are."""
+    out = [(arg_names[i] if i < len(arg_names) else f"arg{i}", a) for i, a in enumerate(args)]
+    out += [(k, v) for k, v in (kwargs or {}).items()]
+    return out
+
+
+def _found_to_registry(found: dict, reg: "StateRegistry") -> bool:
+    """Put newly found modules/optimizers into ``reg``; True when anything was added."""
+    have = {id(m) for _, m in reg.modules} | {id(o) for _, o in reg.optimizers}
+    inside = {id(s) for _, m in reg.modules for s in m.modules()}
+    mods = [(n, o) for n, o in found.values() if isinstance(o, nn.Module) and id(o) not in have]
+    # Drop modules that are submodules of another found module: their tensors get the longer name.
+    sub_ids = {id(s) for _, m in mods for s in list(m.modules())[1:]} | inside
+    new_mods = [(n, m) for n, m in mods if id(m) not in sub_ids]
+    new_opts = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer) and id(o) not in have]
+    if not new_mods and not new_opts:
+        return False
+    # A found module that contains an already known one takes its place (longer names).
+    new_inside = {id(s) for _, m in new_mods for s in m.modules()}
+    reg.modules = [(n, m) for n, m in reg.modules if id(m) not in new_inside] + new_mods
+    reg.optimizers += new_opts
+    reg.refresh_names()
+    return True
+
+
+def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
+    """Find modules and optimizers reachable from ``fn`` and from this call's arguments (plus
+    ``extra`` objects given by the user): a model passed as ``step(model, opt, x, y)`` is state
+    exactly as one read from a closure."""
     found: dict = {}
     for i, obj in enumerate(extra):
         _consider(f"state[{i}]" if not isinstance(obj, tuple) else obj[0],
                   obj if not isinstance(obj, tuple) else obj[1], found, 0)
+    for name, obj in _arg_objects(args, kwargs, arg_names):
+        _consider(name, obj, found, 0)
     _walk_function(fn, found)
     reg = StateRegistry()
-    mods = [(n, o) for n, o in found.values() if isinstance(o, nn.Module)]
-    # Drop modules that are submodules of another found module: their tensors get the longer name.
-    sub_ids = {id(s) for _, m in mods for s in list(m.modules())[1:]}
-    reg.modules = [(n, m) for n, m in mods if id(m) not in sub_ids]
-    reg.optimizers = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer)]
+    _found_to_registry(found, reg)
     reg.refresh_names()
     return reg
+
+
+def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:
+    """Add modules/optimizers this call passes as arguments that ``reg`` does not know yet
+    (a step called with another model). True when the registry changed."""
+    found: dict = {}
+    for name, obj in _arg_objects(args, kwargs, arg_names):
+        if not isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+            _consider(name, obj, found, 0)
+    return bool(found) and _found_to_registry(found, reg)

@@ -24,9 +24,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import CaptureError, library_frame, user_frame
-from .hostscalar import HostFloat, _DataDependentBranch, item_node, live_hyper, substitute
+from .hostscalar import HostFloat, HyperFloat, _DataDependentBranch, item_node, live_hyper, live_source, substitute
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
+from .libraries import record_scheduler_steps, tracing_hints
 from .state import Slot, StateRegistry, paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
@@ -51,6 +52,7 @@ class TraceResult:
     grad_inputs: list                    # (Parameter, source) whose existing .grad is a graph input
     result: object                       # the real result of the traced call
     problems: list[Problem] = field(default_factory=list)
+    scheduler_steps: list = field(default_factory=list)  # (scheduler, args, kwargs, _) to call after a replay
 
 
 class _HostReadMode(TorchFunctionMode):
@@ -103,6 +105,13 @@ class _HostReadMode(TorchFunctionMode):
         floats = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, HostFloat)]
         if not floats:
             return func(*args, **kwargs)
+        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in pytree.tree_leaves((args, kwargs))):
+            # Autograd may save this number for the backward (``loss * scale``), which the
+            # engine calls with a plain float: it cannot stay live there, so guard it instead.
+            for f in floats:
+                if isinstance(f, HyperFloat):
+                    f.baked.add(f.hyper)
         tracer = get_proxy_mode().tracer
         last = tracer.graph._root.prev  # nodes added after this one belong to this call
         out = func(*args, **kwargs)
@@ -137,14 +146,35 @@ def _dynamic_problem(func, args) -> str | None:
 
 
 class _DispatchCheckMode(TorchDispatchMode):
-    def __init__(self, problems: list[Problem], cuda_step: bool = False):
+    def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None):
         super().__init__()
         self.problems = problems
         self.cuda_step = cuda_step
         self.host_scalar_ops = 0
+        self.known = known if known is not None else set()
+        self.foreign_seen: set = set()
+
+    def _foreign_history(self, args, kwargs) -> None:
+        """A tensor computed *before* the step, with autograd history (REINFORCE's saved
+        log-probs): the graph would hold this call's values and its backward would run into
+        the autograd graph of one past call. Parameters (leaves) are fine: read by reference."""
+        for a in pytree.tree_leaves((args, kwargs)):
+            if isinstance(a, torch.Tensor) and a.grad_fn is not None and id(a) not in self.known \
+                    and id(a) not in self.foreign_seen and not _is_traced(a):
+                self.foreign_seen.add(id(a))
+                stack = traceback.extract_stack()
+                self.problems.append(Problem(
+                    f"a tensor {str(a.dtype).replace('torch.', '')}{list(a.shape)} computed before the step "
+                    f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
+                    "values and backpropagate into a graph that no longer exists",
+                    user_frame(stack), "compute it inside the step (pass its inputs as arguments), or "
+                    "detach it before the call if no gradient should flow into it; for a loss built from "
+                    "many earlier forward calls (REINFORCE) capture the forward with "
+                    "stepgraph.graph_module(model) instead of the whole step", library_frame(stack), plain=True))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self._foreign_history(args, kwargs)
         found = _dynamic_problem(func, args)
         if found is not None:
             what, fix = found
@@ -194,7 +224,8 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
     return ids
 
 
-def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=()) -> TraceResult:
+def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
+               live_sources=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -203,6 +234,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     grad_inputs = [(s.owner, s.source) for s, v in zip(slots, before) if s.kind == "grad" and v is not None]
     problems: list[Problem] = []
     step_ids = _step_counter_ids(reg)
+    known = set(reg.names) | {id(leaves[i]) for i in tensor_pos}
     box: dict = {}
 
     def traced(user_tensors, grad_tensors):
@@ -212,12 +244,19 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         a, kw = pytree.tree_unflatten(flat, in_spec)
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
+        for src in live_sources:  # Python floats read live (pyvalues.py)
+            v = src.read(a)
+            live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", set()))
+            saved_hypers.append((src, None, v, live))
+            src.write(live, a)
         for oi, gi, k in live_hypers:
             group = reg.optimizers[oi][1].param_groups[gi]
-            saved_hypers.append((group, k, group[k]))
-            group[k] = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()))
+            live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()))
+            saved_hypers.append((group, k, group[k], live))
+            group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
-        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda")), \
+        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
+                record_scheduler_steps(box.setdefault("sched", []), problems, []), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")):
             try:
                 out = fn(*a, **kw)
@@ -227,8 +266,14 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
             finally:
-                for group, k, v in saved_hypers:
-                    group[k] = v
+                # Put the values back, unless the step assigned new ones (a scheduler stepped
+                # inside it): those are what eager leaves.
+                for group, k, v, live in reversed(saved_hypers):
+                    if k is None:
+                        if group.read(a) is live:
+                            group.write(v, a)  # a Source
+                    elif group.get(k) is live:
+                        group[k] = v
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -289,7 +334,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box["result"], problems)
+                       box["result"], problems, box.get("sched", []))
 
 
 def _one_fake_mode():
@@ -309,7 +354,8 @@ def raise_problems(problems: list[Problem]) -> None:
     if not problems:
         return
     p = problems[0]
-    more = f"\n  ({len(problems) - 1} more: " + "; ".join(
-        f"{q.op} at {q.where}" for q in problems[1:4]) + ")" if len(problems) > 1 else ""
+    others = [q for q in problems[1:] if (q.op, q.where) != (p.op, p.where)]
+    more = f"\n  ({len(others)} more: " + "; ".join(
+        f"{q.op[:80]} at {q.where}" for q in others[:3]) + ")" if others else ""
     raise CaptureError(p.message() + more + "\n  this call ran eagerly to its end: your model and "
                        "optimizer hold the result of this step", op=p.op, where=p.where, fix=p.fix)

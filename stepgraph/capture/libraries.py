@@ -1,0 +1,72 @@
+"""Libraries that already know how to avoid host reads while a graph is traced: tell them.
+
+Hugging Face ``transformers`` asks ``is_tracing(tensor)`` before reading a mask on the host
+(``masking_utils``: ``if padding_mask.all(): skip the mask``) and builds the explicit mask
+instead when it is tracing. stepgraph's trace runs on real tensors, so it answers False and
+the read would be a host sync. While stepgraph traces, ``is_tracing(t)`` is also True for a
+tensor the step computed (one with a proxy), in every loaded ``transformers`` module that
+imported it. The mask is then always built: the same values eager computes with padding; on
+an unpadded batch the explicit all-visible mask replaces ``is_causal`` (same attention, other
+kernel: fp tolerance, not bitwise).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+
+
+@contextlib.contextmanager
+def tracing_hints(is_traced):
+    iu = sys.modules.get("transformers.utils.import_utils")
+    orig = getattr(iu, "is_tracing", None) if iu is not None else None
+    if orig is None:
+        yield
+        return
+
+    def is_tracing(tensor=None):
+        return orig(tensor) or (tensor is not None and is_traced(tensor))
+    patched = []
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("transformers") and getattr(mod, "is_tracing", None) is orig:
+            mod.is_tracing = is_tracing
+            patched.append(mod)
+    try:
+        yield
+    finally:
+        for mod in patched:
+            mod.is_tracing = orig
+
+
+@contextlib.contextmanager
+def record_scheduler_steps(calls: list, problems: list, stepped: list):
+    """LR schedulers stepped inside the step (Hugging Face's loop: ``optimizer.step();
+    lr_scheduler.step()``) are Python code a replay would skip: record each call, to be made
+    again after every replay. Valid when no optimizer steps after it in the same call (the new
+    lr is for the next call, as in eager); otherwise refused."""
+    from torch.optim.lr_scheduler import LRScheduler
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    from ..errors import user_frame
+    from .effects import Problem
+    orig = LRScheduler.step
+
+    def step(self, *a, **k):
+        calls.append((self, a, k))
+        mark = len(stepped)
+
+        def check():
+            if len(stepped) > mark:
+                problems.append(Problem(
+                    f"{type(self).__name__}.step() runs before an optimizer step in the same call: a replay "
+                    "cannot change the lr between them", user_frame(), "step the scheduler after "
+                    "optimizer.step() (as PyTorch recommends), or outside the step", plain=True))
+        calls[-1] = (self, a, k, check)
+        return orig(self, *a, **k)
+    LRScheduler.step = step
+    handle = register_optimizer_step_pre_hook(lambda opt, a, k: stepped.append(opt))
+    try:
+        yield
+    finally:
+        LRScheduler.step = orig
+        handle.remove()
+        for *_, check in calls:
+            check()

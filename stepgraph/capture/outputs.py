@@ -1,0 +1,105 @@
+"""What the step hands back to Python besides tensors, and Python state it changes.
+
+A replay runs no Python code: a Python value the step returns is the capture's value, and a
+Python value the step assigns (a counter, ``history.append``) is not assigned again. Returned
+values that come from a live source (an optimizer's ``lr``, a live Python float) are read live
+at each replay; a value the guards prove unchanged is fine; anything else is warned about once.
+Changes the step makes to Python values it reads are refused with the line that reads them.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch.utils._pytree as pytree
+
+from ..errors import CaptureError
+from .hostscalar import HyperFloat
+from .pyvalues import _show, guard_value
+
+log = logging.getLogger("stepgraph")
+
+
+def container_sizes(py, args) -> list:
+    return [len(v) if s.identity_only and isinstance(v, (list, dict, set)) else None
+            for s in py.sources for v in [_safe_read(s, args)]]
+
+
+def warn_appends(py, before: list, after: list, step_name: str) -> list:
+    """Containers the step only calls methods on (``history.append(x)``) that grew: a replay
+    will not append. Warned (returned for explain()), not refused: the graph does not read them."""
+    notes = [f"{s.describe()} grows by {b - a} at each call (read at {s.where}); replays do not run "
+             "Python code, so they will not add to it (return the values from the step instead)"
+             for s, a, b in zip(py.sources, before, after) if a is not None and b is not None and a != b]
+    for n in notes:
+        msg = f"stepgraph: {step_name}: {n}"
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg)
+    return notes
+
+
+def refuse_python_side_effects(py, before: tuple, after: tuple) -> None:
+    """Raise when the traced call changed a Python value its own code reads."""
+    for s, a, b in zip(py.sources, before, after):
+        if a != b and s.from_step:
+            raise CaptureError(
+                f"the step changes the Python value {s.describe()} ({_show(a)} -> {_show(b)}); a replay "
+                "runs no Python code, so it would not change it again\n  this call ran eagerly to its "
+                "end: your model and optimizer hold the result of this step",
+                op=f"assignment to {s.describe()}", where=s.where,
+                fix=f"update {s.describe()} outside the step (in the loop around it), or keep it in a "
+                    "tensor the step updates in place; pass values that change as arguments")
+
+
+def _group_reader(group: dict, key: str):
+    def read():
+        return group[key]
+    return read
+
+
+def _source_reader(src):
+    def read():
+        return src.read()
+    return read
+
+
+def live_outputs(tr, reg, py, args, step_name: str) -> None:
+    """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
+    paths = [keystr for keystr, _ in (
+        (pytree.keystr(p), v) for p, v in pytree.tree_flatten_with_path(tr.result)[0])]
+    guarded = {id(v) for s in py.sources for v in [_safe_read(s, args)] if v is not None}
+    out, unsure = [], []
+    for (kind, v), where in zip(tr.out_leaves, paths + [""] * len(tr.out_leaves)):
+        if kind != "const" or isinstance(v, bool) or not isinstance(v, (int, float)):
+            out.append((kind, v))
+            continue
+        if isinstance(v, HyperFloat):
+            h = v.hyper
+            if isinstance(h, tuple):
+                group = reg.optimizers[h[0]][1].param_groups[h[1]]
+                out.append(("live", _group_reader(group, h[2])))
+            else:
+                out.append(("live", _source_reader(h)))
+            continue
+        group_hit = next(((g, k) for _, opt in reg.optimizers for g in opt.param_groups
+                          for k, x in g.items() if x is v), None)
+        if group_hit is not None and isinstance(v, float):
+            out.append(("live", _group_reader(*group_hit)))
+            continue
+        if not (isinstance(v, float) and id(v) in guarded) and v not in py.literals:
+            unsure.append(f"output{where}={_show(guard_value(v))}")
+        out.append((kind, float(v) if isinstance(v, float) else v))
+    tr.out_leaves = out
+    if unsure:
+        msg = (f"stepgraph: {step_name} returns Python number(s) {', '.join(unsure[:4])}: a replay returns "
+               "the value this capture computed; return a tensor (e.g. torch.tensor(x)) for a value "
+               "that changes from call to call")
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg)
+
+
+def _safe_read(s, args):
+    try:
+        return s.read(args)
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,340 @@
+"""Python values a step reads: found in its bytecode, guarded on every call, or read live.
+
+A captured graph bakes every Python value the step's code read while it was traced: a global
+``lr`` in ``p.data.add_(p.grad, alpha=-lr)``, ``args.clip``, a list of rewards turned into
+``torch.tensor(returns)``, the global ``model`` itself. Such values are found by reading the
+bytecode of the step function and of the plain user functions and user-class methods it calls:
+each ``LOAD_GLOBAL`` / ``LOAD_DEREF`` / argument load followed by attribute loads and
+constant subscripts is a :class:`Source` (``global lr``, ``args.clip``, ``cfg['lr']``). Its
+value is part of the guard signature (scalars and small containers of scalars by value,
+tensors and other objects by identity), so a change recaptures with a one-line reason. On the
+replay backend a float that changed once is read live instead (as optimizer ``lr`` is), so an
+annealed ``lr`` recaptures once, not once per epoch. A value that the step itself changes (a
+counter, ``history.append``) is a Python side effect a replay cannot perform: refused.
+
+Modules' ``forward`` methods are read the same way for scalar attributes (``self.p`` of
+Dropout, a temperature): train/eval alone does not describe what a forward computes.
+"""
+from __future__ import annotations
+
+import dis
+import math
+import os
+import types
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import _SKIP_PREFIXES
+
+_SKIP = object()       # a value not guarded (functions, classes, Python modules)
+_MISSING = ("<missing>",)
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_MAX_ITEMS = 256       # containers of scalars up to this size are guarded by value
+_SUBSCR = ("BINARY_SUBSCR",)
+
+
+def _user_code(code: types.CodeType) -> bool:
+    f = os.path.abspath(code.co_filename)
+    # Code typed into a notebook or exec'd ("<string>", "<ipython-input-...>") is user code.
+    return not f.startswith(_SKIP_PREFIXES) and not code.co_filename.startswith(("<frozen", "<stepgraph"))
+
+
+def guard_value(v):
+    """What the guard compares for one value (hashable), or ``_SKIP``."""
+    if isinstance(v, float):
+        return ("nan",) if v != v else v  # nan != nan: key it by name
+    if isinstance(v, _SCALARS):
+        return v
+    if isinstance(v, torch.Tensor):
+        return ("tensor", id(v))
+    if isinstance(v, (torch.device, torch.dtype, torch.Size, torch.layout, torch.memory_format)):
+        return ("torch", str(v))
+    if isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                      type, types.BuiltinMethodType)):
+        return _SKIP
+    if isinstance(v, (list, tuple)) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v):
+        return (type(v).__name__, tuple(("nan",) if isinstance(x, float) and x != x else x for x in v))
+    if isinstance(v, dict) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v.values()):
+        try:
+            return ("dict", tuple(v.items()))
+        except TypeError:
+            pass
+    if isinstance(v, (list, dict, set)):
+        return ("object", id(v), len(v))
+    return ("object", id(v))
+
+
+def _show(g) -> str:
+    if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
+        return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
+    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):
+        s = repr(g[1])
+    else:
+        s = repr(g)
+    return s if len(s) <= 48 else s[:45] + "..."
+
+
+@dataclass(eq=False)
+class Source:
+    """A Python value the step's code reads: a root (global, closure cell, argument, an object
+    the code is bound to) and a chain of attribute names / constant subscripts."""
+    kind: str            # "global" | "cell" | "arg" | "object"
+    root: object         # globals dict | cell | argument index | the object
+    name: str            # the root's name in the code
+    path: tuple = ()     # (("attr", "clip"), ("item", "lr"))
+    where: str = ""      # file:line of the first load
+    from_step: bool = True  # read by the step's own code (vs a module's forward)
+    identity_only: bool = False  # a container the code only calls methods on
+
+    def describe(self) -> str:
+        s = self.name
+        for kind, k in self.path:
+            s += f".{k}" if kind == "attr" else f"[{k!r}]"
+        return ("global " + s) if self.kind == "global" and not self.path else s
+
+    def _root_value(self, args):
+        if self.kind == "global":
+            d = self.root
+            if self.name in d:
+                return d[self.name]
+            b = d.get("__builtins__")
+            b = b if isinstance(b, dict) else vars(b)
+            return b[self.name]
+        if self.kind == "cell":
+            return self.root.cell_contents
+        if self.kind == "arg":
+            return args[self.root]
+        return self.root
+
+    def read(self, args=()):
+        v = self._root_value(args)
+        for kind, k in self.path:
+            v = getattr(v, k) if kind == "attr" else v[k]
+        return v
+
+    def value(self, args=()):
+        try:
+            v = self.read(args)
+            return ("object", id(v)) if self.identity_only else guard_value(v)
+        except Exception:  # noqa: BLE001 - a missing attribute/key is a value too
+            return _MISSING
+
+    def writable(self) -> bool:
+        return self.kind in ("global", "cell", "object") or bool(self.path)
+
+    def write(self, value, args=()) -> None:
+        """Rebind the value where the code reads it (used to substitute a live float while
+        tracing, then to put the original back)."""
+        if not self.path:
+            if self.kind == "global":
+                self.root[self.name] = value
+            elif self.kind == "cell":
+                self.root.cell_contents = value
+            return
+        parent = self._root_value(args)
+        for kind, k in self.path[:-1]:
+            parent = getattr(parent, k) if kind == "attr" else parent[k]
+        kind, k = self.path[-1]
+        if kind == "attr":
+            setattr(parent, k, value)
+        else:
+            parent[k] = value
+
+
+@dataclass
+class PyValues:
+    """Every source found for one step function, and how to key them."""
+    sources: list = field(default_factory=list)
+    literals: set = field(default_factory=set)   # numbers written in the step's code
+
+    def key(self, args=()) -> tuple:
+        return tuple(s.value(args) for s in self.sources)
+
+    def diff(self, a: tuple, b: tuple) -> str | None:
+        for s, x, y in zip(self.sources, a, b):
+            if x != y:
+                return f"{s.describe()} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
+        return None
+
+    def changed(self, a: tuple, b: tuple) -> list:
+        return [s for s, x, y in zip(self.sources, a, b) if x != y]
+
+
+# ---- finding sources -------------------------------------------------------------------
+def _chains(code: types.CodeType):
+    """(root opcode, root name, path, line) for each load chain in ``code`` and nested code."""
+    line = code.co_firstlineno
+    ins = list(dis.get_instructions(code))
+    i = 0
+    while i < len(ins):
+        x = ins[i]
+        if x.starts_line:
+            line = x.starts_line if isinstance(x.starts_line, int) else (x.positions.lineno or line)
+        if x.positions is not None and x.positions.lineno:
+            line = x.positions.lineno
+        if x.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CLASSDEREF"):
+            path = []
+            j = i + 1
+            while j < len(ins):
+                y = ins[j]
+                if y.opname == "LOAD_METHOD" or (y.opname == "LOAD_ATTR" and str(y.argrepr).startswith("NULL|self")):
+                    path.append(("method", y.argval))
+                    break
+                if y.opname == "LOAD_ATTR":
+                    path.append(("attr", y.argval))
+                elif y.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname in _SUBSCR \
+                        and isinstance(y.argval, (str, int)):
+                    path.append(("item", y.argval))
+                    j += 1
+                else:
+                    break
+                j += 1
+            yield x.opname, x.argval, tuple(path), line
+        i += 1
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _chains(c)
+
+
+def _prefixes(path):
+    for n in range(len(path), -1, -1):
+        yield path[:n]
+
+
+def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
+    """Sources read by ``fn`` and by the user functions / user-class methods it calls (and by
+    the ``forward`` of user-defined classes among ``modules``, once per class)."""
+    out: dict = {}
+    seen: set = set()
+    literals: set = set()
+
+    def visit(func, depth, bound=None):
+        if isinstance(func, types.MethodType):
+            bound, func = func.__self__, func.__func__
+        if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
+            return
+        code = func.__code__
+        if not _user_code(code):
+            return
+        seen.add(id(code))
+        literals.update(c for co in _all_code(code) for c in co.co_consts
+                        if isinstance(c, (int, float)) and not isinstance(c, bool))
+        params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+        stored = {x.argval for c in _all_code(code) for x in dis.get_instructions(c)
+                  if x.opname in ("STORE_FAST", "DELETE_FAST")}
+        for op, name, path, line in _chains(code):
+            where = f"{code.co_filename}:{line}"
+            if op == "LOAD_GLOBAL":
+                src = Source("global", func.__globals__, name, path, where)
+            elif op in ("LOAD_DEREF", "LOAD_CLASSDEREF"):
+                if name not in code.co_freevars or func.__closure__ is None:
+                    continue
+                src = Source("cell", func.__closure__[code.co_freevars.index(name)], name, path, where)
+            elif name in params and name not in stored:
+                idx = params.index(name)
+                if bound is not None:
+                    if idx == 0:
+                        src = Source("object", bound, name, path, where)
+                    else:
+                        continue  # arguments of a method called from the step: not ours to key
+                elif depth == 0 and idx < code.co_argcount:
+                    root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
+                    if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS):
+                        continue  # keyed by the argument guard (pytree leaves and values)
+                    src = Source("arg", idx, name, path, where)
+                else:
+                    continue
+            else:
+                continue
+            _add(src, depth)
+
+    def _add(src: Source, depth):
+        path, method = src.path, None
+        if path and path[-1][0] == "method":
+            path, method = path[:-1], path[-1][1]
+        # Guard the longest prefix of the chain that resolves (``args.clip``, not ``args``).
+        for p in _prefixes(path):
+            s = Source(src.kind, src.root, src.name, p, src.where)
+            try:
+                v = s.read(_DUMMY_ARGS)
+            except Exception:  # noqa: BLE001
+                continue
+            if isinstance(v, (types.FunctionType, types.MethodType)):
+                visit(v, depth + 1)
+            elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
+                m = getattr(type(v), method, None)   # a method called on a user object
+                if isinstance(m, types.FunctionType):
+                    visit(types.MethodType(m, v), depth + 1)
+            elif not isinstance(v, (types.ModuleType, type, nn.Module)):
+                call = getattr(type(v), "__call__", None)   # a callable user object
+                if isinstance(call, types.FunctionType):
+                    visit(types.MethodType(call, v), depth + 1)
+            key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
+            g = guard_value(v)
+            if p == path and method is not None and isinstance(v, (list, dict, set)):
+                # Only a method is called on it (``history.append(x)``): its identity matters,
+                # not its contents (reading them is another instruction, keyed by value).
+                s.identity_only = True
+                g = ("object", id(v))
+            # A property that builds a new object at each read has no identity to guard.
+            fresh = isinstance(g, tuple) and g[:1] == ("object",) and s.value(_DUMMY_ARGS) != g
+            if g is not _SKIP and not fresh and (key not in out or out[key].identity_only):
+                out[key] = s
+            break
+
+    _DUMMY_ARGS = tuple(args)
+    visit(fn, 0)
+    classes = set()
+    for m in modules:
+        f = getattr(type(m), "forward", None)
+        if type(m) not in classes and isinstance(f, types.FunctionType):
+            classes.add(type(m))
+            visit(types.MethodType(f, m), 1)
+    return PyValues(list(out.values()), literals)
+
+
+def _all_code(code):
+    yield code
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _all_code(c)
+
+
+def _is_library_object(v) -> bool:
+    mod = getattr(type(v), "__module__", "") or ""
+    return mod.split(".")[0] in ("torch", "builtins", "numpy", "transformers")
+
+
+# ---- module forward attributes ---------------------------------------------------------
+_FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
+
+
+def _self_attrs(cls) -> tuple:
+    got = _FORWARD_ATTRS.get(cls)
+    if got is not None:
+        return got
+    names = []
+    fwd = getattr(cls, "forward", None)
+    if isinstance(fwd, types.FunctionType) and fwd.__code__.co_argcount >= 1:
+        self_name = fwd.__code__.co_varnames[0]
+        for op, name, path, _ in _chains(fwd.__code__):
+            if op in ("LOAD_FAST", "LOAD_FAST_CHECK") and name == self_name and path and path[0][0] == "attr":
+                if path[0][1] not in names and path[0][1] != "training":
+                    names.append(path[0][1])
+    _FORWARD_ATTRS[cls] = got = tuple(names)
+    return got
+
+
+def module_sources(modules, names: dict | None = None) -> list:
+    """Scalar attributes each module's ``forward`` reads on ``self`` (``Dropout.p``...)."""
+    out = []
+    for m in modules:
+        d = m.__dict__
+        for a in _self_attrs(type(m)):
+            v = d.get(a, _SKIP)
+            if isinstance(v, _SCALARS) and not a.startswith("__"):
+                label = (names or {}).get(id(m)) or type(m).__name__
+                out.append(Source("object", m, label, (("attr", a),), "", from_step=False))
+    return out

@@ -1,0 +1,232 @@
+"""Issue "never silently wrong": every value a step reads is an argument, named state, or a
+guarded / live Python value. Each test is a real program's idiom that replayed stale values
+before (models passed as arguments, a global lr, Python-built tensors, returned floats)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+
+
+def batch(k, n=6, d=8, classes=4):
+    g = torch.Generator().manual_seed(700 + k)
+    return torch.randn(n, d, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def net(dropout=0.5):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Dropout(dropout), nn.GELU(), nn.Linear(16, 4))
+
+
+def same_params(a, b):
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"{n} differs from eager"
+
+
+def step_with_args(model, opt, x, y):
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
+def test_model_and_optimizer_passed_as_arguments_are_state_and_eval_is_guarded():
+    m1, m2 = net(), net()
+    o1, o2 = torch.optim.AdamW(m1.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    sg = stepgraph.compile(step_with_args)
+    for k in range(8):
+        if k == 4:
+            m1.eval(), m2.eval()   # dropout off: replays must follow
+        torch.manual_seed(k)
+        got = sg(m1, o1, *batch(k))
+        torch.manual_seed(k)
+        want = step_with_args(m2, o2, *batch(k))
+        assert torch.equal(got, want), k
+        same_params(m1, m2)
+    assert "model.training True -> False" in sg.stats.recaptures[0]
+    assert "model" in sg.explain() and sg.stats.replays == 5
+
+
+def test_a_second_model_passed_as_argument_gets_its_own_graph():
+    ma, mb, ta, tb = net(0.0), net(0.0), net(0.0), net(0.0)
+    with torch.no_grad():
+        mb[0].weight.mul_(2), tb[0].weight.mul_(2)
+    oa, ob = torch.optim.SGD(ma.parameters(), lr=0.1), torch.optim.SGD(mb.parameters(), lr=0.1)
+    ota, otb = torch.optim.SGD(ta.parameters(), lr=0.1), torch.optim.SGD(tb.parameters(), lr=0.1)
+    sg = stepgraph.compile(step_with_args)
+    for k in range(6):
+        for m, o, t, ot in ((ma, oa, ta, ota), (mb, ob, tb, otb)):
+            assert torch.equal(sg(m, o, *batch(k)), step_with_args(t, ot, *batch(k)))
+            same_params(m, t)
+    assert sg.stats.captures == 2
+
+
+LR = 20.0
+
+
+def _manual_sgd(model):
+    def train_step(x, y):
+        model.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-LR)   # word_language_model's update, LR a global
+        return loss
+    return train_step
+
+
+def test_global_lr_annealed_by_the_loop_is_read_live_on_cpu(monkeypatch):
+    m, t = net(0.0), net(0.0)
+    sg, eager = stepgraph.compile(_manual_sgd(m)), _manual_sgd(t)
+    for k in range(10):
+        if k in (4, 7):
+            monkeypatch.setitem(globals(), "LR", globals()["LR"] / 4)
+        assert torch.equal(sg(*batch(k)), eager(*batch(k)))
+        same_params(m, t)
+    assert sg.stats.captures == 2, sg.stats.recaptures   # once for the change, then live
+    assert "global LR 20.0 -> 5.0" in sg.stats.recaptures[0] and "read live" in sg.stats.recaptures[0]
+
+
+def test_a_global_model_rebound_between_calls_recaptures():
+    g = {"model": net(0.0)}
+    exec("def step(x):\n    return model(x).sum()\n", g)
+    sg = stepgraph.compile(g["step"])
+    x, _ = batch(0)
+    with torch.no_grad():
+        sg(x), sg(x), sg(x)
+        g["model"] = nn.Sequential(nn.Linear(8, 4))
+        assert torch.equal(sg(x), g["model"](x).sum())
+    assert "global model" in sg.stats.recaptures[0]
+
+
+def test_tensor_with_history_from_before_the_step_is_refused():
+    policy = net(0.0)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    saved, rewards = [], []
+
+    def finish_episode():
+        R, returns = 0.0, []
+        for r in rewards[::-1]:
+            R = r + 0.99 * R
+            returns.insert(0, R)
+        returns = torch.tensor(returns)
+        loss = torch.stack([-lp * ret for lp, ret in zip(saved, returns)]).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        del saved[:]
+        del rewards[:]
+    sg = stepgraph.compile(finish_episode)
+    for ep in range(2):
+        for t in range(3):
+            x, _ = batch(10 * ep + t, n=1)
+            saved.append(torch.log_softmax(policy(x), -1)[0, 0])
+            rewards.append(float(t + ep))
+        if ep == 0:
+            sg()
+        else:
+            with pytest.raises(stepgraph.CaptureError, match="computed before the step") as info:
+                sg()
+            assert "test_pyvalues.py" in info.value.where and "graph_module" in info.value.fix
+
+
+def test_python_built_tensor_from_a_list_the_loop_changes_is_guarded_by_value():
+    m, t = net(0.0), net(0.0)
+    weights = [1.0, 1.0, 1.0, 1.0]
+
+    def mk(model, opt):
+        def step(x, y):
+            w = torch.tensor(weights)
+            loss = F.cross_entropy(model(x), y, weight=w)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg = stepgraph.compile(mk(m, torch.optim.SGD(m.parameters(), lr=0.1)))
+    eager = mk(t, torch.optim.SGD(t.parameters(), lr=0.1))
+    for k in range(6):
+        if k == 3:
+            weights[0] = 5.0
+        assert torch.equal(sg(*batch(k)), eager(*batch(k)))
+    assert "weights" in sg.stats.recaptures[0]
+
+
+def test_returned_lr_is_live_and_other_python_numbers_warn():
+    m = net(0.0)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    def step(x, y):
+        loss = step_with_args(m, opt, x, y)
+        return {"loss": loss, "lr": opt.param_groups[0]["lr"]}
+    sg = stepgraph.compile(step)
+    lrs = []
+    for k in range(6):
+        lrs.append(sg(*batch(k))["lr"])
+        sched.step()
+    assert lrs == [0.1 * 0.5 ** k for k in range(6)]
+
+    other = {"v": 0}
+
+    def step2(x, y):
+        return step_with_args(m, opt, x, y), len(other) / 3
+    sg2 = stepgraph.compile(step2)
+    sg2(*batch(0))
+    with pytest.warns(UserWarning, match="returns Python number"):
+        sg2(*batch(1))
+
+
+def test_scheduler_stepped_inside_the_step_runs_after_each_replay():
+    m, t = net(0.0), net(0.0)
+
+    def mk(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            sched.step()       # Hugging Face's loop body
+            opt.zero_grad()
+            return loss
+        return step, opt, sched
+    (sg, o1, s1), (eager, o2, s2) = mk(m), mk(t)
+    sg = stepgraph.compile(sg)
+    for k in range(8):
+        assert torch.equal(sg(*batch(k)), eager(*batch(k)))
+        same_params(m, t)
+    assert s1.last_epoch == s2.last_epoch == 8 and o1.param_groups[0]["lr"] == o2.param_groups[0]["lr"]
+    assert sg.stats.replays >= 5
+
+
+@pytest.mark.parametrize("cell", ["LSTM", "GRU", "RNN"])
+def test_recurrent_layers_replay_on_cpu(cell):
+    torch.manual_seed(0)
+    a = getattr(nn, cell)(4, 8, num_layers=2, bidirectional=True)
+    b = copy.deepcopy(a)
+    oa, ob = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+
+    def mk(mod, opt):
+        def step(x):
+            out, _ = mod(x)
+            loss = out.pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    for k in range(5):
+        x = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(k))
+        assert torch.equal(sg(x), eager(x))
+    same_params(a, b)
+    assert sg.stats.replays == 3
