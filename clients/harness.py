@@ -1,0 +1,351 @@
+"""The real-client corpus harness: run a vendored training program eager and under stepgraph on
+the same batches, and classify what stepgraph did.
+
+A client is a module in ``clients/`` that reproduces a public training program: its model code
+vendored verbatim (licence header and source kept), its loop body as the program writes it, on
+synthetic data. It defines::
+
+    SOURCE = "https://github.com/owner/repo/blob/<commit>/path"   # where the code comes from
+    LICENSE = "BSD-3-Clause"
+    TAGS = ("rnn", "lm")                                          # what kind of program it is
+
+    def main(sg, steps=8, device="cpu", amp=None):
+        ...build the model, optimizer, data exactly as the program does (seeded by the harness)...
+        sg.track(model=model, opt=opt)           # the objects whose state the harness compares
+        @sg.compile                              # where the user would put @stepgraph.compile
+        def train_step(x, y): ...
+        for it in range(steps):
+            ...the program's loop: lr schedules, logging, evaluation, as it writes them...
+            loss = train_step(x, y)
+            sg.log(loss)                          # the per-step value the program reports
+
+``amp`` is None (fp32) or "bf16": clients whose program has an autocast path use it there.
+
+Each client module is loaded fresh (its own globals) for every run, so a program's module-level
+state (a global ``lr``, a list of rewards) starts identical in the eager and the stepgraph run.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+OK, WRONG, CLEAR, UNCLEAR, EAGER, RECAPTURES = "OK", "WRONG", "CLEAR-ERROR", "UNCLEAR-ERROR", "EAGER", "RECAPTURES"
+
+
+class _Stop(Exception):
+    """Raised by the eager run's wrapper after the call at which the stepgraph run failed."""
+
+
+def names() -> list[str]:
+    return sorted(f[:-3] for f in os.listdir(HERE)
+                  if f.endswith(".py") and not f.startswith("_") and f not in ("harness.py", "__main__.py"))
+
+
+def load(name: str):
+    """A fresh copy of client ``name`` (its own module globals)."""
+    path = os.path.join(HERE, name + ".py")
+    spec = importlib.util.spec_from_file_location(f"clients.{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("clients", importlib.import_module("clients"))
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def seed_all(seed: int) -> None:
+    # Deterministic cuDNN kernels: eager and stepgraph runs must be comparable bit for bit.
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+        np.random.seed(seed)
+    except ImportError:
+        pass
+
+
+class SG:
+    """What a client's ``main`` receives: ``compile`` (stepgraph or identity), ``track``, ``log``."""
+
+    def __init__(self, use_stepgraph: bool, device: str, stop_after: int | None = None, **compile_kw):
+        self.use_stepgraph = use_stepgraph
+        self.device = device
+        self.compile_kw = compile_kw
+        self.stop_after = stop_after
+        self.tracked: dict = {}
+        self.logs: list = []
+        self.calls = 0
+        self.times: list[tuple[str, float]] = []   # (what the call did, seconds)
+        self.steps: list = []                      # the StepFunctions made
+
+    def track(self, **objs) -> None:
+        self.tracked.update(objs)
+
+    def log(self, value) -> None:
+        self.logs.append(_detach(value))
+
+    def compile(self, fn=None, **kw):
+        def wrap(f):
+            inner = f
+            if self.use_stepgraph:
+                import stepgraph
+                inner = stepgraph.compile(f, **{**self.compile_kw, **kw})
+                self.steps.append(inner)
+
+            def call(*a, **k):
+                self.calls += 1
+                before = _counts(inner)
+                _sync(self.device)
+                t = time.perf_counter()
+                out = inner(*a, **k)
+                _sync(self.device)
+                dt = time.perf_counter() - t
+                after = _counts(inner)
+                kind = "eager" if after is None else ("replay" if after[2] > before[2] else
+                                                       "capture" if after[1] > before[1] else "eager")
+                self.times.append((kind, dt))
+                if self.stop_after is not None and self.calls >= self.stop_after:
+                    raise _Stop()
+                return out
+            call.__wrapped__ = f
+            call.step = inner
+            return call
+        return wrap(fn) if fn is not None else wrap
+
+
+def _counts(step):
+    s = getattr(step, "stats", None)
+    return None if s is None else (s.eager_calls, s.captures, s.replays)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _detach(v):
+    return pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, v)
+
+
+def state_tensors(tracked: dict) -> dict[str, object]:
+    """Every tensor the tracked objects hold, by name: modules' parameters, grads and buffers,
+    optimizers' state_dict, GradScaler's scale, and plain tensors."""
+    out: dict = {}
+    for name, obj in tracked.items():
+        if isinstance(obj, torch.nn.Module):
+            for n, p in obj.named_parameters():
+                out[f"{name}.{n}"] = p.detach().clone()
+                out[f"{name}.{n}.grad"] = None if p.grad is None else p.grad.detach().clone()
+            for n, b in obj.named_buffers():
+                out[f"{name}.{n}"] = b.detach().clone()
+        elif isinstance(obj, torch.optim.Optimizer):
+            sd = obj.state_dict()
+            for k, leaf in pytree.tree_flatten_with_path(sd)[0]:
+                out[f"{name}{pytree.keystr(k)}"] = leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
+        elif isinstance(obj, torch.Tensor):
+            out[name] = obj.detach().clone()
+        elif hasattr(obj, "state_dict"):
+            for k, leaf in pytree.tree_flatten_with_path(obj.state_dict())[0]:
+                out[f"{name}{pytree.keystr(k)}"] = leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
+        else:
+            out[name] = obj
+    return out
+
+
+def rel_err(a, b) -> float:
+    # A hyper-parameter held as a 0-dim device tensor (stepgraph's capturable switch on the
+    # GPU) is compared by value with the user's float.
+    if isinstance(a, torch.Tensor) and a.numel() == 1 and isinstance(b, (int, float)) and not isinstance(b, bool):
+        a = a.item()
+    if isinstance(b, torch.Tensor) and b.numel() == 1 and isinstance(a, (int, float)) and not isinstance(a, bool):
+        b = b.item()
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return math.inf
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return math.inf
+        # (On the GPU stepgraph keeps optimizer step counters on the device: compare values.)
+        a, b = a.detach().cpu(), b.detach().cpu()
+        if a.is_sparse:
+            a, b = a.to_dense(), b.to_dense()
+        if torch.equal(a, b):
+            return 0.0
+        if not a.is_floating_point() and not a.is_complex():
+            return math.inf
+        a, b = a.double(), b.double()
+        if not torch.equal(a.isnan(), b.isnan()):
+            return math.inf
+        a, b = a.nan_to_num(0.0), b.nan_to_num(0.0)
+        return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    if isinstance(a, float) and isinstance(b, float):
+        if a == b or (a != a and b != b):
+            return 0.0
+        return abs(a - b) / max(abs(b), 1e-30)
+    return 0.0 if a == b else math.inf
+
+
+def compare(got: dict, want: dict) -> tuple[float, str]:
+    """Worst relative error over all entries, and the name of the worst one."""
+    worst, where = 0.0, ""
+    for k in dict.fromkeys(list(want) + list(got)):
+        if k.endswith(("['capturable']", "['foreach']")):
+            continue  # the optimizer form stepgraph picks on the GPU (README); values are compared
+        e = rel_err(got.get(k, "<missing>"), want.get(k, "<missing>"))
+        if e > worst:
+            worst, where = e, k
+    return worst, where
+
+
+def _log_dict(logs: list) -> dict:
+    out = {}
+    for i, v in enumerate(logs):
+        for path, leaf in pytree.tree_flatten_with_path(v)[0]:
+            out[f"log[{i}]{pytree.keystr(path)}"] = leaf
+    return out
+
+
+@dataclass
+class Result:
+    name: str
+    status: str
+    detail: str = ""
+    max_rel: float = 0.0
+    speedup: float | None = None      # eager median step / stepgraph median replay
+    stats: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+    def row(self) -> str:
+        sp = f"{self.speedup:.2f}x" if self.speedup else "-"
+        return f"{self.name:<28} {self.status:<14} {sp:>7}  {self.max_rel:9.2e}  {self.detail}"
+
+
+def _run(name, use_stepgraph, steps, device, amp, seed, stop_after=None, **compile_kw):
+    mod = load(name)
+    sg = SG(use_stepgraph, device, stop_after, **compile_kw)
+    seed_all(seed)
+    err = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            mod.main(sg, steps=steps, device=device, amp=amp)
+        except _Stop:
+            pass
+        except Exception as e:  # noqa: BLE001 - classified by the caller
+            err = e
+            err.__tb_text__ = traceback.format_exc()
+    stepgraph_warnings = [str(w.message) for w in caught if "stepgraph" in str(w.message)]
+    return mod, sg, err, stepgraph_warnings
+
+
+def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed: int = 0,
+               rtol: float | None = None, **compile_kw) -> Result:
+    """Eager run, then the stepgraph run on the same seed and batches; classify the difference."""
+    rtol = (1e-5 if device == "cpu" else 1e-3 if amp is None else 2e-2) if rtol is None else rtol
+    try:
+        devices = getattr(load(name), "DEVICES", ("cpu", "cuda"))
+    except ImportError as e:
+        return Result(name, "SKIP", f"needs {e.name}")
+    if device not in devices:
+        return Result(name, "SKIP", f"the program runs on {', '.join(devices)} only")
+    mod, eager, e_err, _ = _run(name, False, steps, device, amp, seed)
+    if isinstance(e_err, ImportError):
+        return Result(name, "SKIP", f"needs {e_err.name}")
+    if e_err is not None:
+        return Result(name, "BROKEN", f"the eager program fails: {type(e_err).__name__}: {e_err}")
+    _, sgr, err, warns = _run(name, True, steps, device, amp, seed, **compile_kw)
+    stats = [s.stats for s in sgr.steps]
+    res = Result(name, OK, stats=stats, warnings=warns)
+    if err is not None:
+        from stepgraph import CaptureError
+        fname = os.path.basename(mod.__file__)
+        where = getattr(err, "where", "") or ""
+        first = str(err).splitlines()[0][:160]
+        if isinstance(err, CaptureError) and fname in where and getattr(err, "fix", ""):
+            # Refused before anything changed: state equals eager's after the same calls.
+            _, twin, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
+            worst, at = compare(state_tensors(sgr.tracked), state_tensors(twin.tracked))
+            if worst <= rtol:
+                res.status, res.detail = CLEAR, f"{first} [{where.split(' (')[0]}]"
+            else:
+                res.status, res.detail = WRONG, f"error left state unlike eager ({at}: {worst:.2e}): {first}"
+            res.max_rel = worst
+            return res
+        res.status, res.detail = UNCLEAR, f"{type(err).__name__}: {first}"
+        return res
+    worst, at = compare({**state_tensors(sgr.tracked), **_log_dict(sgr.logs)},
+                        {**state_tensors(eager.tracked), **_log_dict(eager.logs)})
+    res.max_rel = worst
+    eager_t = [t for k, t in eager.times[2:]]
+    replay_t = [t for k, t in sgr.times if k == "replay"]
+    if eager_t and replay_t:
+        res.speedup = statistics.median(eager_t) / statistics.median(replay_t)
+    if worst > rtol:
+        res.status, res.detail = WRONG, f"{at}: rel err {worst:.2e}"
+        return res
+    extra_eager = sum(max(0, s.eager_calls - s_warm) for s, s_warm in
+                      ((st.stats, st.warmup) for st in sgr.steps))
+    # A new input shape needs its own graph (as torch.compile without dynamic shapes): counted
+    # apart from recaptures, which are the ones a user would not expect.
+    recaptures = [r for s in stats for r in s.recaptures if " shape " not in r.split(" (now")[0]]
+    shapes = sum(1 for s in stats for r in s.recaptures) - len(recaptures)
+    expected = getattr(mod, "EXPECTED_RECAPTURES", 0)
+    if not sgr.steps:
+        res.status, res.detail = "BROKEN", "the client never called sg.compile"
+    elif extra_eager:
+        res.status = EAGER
+        res.detail = ("warned: " + warns[0][:140]) if warns else "SILENT"
+    elif len(recaptures) > expected:
+        res.status, res.detail = RECAPTURES, f"{len(recaptures)}: {recaptures[0][:140]}"
+    elif not any(s.replays for s in stats):
+        res.status, res.detail = EAGER, "never replayed"
+    else:
+        res.detail = "; ".join(f"{s.captures} capture(s), {s.replays} replays" for s in stats)
+        if shapes:
+            res.detail += f" ({shapes} for new input shapes)"
+    return res
+
+
+def main(argv=None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m clients", description=__doc__.splitlines()[0])
+    p.add_argument("names", nargs="*", help="clients to run (default: all)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--amp", default=None, choices=[None, "bf16"])
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--out", default=None, help="write the table as markdown here")
+    a = p.parse_args(argv)
+    chosen = a.names or names()
+    unknown = [n for n in chosen if n not in names()]
+    if unknown:
+        p.error(f"unknown client(s) {unknown}; known: {names()}")
+    rows = []
+    print(f"{'client':<28} {'status':<14} {'speed':>7}  {'max rel':>9}  detail", flush=True)
+    for n in chosen:
+        r = run_client(n, steps=a.steps, device=a.device, amp=a.amp, backend=a.backend)
+        rows.append(r)
+        print(r.row(), flush=True)
+    counts = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    print("totals:", ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(f"| client | status | speed-up | max rel | detail |\n|---|---|---|---|---|\n")
+            for r in rows:
+                sp = f"{r.speedup:.2f}x" if r.speedup else "-"
+                f.write(f"| {r.name} | {r.status} | {sp} | {r.max_rel:.1e} | {r.detail.replace('|', '/')} |\n")
+    return 0 if all(r.status in (OK, CLEAR, "SKIP") for r in rows) else 1
