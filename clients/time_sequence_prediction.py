@@ -26,6 +26,7 @@ from clients.vendor.pytorch_examples.time_sequence_prediction_train import Seque
 
 SOURCE = "https://github.com/pytorch/examples/blob/77f55b9/time_sequence_prediction/train.py"
 LICENSE = "BSD-3-Clause"
+DEVICES = ("cpu",)  # the vendored Sequence builds its LSTM states on the default device
 TAGS = ("rnn", "lstmcell", "float64", "lbfgs", "closure", "item-in-step", "python-unrolled")
 
 
