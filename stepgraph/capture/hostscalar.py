@@ -175,7 +175,7 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor
 HyperFloat.__hash__ = float.__hash__
 
 
-def _reader(group: dict, key: str):
+def group_reader(group: dict, key: str):
     def read():
         return group[key]
     read.__name__ = read.__qualname__ = f"param_group_{key}"
@@ -185,18 +185,23 @@ def _reader(group: dict, key: str):
 def live_hyper(tracer, group: dict, key: str, hyper, baked: set):
     """Replace ``group[key]`` (a float or tuple of floats) by HyperFloats read at replay."""
     value = group[key]
-    node = tracer.create_node("call_function", _reader(group, key), (), {})
+    node = tracer.create_node("call_function", group_reader(group, key), (), {})
     if isinstance(value, tuple):
         return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper, baked)
                      if isinstance(v, float) else v for i, v in enumerate(value))
     return HyperFloat(value, node, hyper, baked)
 
 
-def live_source(tracer, src, value: float, baked: set):
-    """A Python float the step reads (a global ``lr``...) as a HyperFloat read at replay."""
+def source_reader(src):
+    """A function reading a pyvalues Source (a global, cell or attribute) at replay."""
     def read():
         return src.read()
     read.__name__ = read.__qualname__ = "python_value_" + "".join(
         c if c.isalnum() else "_" for c in src.describe().replace("global ", ""))
-    node = tracer.create_node("call_function", read, (), {})
+    return read
+
+
+def live_source(tracer, src, value: float, baked: set):
+    """A Python float the step reads (a global ``lr``...) as a HyperFloat read at replay."""
+    node = tracer.create_node("call_function", source_reader(src), (), {})
     return HyperFloat(value, node, src, baked)

@@ -50,16 +50,15 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
     orig = LRScheduler.step
 
     def step(self, *a, **k):
-        calls.append((self, a, k))
-        mark = len(stepped)
+        mark, where = len(stepped), user_frame()
 
         def check():
             if len(stepped) > mark:
                 problems.append(Problem(
                     f"{type(self).__name__}.step() runs before an optimizer step in the same call: a replay "
-                    "cannot change the lr between them", user_frame(), "step the scheduler after "
+                    "cannot change the lr between them", where, "step the scheduler after "
                     "optimizer.step() (as PyTorch recommends), or outside the step", plain=True))
-        calls[-1] = (self, a, k, check)
+        calls.append((self, a, k, check))
         return orig(self, *a, **k)
     LRScheduler.step = step
     handle = register_optimizer_step_pre_hook(lambda opt, a, k: stepped.append(opt))

@@ -14,7 +14,7 @@ import warnings
 import torch.utils._pytree as pytree
 
 from ..errors import CaptureError
-from .hostscalar import HyperFloat
+from .hostscalar import HyperFloat, group_reader, source_reader
 from .pyvalues import _show, guard_value
 
 log = logging.getLogger("stepgraph")
@@ -22,7 +22,7 @@ log = logging.getLogger("stepgraph")
 
 def container_sizes(py, args) -> list:
     return [len(v) if s.identity_only and isinstance(v, (list, dict, set)) else None
-            for s in py.sources for v in [_safe_read(s, args)]]
+            for s in py.sources for v in [s.read_or(args)]]
 
 
 def warn_appends(py, before: list, after: list, step_name: str) -> list:
@@ -51,25 +51,12 @@ def refuse_python_side_effects(py, before: tuple, after: tuple) -> None:
                     "tensor the step updates in place; pass values that change as arguments")
 
 
-def _group_reader(group: dict, key: str):
-    def read():
-        return group[key]
-    return read
-
-
-def _source_reader(src):
-    def read():
-        return src.read()
-    return read
-
-
 def live_outputs(tr, reg, py, args, step_name: str) -> None:
     """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
-    paths = [keystr for keystr, _ in (
-        (pytree.keystr(p), v) for p, v in pytree.tree_flatten_with_path(tr.result)[0])]
-    guarded = {id(v) for s in py.sources for v in [_safe_read(s, args)] if v is not None}
+    paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
+    guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
     out, unsure = [], []
-    for (kind, v), where in zip(tr.out_leaves, paths + [""] * len(tr.out_leaves)):
+    for (kind, v), where in zip(tr.out_leaves, paths):
         if kind != "const" or isinstance(v, bool) or not isinstance(v, (int, float)):
             out.append((kind, v))
             continue
@@ -77,14 +64,14 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
             h = v.hyper
             if isinstance(h, tuple):
                 group = reg.optimizers[h[0]][1].param_groups[h[1]]
-                out.append(("live", _group_reader(group, h[2])))
+                out.append(("live", group_reader(group, h[2])))
             else:
-                out.append(("live", _source_reader(h)))
+                out.append(("live", source_reader(h)))
             continue
         group_hit = next(((g, k) for _, opt in reg.optimizers for g in opt.param_groups
                           for k, x in g.items() if x is v), None)
         if group_hit is not None and isinstance(v, float):
-            out.append(("live", _group_reader(*group_hit)))
+            out.append(("live", group_reader(*group_hit)))
             continue
         if not (isinstance(v, float) and id(v) in guarded) and v not in py.literals:
             unsure.append(f"output{where}={_show(guard_value(v))}")
@@ -96,10 +83,3 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
                "that changes from call to call")
         warnings.warn(msg, stacklevel=4)
         log.warning(msg)
-
-
-def _safe_read(s, args):
-    try:
-        return s.read(args)
-    except Exception:  # noqa: BLE001
-        return None

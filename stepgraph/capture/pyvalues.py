@@ -18,7 +18,6 @@ Dropout, a temperature): train/eval alone does not describe what a forward compu
 from __future__ import annotations
 
 import dis
-import math
 import os
 import types
 from dataclasses import dataclass, field
@@ -114,15 +113,17 @@ class Source:
             v = getattr(v, k) if kind == "attr" else v[k]
         return v
 
-    def value(self, args=()):
+    def read_or(self, args=(), default=None):
         try:
-            v = self.read(args)
-            return ("object", id(v)) if self.identity_only else guard_value(v)
+            return self.read(args)
         except Exception:  # noqa: BLE001 - a missing attribute/key is a value too
-            return _MISSING
+            return default
 
-    def writable(self) -> bool:
-        return self.kind in ("global", "cell", "object") or bool(self.path)
+    def value(self, args=()):
+        v = self.read_or(args, _MISSING)
+        if v is _MISSING:
+            return _MISSING
+        return ("object", id(v)) if self.identity_only else guard_value(v)
 
     def write(self, value, args=()) -> None:
         """Rebind the value where the code reads it (used to substitute a live float while
@@ -158,20 +159,20 @@ class PyValues:
                 return f"{s.describe()} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
         return None
 
-    def changed(self, a: tuple, b: tuple) -> list:
-        return [s for s, x, y in zip(self.sources, a, b) if x != y]
-
 
 # ---- finding sources -------------------------------------------------------------------
-def _chains(code: types.CodeType):
-    """(root opcode, root name, path, line) for each load chain in ``code`` and nested code."""
+def _chains(top: types.CodeType):
+    """(root opcode, root name, path, line) for each load chain in ``top`` and nested code."""
+    for code in _all_code(top):
+        yield from _code_chains(code)
+
+
+def _code_chains(code: types.CodeType):
     line = code.co_firstlineno
     ins = list(dis.get_instructions(code))
     i = 0
     while i < len(ins):
         x = ins[i]
-        if x.starts_line:
-            line = x.starts_line if isinstance(x.starts_line, int) else (x.positions.lineno or line)
         if x.positions is not None and x.positions.lineno:
             line = x.positions.lineno
         if x.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CLASSDEREF"):
@@ -193,9 +194,6 @@ def _chains(code: types.CodeType):
                 j += 1
             yield x.opname, x.argval, tuple(path), line
         i += 1
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            yield from _chains(c)
 
 
 def _prefixes(path):
@@ -300,11 +298,6 @@ def _all_code(code):
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             yield from _all_code(c)
-
-
-def _is_library_object(v) -> bool:
-    mod = getattr(type(v), "__module__", "") or ""
-    return mod.split(".")[0] in ("torch", "builtins", "numpy", "transformers")
 
 
 # ---- module forward attributes ---------------------------------------------------------

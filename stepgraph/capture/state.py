@@ -336,8 +336,8 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
         _consider(name, obj, found, 0)
     _walk_function(fn, found)
     reg = StateRegistry()
-    _found_to_registry(found, reg)
-    reg.refresh_names()
+    if not _found_to_registry(found, reg):
+        reg.refresh_names()  # (an empty registry still reads the global hook dicts)
     return reg
 
 
