@@ -60,6 +60,10 @@ def explain(self) -> str:
             kinds = sorted({str(n.target).split(".")[1] for n in colls})
             lines.append(f"    collectives in the graph: {len(colls)} ({', '.join(kinds)}; DDP gradient "
                          "buckets and buffer broadcasts); ranks agree in the store before each capture")
+        live = list(dict.fromkeys(n.target.live_label for n in e.graph.graph.nodes
+                                  if n.op == "call_function" and hasattr(n.target, "live_label")))
+        if live:
+            lines.append(f"    read live at each replay (no recapture when they change): {_names(live)}")
         if s.host_scalar_reads:
             lines.append(f"    host scalars: {s.host_scalar_reads} optimizer step-counter reads "
                          "recomputed on the host each replay (eager-identical numerics)")

@@ -305,6 +305,12 @@ class StepFunction:
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
         backend = backends.pick(self.backend, device)
+        if not self._order and backend.name == "replay":
+            # Floats a schedule may change are read live from the first capture (no recapture).
+            first = [h for h in self._guards.live_candidates(args) if h not in self._baked_hypers]
+            if first:
+                self._guards.live.update(first)
+                sig = self._guards.signature(args, kwargs)
         if self._order and backend.name == "replay":
             # A float lr/betas that changed once (a schedule) is read live from here on.
             from .capture.hostscalar import LIVE_HYPERS

@@ -207,13 +207,23 @@ def test_guard_autocast():
     drive(p, batch, ctx=ctx, words=("autocast", "bfloat16"))
 
 
-def test_guard_float_lr():
-    def set_lr(v):
+def test_guard_float_weight_decay():
+    def set_wd(v):
         def f(model, opt):
-            opt.param_groups[0]["lr"] = v
+            opt.param_groups[0]["weight_decay"] = v
         return f
     p = Pair(train_step)
-    drive(p, batch, change=set_lr(5e-4), undo=set_lr(1e-3), words=("lr", "0.001", "0.0005"))
+    drive(p, batch, change=set_wd(0.05), undo=set_wd(0.01), words=("weight_decay", "0.01", "0.05"))
+
+
+def test_float_lr_is_read_live_from_the_first_capture():
+    # The loop assigns a new lr every call (nanoGPT's idiom): no recapture on the CPU, and the
+    # eager twin's parity proves each replay used that call's lr.
+    p = Pair(train_step)
+    for k in range(8):
+        p.both(lambda m, o: o.param_groups[0].__setitem__("lr", 1e-3 * (k + 1)))
+        p(*batch(k))
+    assert p.counts() == (1, 1, 6) and p.stats.recaptures == []
 
 
 def test_tensor_lr_fill_is_read_live_without_recapture():

@@ -90,8 +90,8 @@ def test_global_lr_annealed_by_the_loop_is_read_live_on_cpu(monkeypatch):
             monkeypatch.setitem(globals(), "LR", globals()["LR"] / 4)
         assert torch.equal(sg(*batch(k)), eager(*batch(k)))
         same_params(m, t)
-    assert sg.stats.captures == 2, sg.stats.recaptures   # once for the change, then live
-    assert "global LR 20.0 -> 5.0" in sg.stats.recaptures[0] and "read live" in sg.stats.recaptures[0]
+    assert sg.stats.captures == 1, sg.stats.recaptures   # read live from the first capture
+    assert "global LR" in sg.explain()
 
 
 def test_a_global_model_rebound_between_calls_recaptures():

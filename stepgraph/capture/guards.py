@@ -170,6 +170,25 @@ class Guards:
                         out.append((oi, gi, k))
         return out
 
+    def live_candidates(self, args, keys=("lr", "betas")) -> list:
+        """What a replay graph can read live from its first capture: the float hyper-parameters
+        ``keys`` of every group, and the float globals/cells/attributes the step's own code
+        reads (not arguments: those come with each call). Reading them live costs a dict or
+        attribute read per replay; baking them cost one recapture at the first schedule change
+        (every corpus client with a scheduler recaptured once)."""
+        out = []
+        for oi, (_, opt) in enumerate(self.reg.optimizers):
+            for gi, g in enumerate(opt.param_groups):
+                for k in keys:
+                    v = g.get(k)
+                    vs = v if isinstance(v, tuple) else (v,)
+                    if vs and all(isinstance(x, float) for x in vs):
+                        out.append((oi, gi, k))
+        for s in self.py.sources:
+            if s.from_step and s.kind != "arg" and isinstance(s.read_or(args), float):
+                out.append(s)
+        return out
+
     # ---- explaining a miss -------------------------------------------------------------
     def diff(self, old: tuple, new: tuple, args=(), kwargs=None) -> str:
         """One line naming the first difference between two signature keys."""

@@ -175,17 +175,18 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor
 HyperFloat.__hash__ = float.__hash__
 
 
-def group_reader(group: dict, key: str):
+def group_reader(group: dict, key: str, label: str = ""):
     def read():
         return group[key]
     read.__name__ = read.__qualname__ = f"param_group_{key}"
+    read.live_label = label or f"param_groups[..]['{key}']"  # for explain()
     return read
 
 
-def live_hyper(tracer, group: dict, key: str, hyper, baked: set):
+def live_hyper(tracer, group: dict, key: str, hyper, baked: set, label: str = ""):
     """Replace ``group[key]`` (a float or tuple of floats) by HyperFloats read at replay."""
     value = group[key]
-    node = tracer.create_node("call_function", group_reader(group, key), (), {})
+    node = tracer.create_node("call_function", group_reader(group, key, label), (), {})
     if isinstance(value, tuple):
         return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper, baked)
                      if isinstance(v, float) else v for i, v in enumerate(value))
@@ -196,6 +197,7 @@ def source_reader(src):
     """A function reading a pyvalues Source (a global, cell or attribute) at replay."""
     def read():
         return src.read()
+    read.live_label = src.describe()
     read.__name__ = read.__qualname__ = "python_value_" + "".join(
         c if c.isalnum() else "_" for c in src.describe().replace("global ", ""))
     return read

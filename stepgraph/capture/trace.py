@@ -121,7 +121,11 @@ class _HostReadMode(TorchFunctionMode):
             new_nodes.append(n)
             n = n.next
         used = substitute(new_nodes, floats, pytree.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, (list, tuple)) and any(isinstance(y, HostFloat) for y in x)))
-        if len(used) < len({id(f) for f in floats}):
+        lost = [f for f in floats if id(f) not in used]
+        for f in lost:
+            if isinstance(f, HyperFloat):
+                f.baked.add(f.hyper)  # could not stay live here: guard its value instead
+        if any(not isinstance(f, HyperFloat) for f in lost):
             self._problem(f"an optimizer step counter's value flowed into {getattr(func, '__name__', func)} "
                           "where stepgraph cannot keep it live", "use a capturable optimizer "
                           "(capturable=True) or report this optimizer to stepgraph")
@@ -251,7 +255,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             src.write(live, a)
         for oi, gi, k in live_hypers:
             group = reg.optimizers[oi][1].param_groups[gi]
-            live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()))
+            live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()),
+                              f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
