@@ -29,7 +29,8 @@ __version__ = "0.1.0"
 
 
 def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: int = 8,
-            state=(), on_capture_error: str = "raise", clone_outputs: bool = True, check=0):
+            state=(), on_capture_error: str = "raise", clone_outputs: bool = True, check=0,
+            host_reads: str = "guard"):
     """Capture ``fn`` — a whole training step — as one graph, replayed on later calls.
 
     Call 1 (``warmup`` calls) runs eagerly so optimizer state exists; the next call traces
@@ -48,6 +49,11 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
         clone_outputs: with the CUDA-graph backend, returned tensors are copies (default), so
             later replays never overwrite them; ``False`` returns the graph's static output
             buffers (zero-copy: valid until the next call).
+        host_reads: ``"guard"`` (default): a value the step reads on the host (``loss.item()``,
+            ``if torch.isfinite(loss):``) is read again at each replay; returned or used in
+            arithmetic it is live, and where Python branches on it the graph checks it is the
+            value seen at capture (a different one undoes the graph's writes and captures that
+            call for the new value). ``"error"``: any host read is a ``CaptureError``.
         check: for the first ``check`` replays (``True``: 3; also ``STEPGRAPH_CHECK=1``) also run
             the step eagerly from the same state and report the first tensor that diverges
             (``stats.check_reports``; eager's result is kept).
@@ -58,7 +64,7 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
     """
     def wrap(f):
         return StepFunction(f, backend=backend, warmup=warmup, max_captures=max_captures,
-                            state=state, on_capture_error=on_capture_error, clone_outputs=clone_outputs,
+                            state=state, on_capture_error=on_capture_error, clone_outputs=clone_outputs, host_reads=host_reads,
                             check=check)
     return wrap(fn) if fn is not None else wrap
 

@@ -44,6 +44,9 @@ KNOBS = {k.name: k for k in [
     Knob("inductor_background", "STEPGRAPH_INDUCTOR_BACKGROUND", True,
          "backend='inductor': compile in a child process while the step runs its unfused graph, "
          "and switch when ready (0: block the capturing call until Inductor is done)."),
+    Knob("host_reads", "STEPGRAPH_HOST_READS", "",
+         "Override host_reads of every compile(): 'guard' (values read on the host are live or "
+         "guarded between graph segments) or 'error' (any host read is a CaptureError)."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

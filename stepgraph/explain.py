@@ -18,7 +18,8 @@ def explain(self) -> str:
              f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
              f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
              f"capture_seconds={self.stats.capture_seconds:.3f} "
-             f"compile_seconds={self.stats.compile_seconds:.3f}"]
+             f"compile_seconds={self.stats.compile_seconds:.3f}"
+             + (f" guard_misses={sum(self.stats.guard_misses.values())}" if self.stats.guard_misses else "")]
     for note in self._prepared:
         lines.append(f"  prepared: {note}")
     for note in self._hook_notes:
@@ -64,6 +65,18 @@ def explain(self) -> str:
                                   if n.op == "call_function" and hasattr(n.target, "live_label")))
         if live:
             lines.append(f"    read live at each replay (no recapture when they change): {_names(live)}")
+        plan = e.guard_plan
+        if plan is not None:
+            lines.append(f"    host reads: {len(plan.guards)} value guard(s); a replay runs {plan.prefix_ops} of "
+                         f"{plan.total_ops} ops before the last one"
+                         + (" (moved ahead of the rest)" if plan.reordered else "")
+                         + (f"; saved at each call to undo a miss: {_names(plan.saved, 6)} "
+                            f"({plan.saved_bytes / 2**20:.2f} MiB)" if plan.saved else "; nothing to undo on a miss"))
+            for site, what, value in plan.guards[:6]:
+                lines.append(f"      guard {what} == {value!r} at {site}")
+        reads = [x for x in (tr.reads.reads if tr.reads is not None else [])]
+        if reads:
+            lines.append(f"    values read live at each replay: {_names(list(dict.fromkeys(r.site for r in reads)), 4)}")
         if s.host_scalar_reads:
             lines.append(f"    host scalars: {s.host_scalar_reads} optimizer step-counter reads "
                          "recomputed on the host each replay (eager-identical numerics)")

@@ -25,7 +25,9 @@ from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover, install_registration_hooks
 from .capture.effects import resolve_bindings
 from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
-from .capture.outputs import container_sizes, live_outputs, refuse_python_side_effects, warn_appends
+from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
+from .capture.hostreads import GuardMiss
+from .passes.guards import place_guards
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
 from .errors import StepGraphError
 from .passes import GraphSummary, cleanup, summarize
@@ -44,6 +46,7 @@ class Stats:
     check_reports: list = field(default_factory=list)  # check mode: one line per checked replay
     capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
     compile_seconds: float = 0.0   # of which backend compilation (Inductor)
+    guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
 
 
 @dataclass
@@ -63,6 +66,9 @@ class CapturedStep:
     stale: object = None     # backend check: a reason string when held addresses moved
     distributed: bool = False  # the graph runs collectives (DDP gradient sync)
     python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
+    guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
+    siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
+    gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
@@ -94,7 +100,7 @@ class CapturedStep:
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
-        leaves = [outs[v] if kind == "tensor" else v() if kind == "live" else v for kind, v in tr.out_leaves]
+        leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(leaves, tr.out_spec)
 
 
@@ -102,11 +108,15 @@ class StepFunction:
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
     def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
-                 clone_outputs=True, check=0, check_rtol=1e-5):
+                 clone_outputs=True, check=0, check_rtol=1e-5, host_reads="guard"):
         if warmup < 0 or max_captures < 1:
             raise StepGraphError("warmup must be >= 0 and max_captures >= 1")
         if on_capture_error not in ("raise", "eager"):
             raise StepGraphError("on_capture_error must be 'raise' or 'eager'")
+        if host_reads not in ("guard", "error"):
+            raise StepGraphError("host_reads must be 'guard' (values read on the host are guarded "
+                                 "or live) or 'error' (refuse any host read)")
+        self.host_reads = config.get("host_reads") or host_reads
         functools.update_wrapper(self, fn, updated=())
         self.fn = fn
         self.backend = config.get("backend") or backend
@@ -180,10 +190,13 @@ class StepFunction:
                     hit = False
                 if hit and (last.stale is None or last.stale() is None):
                     self.stats.replays += 1
-                    if len(self.stats.check_reports) < self.check:
-                        return checked_call(self, last, lambda: last.replay_args(args, kwargs), args, kwargs,
-                                            self.check_rtol)
-                    return last.replay_args(args, kwargs)
+                    try:
+                        if len(self.stats.check_reports) < self.check:
+                            return checked_call(self, last, lambda: last.replay_args(args, kwargs), args,
+                                                kwargs, self.check_rtol)
+                        return last.replay_args(args, kwargs)
+                    except GuardMiss as miss:
+                        self._note_miss(miss)  # undone: go on to the full lookup
             # A model or optimizer passed as an argument that is new to this step is state too.
             if adopt_arguments(self._reg, args, kwargs, self._guards.arg_names):
                 self._guards.find_python_values(self.fn, args)
@@ -194,14 +207,7 @@ class StepFunction:
                 self._drop(entry)
                 return self._capture(sig, args, kwargs, reason=stale_reason)
             if entry is not None:
-                self.stats.replays += 1
-                if len(self.stats.check_reports) < self.check:
-                    out = checked_call(self, entry, lambda: entry.replay(sig.leaves, sig.tensor_pos), args,
-                                       kwargs, self.check_rtol)
-                else:
-                    out = entry.replay(sig.leaves, sig.tensor_pos)
-                self._remember(entry, args, kwargs)
-                return out
+                return self._replay_entry(entry, sig, args, kwargs)
             if self._warm_done < self.warmup and not self._order:
                 if self.backend == "inductor" and config.get("inductor_background"):
                     from .backends.background import prestart
@@ -210,7 +216,7 @@ class StepFunction:
                     out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
                 return out
-            if len(self._entries) >= self.max_captures:
+            if len(self._order) >= self.max_captures:
                 if not self._warned_cap:
                     self._warned_cap = True
                     msg = (f"stepgraph: {self.__name__} reached max_captures={self.max_captures} graphs; "
@@ -221,6 +227,40 @@ class StepFunction:
                 self._agree(self._reg, sig.leaves, self._calls, "eager call")  # (no-op without DDP)
                 return self._eager(args, kwargs)
             return self._capture(sig, args, kwargs)
+
+    def _replay_entry(self, entry, sig, args, kwargs):
+        """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
+        if entry.gave_up:
+            return self._eager(args, kwargs)
+        miss = None
+        for e in [entry] + entry.siblings:
+            self.stats.replays += 1
+            try:
+                if len(self.stats.check_reports) < self.check:
+                    out = checked_call(self, e, lambda: e.replay(sig.leaves, sig.tensor_pos), args,
+                                       kwargs, self.check_rtol)
+                else:
+                    out = e.replay(sig.leaves, sig.tensor_pos)
+            except GuardMiss as m:
+                miss = m  # the graph undid its writes: try the next one
+                self._note_miss(m)
+                continue
+            self._remember(e, args, kwargs)
+            return out
+        if len(self._order) >= self.max_captures:
+            entry.gave_up = True
+            msg = (f"stepgraph: {self.__name__}: a value read on the host keeps changing ({miss}); "
+                   f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
+                   "from now on. Return the value from the step and decide outside it, or raise "
+                   "max_captures if it takes few values")
+            warnings.warn(msg, stacklevel=3)
+            log.warning(msg)
+            return self._eager(args, kwargs)
+        return self._capture(sig, args, kwargs, reason=str(miss), sibling_of=entry)
+
+    def _note_miss(self, miss: GuardMiss) -> None:
+        self.stats.replays -= 1  # undone, not a replay
+        self.stats.guard_misses[miss.site] = self.stats.guard_misses.get(miss.site, 0) + 1
 
     def overhead_us(self, *args, repeat: int = 500, **kwargs) -> dict:
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
@@ -274,7 +314,8 @@ class StepFunction:
     # ---- internals ---------------------------------------------------------------------
     def _drop(self, entry) -> None:
         self._entries.pop(entry.key, None)
-        self._order.remove(entry)
+        for e in [entry] + entry.siblings:
+            self._order.remove(e)
         self._last = self._last_quick = None
 
     def _remember(self, entry, args, kwargs):
@@ -300,7 +341,7 @@ class StepFunction:
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
 
-    def _capture(self, sig, args, kwargs, reason=None):
+    def _capture(self, sig, args, kwargs, reason=None, sibling_of=None):
         if reason is None and self._order:
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
@@ -345,12 +386,14 @@ class StepFunction:
                 sizes_before = container_sizes(self._guards.py, args)
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                 live_hypers=sorted(h for h in live if isinstance(h, tuple)),
-                                live_sources=[h for h in live if not isinstance(h, tuple)])
+                                live_sources=[h for h in live if not isinstance(h, tuple)],
+                                host_reads=self.host_reads == "guard")
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
             append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
                                         self.__name__)
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
+            read_notes = read_side_effects(tr, self.__name__)
             distributed.refuse_direct_collectives(tr.graph_module)
             if tr.baked_hypers:
                 # The step branched on a live value: this graph depends on it, so guard it again.
@@ -359,6 +402,7 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
+            plan = place_guards(gm, device, self._reg.name_of)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
             n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
@@ -372,6 +416,14 @@ class StepFunction:
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
                         grad_bindings=bindings, on_fused=self._on_fused)
             try:
+                if tr.reads is not None and tr.reads.reads + tr.reads.guards and backend.name != "replay":
+                    raise NeedsReplay(
+                        "the step reads tensor values on the host (" + "; ".join(dict.fromkeys(
+                            x.site for x in tr.reads.reads)) + "; ".join(dict.fromkeys(
+                                site for site, _, _ in tr.reads.guards)) + "): graph segments between host "
+                        f"reads run on the 'replay' backend for now", op="host read",
+                        where=(tr.reads.guards[0][0] if tr.reads.guards else tr.reads.reads[0].site),
+                        fix="return the value from the step and read it outside, or use backend='replay'")
                 run = backend.compile(gm, example, **opts)
             except NeedsReplay as e:
                 if self.backend != "auto":
@@ -393,7 +445,8 @@ class StepFunction:
                 self._eager_only = True
             raise
         seconds = time.perf_counter() - t0
-        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes
+        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes \
+            + read_notes
         left = [src for src, t, fn in tr.state_hooks
                 if any(h is fn for d in (t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None))
                        if d for h in d.values())]
@@ -407,8 +460,11 @@ class StepFunction:
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records])
-        self._entries[sig.key] = entry
+                              for r in ddp_records], plan)
+        if sibling_of is not None:
+            sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
+        else:
+            self._entries[sig.key] = entry
         self._order.append(entry)
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
@@ -421,7 +477,17 @@ class StepFunction:
         else:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
-        return tr.result
+        return _plain_floats(tr.result)
+
+
+def _plain_floats(result):
+    """The capturing call's result with tracing floats (live reads, hyper-parameters) as the
+    plain floats eager returns: they hold graph nodes the user should not keep alive."""
+    from .capture.hostscalar import HostFloat, _plain
+    leaves, spec = pytree.tree_flatten(result)
+    if not any(isinstance(v, HostFloat) for v in leaves):
+        return result
+    return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else v for v in leaves], spec)
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

@@ -184,7 +184,9 @@ CASES = [  # (body, a word the op name must contain)
 
 @pytest.mark.parametrize("body,op_word", CASES, ids=[b.__name__.strip("_") for b, _ in CASES])
 def test_host_sync_raises_at_capture_with_user_line(body, op_word, capsys):
-    p = Pair(body)
+    # host_reads="error": the refusal contract (by default scalar reads are guarded or live:
+    # tests/test_host_reads.py); data-dependent shapes, tolist and numpy are refused either way.
+    p = Pair(body, host_reads="error")
     x, y = batch(0)
     p.step(x, y)  # warm-up: eager, no error
     p.eager(x, y)
@@ -211,7 +213,7 @@ def test_host_sync_raises_at_capture_with_user_line(body, op_word, capsys):
 
 def test_message_does_not_blame_torch_for_a_direct_host_read():
     """``loss.item()`` is the user's own call: no ``(inside torch/...)`` frame in the message."""
-    p = Pair(_item)
+    p = Pair(_item, host_reads="error")
     p.step(*batch(0))
     with pytest.raises(stepgraph.CaptureError) as info:
         p.step(*batch(1))
@@ -262,7 +264,7 @@ def test_user_exception_propagates_unchanged_and_step_recovers():
 
 
 def test_on_capture_error_eager_falls_back_for_good():
-    p = Pair(_item, on_capture_error="eager")
+    p = Pair(_item, on_capture_error="eager", host_reads="error")
     p.step(*batch(0))
     p.eager(*batch(0))
     with pytest.raises(stepgraph.CaptureError):

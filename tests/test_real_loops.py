@@ -232,7 +232,7 @@ def test_grad_scaler_with_unfused_optimizer_is_a_capture_error():
     batches = [(*classify_batch(k), torch.tensor(0)) for k in range(2)]
     err, (m1, o1, s1), (m2, o2, s2), step, _ = _capture_error_after_eager_equal(
         lambda m, o, s: _scaler_fn(m, o, s), mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-        lambda: torch.amp.GradScaler("cpu", init_scale=2.0 ** 8), batches)
+        lambda: torch.amp.GradScaler("cpu", init_scale=2.0 ** 8), batches, host_reads="error")
     assert "grad_scaler.py" in str(err), str(err)
     same_state("GradScaler unfused (error)", m1, m2, o1, o2)
     same("GradScaler unfused (error)", s1._scale, s2._scale, "scale")
@@ -245,7 +245,7 @@ def test_grad_scaler_unfused_capture_error_says_to_use_a_fused_optimizer():
     batches = [(*classify_batch(k), torch.tensor(0)) for k in range(2)]
     err, *_ = _capture_error_after_eager_equal(
         lambda m, o, s: _scaler_fn(m, o, s), mlp, lambda m: torch.optim.AdamW(m.parameters(), lr=1e-2),
-        lambda: torch.amp.GradScaler("cpu"), batches)
+        lambda: torch.amp.GradScaler("cpu"), batches, host_reads="error")
     assert "fused" in str(err), f"CaptureError for GradScaler does not suggest fused=True:\n{err}"
 
 
@@ -254,7 +254,7 @@ def test_grad_scaler_unfused_on_capture_error_eager_keeps_training_like_eager():
     m1, m2 = twins(mlp)
     o1, o2 = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (m1, m2))
     sc1, sc2 = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2) for _ in range(2))
-    step = stepgraph.compile(_scaler_fn(m1, o1, sc1), on_capture_error="eager")
+    step = stepgraph.compile(_scaler_fn(m1, o1, sc1), on_capture_error="eager", host_reads="error")
     eager = _scaler_fn(m2, o2, sc2)
     for k in range(STEPS):
         batch = (*classify_batch(k), torch.tensor(1 if k == 4 else 0))
@@ -440,7 +440,7 @@ def test_clip_grad_norm_error_if_nonfinite_is_a_capture_error():
         return f
     err, (m1, o1, _), (m2, o2, _), *_ = _capture_error_after_eager_equal(
         make, mlp, lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda: None,
-        [classify_batch(k) for k in range(2)])
+        [classify_batch(k) for k in range(2)], host_reads="error")
     assert "clip_grad" in str(err) and "bool(tensor)" in str(err), str(err)
     same_state("clip error_if_nonfinite (error)", m1, m2, o1, o2)
 
@@ -618,7 +618,8 @@ def test_batchnorm_cumulative_average_is_a_capture_error_naming_batchnorm():
     err, (m1, o1, _), (m2, o2, _), *_ = _capture_error_after_eager_equal(
         lambda m, o, _: train_fn(m, o),
         lambda: nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16, momentum=None), nn.Linear(16, 4)),
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda: None, [classify_batch(k) for k in range(2)])
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1), lambda: None, [classify_batch(k) for k in range(2)],
+        host_reads="error")
     same_state("batchnorm momentum=None (error)", m1, m2, o1, o2)
     assert "float(tensor)" in str(err)
     assert "batchnorm" in str(err).lower(), f"the error does not say it comes from BatchNorm:\n{err}"

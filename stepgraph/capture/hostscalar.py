@@ -26,7 +26,18 @@ class HostFloat(float):
         return self
 
     def __reduce__(self):  # never pickled as a HostFloat
-        return (float, (float(self),))
+        return (float, (_plain(self),))
+
+    derive_rank = 0  # in ``a + b``, the operand of higher rank decides what the result tracks
+
+    def _derive(self, value, node):
+        """The result of arithmetic on this float (subclasses keep what they track)."""
+        return HostFloat(value, node)
+
+
+def _plain(x):
+    """The value as a plain float; never ``float(x)``, which a subclass may track."""
+    return float.__float__(x) if isinstance(x, float) else float(x)
 
 
 def _tracer():
@@ -39,27 +50,34 @@ def _arg(x):
     return x.node if isinstance(x, HostFloat) else x
 
 
+def current(x, tracer) -> bool:
+    """A HostFloat of the graph being traced now (not one a past trace left in user state)."""
+    return isinstance(x, HostFloat) and tracer is not None and x.node.graph is tracer.graph
+
+
 def _binary(op, swap=False):
     def method(self, other):
         if not isinstance(other, (int, float)) or isinstance(other, bool):
             return NotImplemented
         a, b = (other, self) if swap else (self, other)
-        value = op(float(a), float(b))
+        value = op(_plain(a), _plain(b))
         tracer = _tracer()
-        if tracer is None:  # used after the trace: plain float semantics
+        live = [x for x in (a, b) if current(x, tracer)]
+        if not live:  # used after the trace (plain float semantics) or left by an older one
             return value
-        node = tracer.create_node("call_function", op, (_arg(a), _arg(b)), {})
-        return HostFloat(value, node)
+        args = tuple(x.node if current(x, tracer) else _plain(x) for x in (a, b))
+        node = tracer.create_node("call_function", op, args, {})
+        return max(live, key=lambda x: x.derive_rank)._derive(value, node)
     return method
 
 
 def _unary(op):
     def method(self):
-        value = op(float(self))
+        value = op(_plain(self))
         tracer = _tracer()
-        if tracer is None:
+        if not current(self, tracer):
             return value
-        return HostFloat(value, tracer.create_node("call_function", op, (self.node,), {}))
+        return self._derive(value, tracer.create_node("call_function", op, (self.node,), {}))
     return method
 
 
@@ -78,7 +96,11 @@ class _DataDependentBranch(Exception):
 
 
 def _refuse(name):
+    plain = getattr(float, f"__{name}__")
+
     def method(self, *a):
+        if not current(self, _tracer()):  # after its trace it is a plain float
+            return plain(_plain(self), *a)
         raise _DataDependentBranch(name)
     return method
 
@@ -112,13 +134,13 @@ def substitute(nodes, floats, call_args) -> set:
     """
     by_bits: dict = {}
     for f in floats:
-        by_bits.setdefault(float(f).hex(), []).append(f)
+        by_bits.setdefault(_plain(f).hex(), []).append(f)
     seqs = [a for a in call_args if isinstance(a, (list, tuple)) and any(isinstance(x, HostFloat) for x in a)]
     used = set()
 
     def one(a, hint=None):
         if isinstance(a, float) and not math.isnan(a):
-            if isinstance(hint, HostFloat) and float(hint).hex() == a.hex():
+            if isinstance(hint, HostFloat) and _plain(hint).hex() == a.hex():
                 used.add(id(hint))
                 return hint.node
             group = by_bits.get(a.hex())
@@ -131,7 +153,7 @@ def substitute(nodes, floats, call_args) -> set:
         if isinstance(a, (list, tuple)):
             for seq in seqs:
                 if len(seq) == len(a) and all(not isinstance(x, float) or
-                                              (isinstance(y, (int, float)) and float(y).hex() == x.hex())
+                                              (isinstance(y, (int, float)) and _plain(y).hex() == x.hex())
                                               for x, y in zip(a, seq)):
                     return type(a)(one(x, y) for x, y in zip(a, seq))
             return type(a)(fix(x) for x in a)
@@ -160,13 +182,17 @@ class HyperFloat(HostFloat):
         self.hyper, self.baked = hyper, baked
         return self
 
+    def _derive(self, value, node):
+        # ``gamma * R``: still this hyper-parameter's value (branching on it or losing it bakes it)
+        return HyperFloat(value, node, self.hyper, self.baked)
+
 
 def _recording(name):
     op = getattr(float, f"__{name}__")
 
     def method(self, *a):
         self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
-        return op(float(self), *a)
+        return op(_plain(self), *a)
     return method
 
 

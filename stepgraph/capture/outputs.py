@@ -14,7 +14,7 @@ import warnings
 import torch.utils._pytree as pytree
 
 from ..errors import CaptureError
-from .hostscalar import HyperFloat, group_reader, source_reader
+from .hostscalar import group_reader
 from .pyvalues import _show, guard_value
 
 log = logging.getLogger("stepgraph")
@@ -55,18 +55,11 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
     """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
     paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
     guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
+    guarded |= {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}
     out, unsure = [], []
     for (kind, v), where in zip(tr.out_leaves, paths):
         if kind != "const" or isinstance(v, bool) or not isinstance(v, (int, float)):
             out.append((kind, v))
-            continue
-        if isinstance(v, HyperFloat):
-            h = v.hyper
-            if isinstance(h, tuple):
-                group = reg.optimizers[h[0]][1].param_groups[h[1]]
-                out.append(("live", group_reader(group, h[2])))
-            else:
-                out.append(("live", source_reader(h)))
             continue
         group_hit = next(((g, k) for _, opt in reg.optimizers for g in opt.param_groups
                           for k, x in g.items() if x is v), None)
@@ -83,3 +76,36 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
                "that changes from call to call")
         warnings.warn(msg, stacklevel=4)
         log.warning(msg)
+
+
+def read_side_effects(tr, step_name: str) -> list:
+    """Values read from tensors that the step printed or stored in Python objects (a meter, a
+    list, a global): that Python runs only at capture. Warned and returned for explain()."""
+    from .hostreads import stored_reads
+    log_ = tr.reads
+    if log_ is None:
+        return []
+    notes = []
+    printed = list(dict.fromkeys(log_.printed))
+    if printed:
+        notes.append(f"prints/formats values read from tensors at {', '.join(printed[:3])}: "
+                     "that runs only at capture; replays print nothing (return the values and "
+                     "log them outside the step)")
+    containers: list = []
+
+    def walk(x, depth=0):
+        if depth < 6 and isinstance(x, (list, tuple, dict)):
+            containers.append(x)
+            for v in (x.values() if isinstance(x, dict) else x):
+                walk(v, depth + 1)
+    walk(tr.result)
+    stored = stored_reads(log_, containers)
+    if stored:
+        notes.append(f"stores values read from tensors (at {', '.join(stored[:3])}) in Python objects "
+                     "(a meter, a list, a global): replays run no Python, so they keep this call's "
+                     "value; return the values from the step and update those objects outside it")
+    for n in notes:
+        msg = f"stepgraph: {step_name}: {n}"
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg)
+    return notes

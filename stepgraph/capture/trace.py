@@ -24,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import CaptureError, library_frame, user_frame
-from .hostscalar import HostFloat, HyperFloat, _DataDependentBranch, item_node, live_hyper, live_source, substitute
+from .hostscalar import HostFloat, HyperFloat, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
+from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .libraries import record_scheduler_steps, tracing_hints
@@ -33,6 +34,8 @@ from .state import Slot, StateRegistry, paused_registration_epoch
 _DEVICE_MOVES = {_T.cpu, _T.to}
 _HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
 _PATCHED_READS = {_T.tolist, _T.numpy, _T.__array__}  # checked by _host_read_patches instead
+_SCALAR_READS = {_T.item, _T.__float__, _T.__int__, _T.__bool__, _T.__index__}  # guarded or live
+_PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 
 
 @dataclass
@@ -53,11 +56,14 @@ class TraceResult:
     result: object                       # the real result of the traced call
     problems: list[Problem] = field(default_factory=list)
     scheduler_steps: list = field(default_factory=list)  # (scheduler, args, kwargs, _) to call after a replay
+    reads: ReadLog | None = None         # host reads: value guards, printed values (hostreads.py)
 
 
 class _HostReadMode(TorchFunctionMode):
-    def __init__(self, step_ids: set[int], problems: list[Problem], reg: StateRegistry | None = None):
+    def __init__(self, step_ids: set[int], problems: list[Problem], reg: StateRegistry | None = None,
+                 reads: ReadLog | None = None):
         super().__init__()
+        self.reads = reads  # None: every host read is a problem (host_reads="error")
         self.step_ids = step_ids
         self.problems = problems
         self.reg = reg
@@ -91,6 +97,13 @@ class _HostReadMode(TorchFunctionMode):
                 self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
+        if self.reads is not None and args and _is_traced(args[0]):
+            if func in _SCALAR_READS and args[0].numel() == 1:
+                return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)
+            if func in _PRINTS:  # printing a tensor: logging, it runs only at capture
+                self.reads.printed.append(user_frame())
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
         info = _HOST_READS.get(func)
         if info is not None and func not in _PATCHED_READS and args and _is_traced(args[0]):
             self._problem(*info)
@@ -102,7 +115,8 @@ class _HostReadMode(TorchFunctionMode):
                                   if isinstance(dev, (str, torch.device)) else False):
                 self._problem("copy of a device tensor to the CPU (.cpu()/.to('cpu'))",
                               "return the device tensor and move it outside the step")
-        floats = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, HostFloat)]
+        tracer = get_proxy_mode().tracer if get_proxy_mode() is not None else None
+        floats = [a for a in pytree.tree_leaves((args, kwargs)) if current(a, tracer)]
         if not floats:
             return func(*args, **kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -112,6 +126,8 @@ class _HostReadMode(TorchFunctionMode):
             for f in floats:
                 if isinstance(f, HyperFloat):
                     f.baked.add(f.hyper)
+            if self.reads is not None:
+                guard_lost(floats, self.reads)
         tracer = get_proxy_mode().tracer
         last = tracer.graph._root.prev  # nodes added after this one belong to this call
         out = func(*args, **kwargs)
@@ -125,7 +141,8 @@ class _HostReadMode(TorchFunctionMode):
         for f in lost:
             if isinstance(f, HyperFloat):
                 f.baked.add(f.hyper)  # could not stay live here: guard its value instead
-        if any(not isinstance(f, HyperFloat) for f in lost):
+        guard_lost(lost, self.reads) if self.reads is not None else None
+        if any(not isinstance(f, (HyperFloat, ReadFloat)) for f in lost):
             self._problem(f"an optimizer step counter's value flowed into {getattr(func, '__name__', func)} "
                           "where stepgraph cannot keep it live", "use a capturable optimizer "
                           "(capturable=True) or report this optimizer to stepgraph")
@@ -229,7 +246,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
-               live_sources=()) -> TraceResult:
+               live_sources=(), host_reads: bool = True) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -259,8 +276,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                               f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
-        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg))
+        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
+                math_patches(), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, []), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")):
             try:
@@ -296,6 +314,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             if isinstance(v, torch.Tensor):
                 kinds.append(("tensor", len(graph_outs)))
                 graph_outs.append(v)
+            elif current(v, get_proxy_mode().tracer):  # a read value, lr, lr * 2, ...
+                kinds.append(("read", v.node))  # made a graph output below: live at each replay
             else:
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
@@ -337,9 +357,24 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
+    box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box["result"], problems, box.get("sched", []))
+                       box["result"], problems, box.get("sched", []), box["hm"].reads)
+
+
+def _output_reads(gm, out_leaves: list) -> list:
+    """Returned values read from tensors become extra graph outputs (after all others)."""
+    reads = [node for kind, node in out_leaves if kind == "read"]
+    if not reads:
+        return out_leaves
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out.args[0])
+    first = len(outs)
+    out.args = (outs + reads,)
+    gm.recompile()
+    pos = iter(range(first, first + len(reads)))
+    return [("read", next(pos)) if kind == "read" else (kind, v) for kind, v in out_leaves]
 
 
 def _one_fake_mode():

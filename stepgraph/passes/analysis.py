@@ -20,7 +20,18 @@ class GraphSummary:
     random_ops: int = 0
 
 
+# Kernels that write their running statistics although their schema does not say so
+# (arguments 3 and 4, in training mode: argument 5).
+_UNANNOTATED_WRITES = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default}
+if hasattr(torch.ops.aten, "miopen_batch_norm"):
+    _UNANNOTATED_WRITES.add(torch.ops.aten.miopen_batch_norm.default)
+
+
 def _written_args(node: fx.Node):
+    if node.target in _UNANNOTATED_WRITES and len(node.args) > 5 and node.args[5]:
+        for v in node.args[3:5]:
+            if isinstance(v, fx.Node):
+                yield v
     schema = node.target._schema
     for i, arg in enumerate(schema.arguments):
         if arg.alias_info is None or not arg.alias_info.is_write:

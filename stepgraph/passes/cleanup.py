@@ -29,6 +29,8 @@ def _impure(node: fx.Node) -> bool:
     if node.op in ("placeholder", "output"):
         return True
     t = node.target
+    if getattr(t, "stepgraph_impure", False):  # e.g. host-read guards
+        return True
     from ..capture.effects import RNG_STATE_FUNCS
     if t in RNG_STATE_FUNCS:
         return True

@@ -1,0 +1,211 @@
+"""Host reads of values the step computes: live values and value guards (issue: segments).
+
+``loss.item()``, ``float(t)``, ``bool(t)``, ``if torch.isfinite(loss):`` make the host wait
+for a tensor's value. Eager pays that sync too; what a graph cannot do is *bake* the value
+(one branch of an ``if``, one number in a log line). While tracing, such a read becomes:
+
+* a ``ReadFloat`` for a float read (``.item()``/``float()``): the graph recomputes it at each
+  replay (a ``_local_scalar_dense`` node) and everything Python does with it by arithmetic
+  (``loss.item() * accum``) stays live; returned, it is this call's value, not the capture's;
+* a **value guard** where Python decides something from it: a comparison, ``bool()``,
+  ``int()``, an int/bool tensor read, a use autograd saves. The guard node records the value
+  the trace saw; at replay it re-reads it, and on a different value restores what the graph
+  wrote so far and raises :class:`GuardMiss`, so that call is captured again for the new value.
+
+Uses the trace cannot follow are guarded by value (``float(x)`` of a ReadFloat, the values
+``math.isnan``/``isfinite`` read) or reported (printing/formatting runs only at capture).
+"""
+from __future__ import annotations
+
+import math
+import operator
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import user_frame
+from .hostscalar import HostFloat, _tracer, current
+
+_plain = float.__float__  # a ReadFloat's value as a plain float, without recording anything
+
+
+class GuardMiss(Exception):
+    """A replayed host read saw another value than the capture: the graph restored what it
+    wrote and this call must be captured for the new value."""
+
+    def __init__(self, site: str, what: str, expected, actual):
+        super().__init__(f"host read at {site}: {what} was {expected!r} at capture, now {actual!r}")
+        self.site, self.what, self.expected, self.actual = site, what, expected, actual
+
+
+def host_guard(actual, expected, site: str, what: str, restore=(), rng=None):
+    """Graph node: continue when the host read equals the traced value, else undo and raise."""
+    if actual == expected or (actual != actual and expected != expected):  # nan == nan here
+        return None
+    for dst, saved in restore:
+        dst.copy_(saved)
+    if rng is not None:
+        rng[0].set_state(rng[1])
+    raise GuardMiss(site, what, expected, actual)
+
+
+host_guard.stepgraph_impure = True  # kept by dead-code elimination although nothing uses it
+
+
+@dataclass
+class ReadLog:
+    """What the trace saw of host reads: guards (site, what, value) and reported uses."""
+    guards: list = field(default_factory=list)
+    printed: list = field(default_factory=list)   # sites that formatted a read value (logging)
+    guarded: list = field(default_factory=list)   # plain values handed out under a guard
+    reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
+
+    def guard(self, node, value, what: str, site: str | None = None):
+        tracer = _tracer()
+        if tracer is None:
+            return
+        site = site or user_frame()
+        tracer.create_node("call_function", host_guard, (node, value, site, what), {})
+        self.guards.append((site, what, value))
+
+
+class ReadFloat(HostFloat):
+    """A float the step read from a tensor it computed: live through arithmetic, guarded where
+    Python branches on it."""
+
+    __slots__ = ("site", "log")
+    derive_rank = 1  # ``lr * loss.item()`` is a read value (guarded where Python branches on it)
+
+    def __new__(cls, value, node, site, log):
+        self = HostFloat.__new__(cls, value, node)
+        self.site, self.log = site, log
+        log.reads.append(self)
+        return self
+
+    def _derive(self, value, node):
+        return ReadFloat(value, node, self.site, self.log)
+
+    def __float__(self):
+        # float(x) hands Python a plain copy the trace cannot follow: guard the exact value.
+        value = _plain(self)
+        if current(self, _tracer()):
+            self.log.guard(self.node, value, "float() of a value read from a tensor", self.site)
+            self.log.guarded.append(value)
+        return value
+
+    def _note_print(self, fmt=""):
+        if current(self, _tracer()):
+            self.log.printed.append(user_frame())
+        return float.__format__(self, fmt)
+
+    def __format__(self, fmt):
+        return self._note_print(fmt)
+
+    def __str__(self):
+        return self._note_print()
+
+    def __repr__(self):
+        if current(self, _tracer()):
+            self.log.printed.append(user_frame())
+        return float.__repr__(self)
+
+
+def _guarded(op, label):
+    def method(self, *others):
+        plain = [_plain(o) if isinstance(o, HostFloat) else o for o in others]
+        result = op(_plain(self), *plain)
+        tracer = _tracer()
+        if current(self, tracer):
+            args = [o.node if current(o, tracer) else (_plain(o) if isinstance(o, HostFloat) else o)
+                    for o in others]
+            node = tracer.create_node("call_function", op, (self.node, *args), {})
+            self.log.guard(node, result, label)
+        return result
+    return method
+
+
+for _name, _op in [("lt", operator.lt), ("le", operator.le), ("gt", operator.gt), ("ge", operator.ge),
+                   ("eq", operator.eq), ("ne", operator.ne), ("bool", operator.truth), ("int", int),
+                   ("round", round), ("floor", math.floor), ("ceil", math.ceil), ("trunc", math.trunc)]:
+    setattr(ReadFloat, f"__{_name}__", _guarded(_op, f"{_name}() of a value read from a tensor"))
+ReadFloat.__hash__ = float.__hash__
+
+
+def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog):
+    """The value of a host read of the traced tensor ``t`` (``func`` is the Tensor method)."""
+    from .hostscalar import item_node
+    site = user_frame()
+    node_value = item_node(tracer, t)      # records aten._local_scalar_dense(t)
+    value, node = _plain(node_value), node_value.node
+    if t.dtype.is_floating_point and func is torch.Tensor.item:
+        return ReadFloat(value, node, site, log)
+    # float(t) returns a plain float (Python converts a subclass): guarded like int/bool reads.
+    # int/bool reads decide shapes, indices and branches: guard them by value.
+    name = getattr(func, "__name__", "read")
+    conv = {"__bool__": bool, "__int__": int, "__index__": int, "__float__": float}.get(name)
+    result = conv(value) if conv is not None else t.dtype.is_floating_point and value or \
+        (bool(value) if t.dtype == torch.bool else int(value))
+    target = node
+    if conv is not None:
+        target = tracer.create_node("call_function", conv, (node,), {})
+    what = f"{'bool(tensor)' if conv is bool else name.strip('_') + '()'} of a {str(t.dtype).replace('torch.', '')} tensor"
+    log.guard(target, result, what, site)
+    log.guarded.append(result)
+    return result
+
+
+def guard_lost(floats, log: ReadLog) -> None:
+    """ReadFloats an op consumed where the graph could not keep them live: guard their value."""
+    for f in floats:
+        if isinstance(f, ReadFloat) and current(f, _tracer()):
+            log.guard(f.node, _plain(f), "a value read from a tensor, used where it cannot stay live", f.site)
+
+
+# math's C functions read a float's bits directly, without any method the trace sees.
+_MATH_PREDICATES = ("isnan", "isfinite", "isinf")
+
+
+class math_patches:
+    """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates."""
+
+    def __enter__(self):
+        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES]
+        for name, orig in self.saved:
+            setattr(math, name, _math_guarded(orig))
+        return self
+
+    def __exit__(self, *exc):
+        for name, orig in self.saved:
+            setattr(math, name, orig)
+
+
+def _math_guarded(orig):
+    def pred(x):
+        result = orig(_plain(x) if isinstance(x, HostFloat) else x)
+        if isinstance(x, ReadFloat):
+            tracer = _tracer()
+            if current(x, tracer):
+                node = tracer.create_node("call_function", orig, (x.node,), {})
+                x.log.guard(node, result, f"math.{orig.__name__}() of a value read from a tensor")
+        return result
+    pred.__name__ = orig.__name__
+    return pred
+
+
+def stored_reads(log: ReadLog, allowed: list) -> list[str]:
+    """Sites of ReadFloats the step stored in Python objects (a meter, a list, a global): a
+    replay runs no Python, so those objects keep this call's value. ``allowed``: containers
+    stepgraph itself holds (the returned structure)."""
+    import gc
+    skip = {id(log.reads), id(allowed)} | {id(x) for x in allowed}
+    sites = []
+    for f in log.reads:
+        for r in gc.get_referrers(f):
+            if id(r) in skip or isinstance(r, (ReadLog, type(traceback), type(stored_reads.__code__))):
+                continue
+            if type(r).__name__ == "frame":
+                continue
+            sites.append(f.site)
+            break
+    return list(dict.fromkeys(sites))

@@ -1,0 +1,213 @@
+"""Host reads inside a step (``loss.item()``, ``if torch.isfinite(loss):``, ``int(count)``):
+captured by default, read live where the value only flows out, guarded where Python decides
+something from it. A guard that sees another value undoes what the graph wrote (BatchNorm
+running stats, the random stream) and that call is captured again for the new value.
+
+Every test runs the step compiled and eagerly on twin models from the same batches and
+compares loss, parameters, buffers, grads and optimizer state bitwise.
+"""
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+
+def model(bn=False, p=0.0):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16) if bn else nn.Identity(), nn.Dropout(p),
+                         nn.ReLU(), nn.Linear(16, 4))
+
+
+def batch(k, n=8):
+    g = torch.Generator().manual_seed(300 + k)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 4, (n,), generator=g)
+
+
+class Twin:
+    def __init__(self, body, bn=False, p=0.0, **kw):
+        self.m1 = model(bn, p)
+        self.m2 = copy.deepcopy(self.m1)
+        self.o1 = torch.optim.AdamW(self.m1.parameters(), lr=1e-2)
+        self.o2 = torch.optim.AdamW(self.m2.parameters(), lr=1e-2)
+        self.step = stepgraph.compile(lambda x, y: body(self.m1, self.o1, x, y), **kw)
+        self.eager = lambda x, y: body(self.m2, self.o2, x, y)
+
+    def __call__(self, x, y, seed=0):
+        torch.manual_seed(seed)
+        got = self.step(x, y)
+        torch.manual_seed(seed)
+        want = self.eager(x.clone(), y.clone())
+        assert _equal(got, want), (got, want)
+        for (k, a), b in zip(self.m1.state_dict().items(), self.m2.state_dict().values()):
+            assert torch.equal(a, b), f"{k} differs from eager"
+        for a, b in zip(self.m1.parameters(), self.m2.parameters()):
+            assert (a.grad is None) == (b.grad is None)
+            assert a.grad is None or torch.equal(a.grad, b.grad)
+            for k in self.o1.state.get(a, {}):
+                assert torch.equal(self.o1.state[a][k], self.o2.state[b][k]), k
+        return got
+
+    @property
+    def stats(self):
+        return self.step.stats
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return a.shape == b.shape and torch.equal(torch.nan_to_num(a, nan=1234.5), torch.nan_to_num(b, nan=1234.5))
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    return a == b or (a != a and b != b)
+
+
+def test_returned_item_is_live_not_the_capture_value():
+    def body(m, o, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.item(), {"scaled": loss.item() * 4}
+    t = Twin(body)
+    seen = [t(*batch(k)) for k in range(6)]
+    assert len({v for v, _ in seen}) == 6  # each replay returned its own loss
+    assert (t.stats.captures, t.stats.replays, t.stats.recaptures) == (1, 4, [])
+    assert all(type(v) is float for v, _ in seen)
+
+
+def test_skip_branch_on_a_non_finite_loss_recaptures_once_for_the_other_branch():
+    def body(m, o, x, y):
+        o.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if not torch.isfinite(loss):
+            return loss
+        loss.backward()
+        o.step()
+        return loss
+    t = Twin(body)
+    for k in range(9):
+        x, y = batch(k)
+        if k in (4, 7):
+            x[0, 0] = float("nan")
+        t(x, y)
+    s = t.stats
+    # Captures: the finite branch; the skip branch (guard miss at call 5); the call after a
+    # skip, whose grads are None (zero_grad ran, backward did not): a state change eager has too.
+    reads = [r for r in s.recaptures if r.startswith("host read")]
+    assert s.captures == 3 and len(reads) == 1, s
+    line = "if not torch.isfinite(loss):"
+    assert line in reads[0] and "True" in reads[0] and "False" in reads[0]
+    assert sum(s.guard_misses.values()) == 2  # call 5 (then recaptured) and call 8 (other graph)
+
+
+def test_a_miss_after_backward_restores_running_stats_and_the_random_stream():
+    # The guard reads the grad norm after BatchNorm and dropout ran: a miss must undo both.
+    def body(m, o, x, y):
+        o.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        norm = nn.utils.clip_grad_norm_(m.parameters(), 1e9)
+        if (norm * 0 + y.sum()).item() > 12:   # decided after the backward, by the batch
+            for p in m.parameters():
+                p.grad.mul_(0.5)
+        o.step()
+        return loss
+    t = Twin(body, bn=True, p=0.3)
+    norms = []
+    for k in range(10):
+        x, y = batch(k)
+        t(x * (0.01 if k % 3 == 0 else 3.0), y, seed=k)
+    assert t.stats.captures == 2 and sum(t.stats.guard_misses.values()) >= 2, t.stats
+    text = t.step.explain()
+    assert "host reads" in text and "saved" in text, text
+
+
+def test_int_read_is_guarded_by_value():
+    def body(m, o, x, y):
+        n = int((y == 0).sum())
+        loss = F.cross_entropy(m(x), y) * (n + 1)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    t = Twin(body)
+    for k in range(8):
+        x, y = batch(k % 2)
+        t(x, y)
+    assert t.stats.captures == 2 and t.stats.replays == 5, t.stats
+
+
+def test_a_value_that_never_repeats_stops_at_max_captures_with_one_warning():
+    def body(m, o, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss * float(loss)   # float() of a tensor: a plain float, guarded by value
+    t = Twin(body, max_captures=3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for k in range(8):
+            t(*batch(k))
+    msgs = [str(x.message) for x in w if "keeps changing" in str(x.message)]
+    assert len(msgs) == 1 and "max_captures=3" in msgs[0], msgs
+    assert t.stats.captures == 3 and t.stats.eager_calls == 1 + 8 - 4
+
+
+def test_printing_and_storing_read_values_is_warned():
+    logs = []
+
+    def body(m, o, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        print(f"loss {loss.item():.3f}")
+        logs.append(loss.item())
+        return loss
+    t = Twin(body)
+    with pytest.warns(UserWarning) as w:
+        for k in range(4):
+            t(*batch(k))
+    text = " ".join(str(x.message) for x in w)
+    assert "prints" in text and "stores values read from tensors" in text, text
+    assert "runs only at capture" in t.step.explain() or "prints" in t.step.explain()
+
+
+def test_math_isnan_of_a_read_value_is_guarded():
+    def body(m, o, x, y):
+        o.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        if math.isnan(loss.item()):
+            return loss
+        loss.backward()
+        o.step()
+        return loss
+    t = Twin(body)
+    for k in range(6):
+        x, y = batch(k)
+        if k == 4:
+            x[1, 1] = float("nan")
+        t(x, y)
+    reads = [r for r in t.stats.recaptures if r.startswith("host read")]
+    assert len(reads) == 1 and "isnan" in reads[0], t.stats
+
+
+def test_host_reads_error_keeps_refusing():
+    def body(m, o, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.item()
+    t = Twin(body, host_reads="error")
+    t(*batch(0))
+    with pytest.raises(stepgraph.CaptureError, match="item"):
+        t.step(*batch(1))
