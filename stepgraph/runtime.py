@@ -12,10 +12,8 @@ import logging
 import threading
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
-import torch.utils._pytree as pytree
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
@@ -24,84 +22,17 @@ from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover, install_registration_hooks
 from .capture.effects import resolve_bindings
-from .capture.trace import TraceResult, discover_stepping_optimizers, raise_problems, trace_step
+from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.hostreads import GuardMiss
 from .passes.guards import place_guards
+from .captured import CapturedStep, Stats, plain_floats
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
-from .errors import StepGraphError
-from .passes import GraphSummary, cleanup, summarize
+from .errors import CaptureError, StepGraphError, user_frame
+from .capture.libraries import untraceable_modules
+from .passes import cleanup, summarize
 
 log = logging.getLogger("stepgraph")
-
-
-@dataclass
-class Stats:
-    """Counters of what each call did. ``recaptures`` holds one reason line per recapture."""
-    eager_calls: int = 0
-    captures: int = 0
-    replays: int = 0
-    recaptures: list = field(default_factory=list)
-    failed_captures: int = 0
-    check_reports: list = field(default_factory=list)  # check mode: one line per checked replay
-    capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
-    compile_seconds: float = 0.0   # of which backend compilation (Inductor)
-    guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
-
-
-@dataclass
-class CapturedStep:
-    """One captured graph and everything needed to replay it and to explain it."""
-    key: tuple
-    graph: torch.fx.GraphModule
-    run: object                # backend callable: flat inputs -> flat outputs
-    trace: TraceResult
-    summary: GraphSummary
-    backend: str
-    seconds: float
-    captured_at_call: int
-    n_user_outputs: int
-    tensor_pos: list
-    flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
-    stale: object = None     # backend check: a reason string when held addresses moved
-    distributed: bool = False  # the graph runs collectives (DDP gradient sync)
-    python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
-    guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
-    siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
-    gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
-
-    def replay_args(self, args, kwargs):
-        """Replay for a call whose quick key matched: same structure as the captured call."""
-        leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))
-        return self.replay(leaves, self.tensor_pos)
-
-    def replay(self, leaves, tensor_pos) -> object:
-        tr = self.trace
-        inputs = [leaves[i] for i in tensor_pos]
-        inputs += [p.grad for p, _ in tr.grad_inputs]
-        try:
-            outs = self.run(inputs)
-        except RuntimeError as e:
-            if not self.distributed:
-                raise
-            raise StepGraphError(
-                "a collective of the replayed graph failed: another rank stopped, or it recaptured "
-                "while this rank replayed (ranks must see the same shapes and state changes at "
-                f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
-        for obj, attr, value in self.python_effects:
-            setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
-        for sched, a, k, _ in tr.scheduler_steps:
-            sched.step(*a, **k)  # LR schedulers stepped inside the step: Python, run again
-        n = self.n_user_outputs
-        for slot, value in zip(tr.escapes, outs[n:]):
-            slot.set(value)
-        n += len(tr.escapes)
-        for i, value in zip(tr.input_grads, outs[n:]):
-            leaves[i].grad = value
-        for slot, value in tr.clear_slots:
-            slot.set(value)
-        leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
-        return pytree.tree_unflatten(leaves, tr.out_spec)
 
 
 class StepFunction:
@@ -379,6 +310,16 @@ class StepFunction:
                 log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
+            rnn = untraceable_modules(self._reg, device)
+            if rnn is not None:
+                self._eager(args, kwargs)  # this call runs as eager would, then the error
+                raise CaptureError(
+                    f"{rnn} runs cuDNN's RNN kernel, which stepgraph cannot trace yet (it takes a "
+                    "flattened weight buffer the tracer does not handle)\n  this call ran eagerly to its "
+                    "end: your model and optimizer hold the result of this step", op=f"cuDNN RNN {rnn}",
+                    where=user_frame(), fix="run the step with cuDNN off for RNNs (wrap the call in "
+                    "`with torch.backends.cudnn.flags(enabled=False):`), or keep this step eager "
+                    "(on_capture_error='eager')")
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                 live = self._guards.live if backend.name == "replay" else ()
@@ -416,13 +357,11 @@ class StepFunction:
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
                         grad_bindings=bindings, on_fused=self._on_fused)
             try:
-                if tr.reads is not None and tr.reads.reads + tr.reads.guards and backend.name != "replay":
+                if backend.name != "replay" and tr.reads is not None and tr.reads.sites():
                     raise NeedsReplay(
-                        "the step reads tensor values on the host (" + "; ".join(dict.fromkeys(
-                            x.site for x in tr.reads.reads)) + "; ".join(dict.fromkeys(
-                                site for site, _, _ in tr.reads.guards)) + "): graph segments between host "
-                        f"reads run on the 'replay' backend for now", op="host read",
-                        where=(tr.reads.guards[0][0] if tr.reads.guards else tr.reads.reads[0].site),
+                        f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "
+                        "graph segments between host reads run on the 'replay' backend for now",
+                        op="host read", where=tr.reads.sites()[0],
                         fix="return the value from the step and read it outside, or use backend='replay'")
                 run = backend.compile(gm, example, **opts)
             except NeedsReplay as e:
@@ -477,17 +416,7 @@ class StepFunction:
         else:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
-        return _plain_floats(tr.result)
-
-
-def _plain_floats(result):
-    """The capturing call's result with tracing floats (live reads, hyper-parameters) as the
-    plain floats eager returns: they hold graph nodes the user should not keep alive."""
-    from .capture.hostscalar import HostFloat, _plain
-    leaves, spec = pytree.tree_flatten(result)
-    if not any(isinstance(v, HostFloat) for v in leaves):
-        return result
-    return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else v for v in leaves], spec)
+        return plain_floats(tr.result)
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

@@ -120,7 +120,6 @@ def test_a_miss_after_backward_restores_running_stats_and_the_random_stream():
         o.step()
         return loss
     t = Twin(body, bn=True, p=0.3)
-    norms = []
     for k in range(10):
         x, y = batch(k)
         t(x * (0.01 if k % 3 == 0 else 3.0), y, seed=k)

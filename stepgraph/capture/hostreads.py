@@ -61,6 +61,10 @@ class ReadLog:
     guarded: list = field(default_factory=list)   # plain values handed out under a guard
     reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
 
+    def sites(self) -> list[str]:
+        """Where the step read values on the host (live reads and guards), in order."""
+        return list(dict.fromkeys([r.site for r in self.reads] + [g[0] for g in self.guards]))
+
     def guard(self, node, value, what: str, site: str | None = None):
         tracer = _tracer()
         if tracer is None:

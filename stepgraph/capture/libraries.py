@@ -69,3 +69,16 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
         handle.remove()
         for *_, check in calls:
             check()
+
+
+def untraceable_modules(reg, device: str) -> str | None:
+    """A module whose kernels the trace cannot record, found before tracing (so the call can
+    run eagerly and leave state as eager does): cuDNN's RNNs hand the trace their flattened
+    weight buffer as an UntypedStorage (NotImplementedError in make_fx, torch 2.11)."""
+    import torch
+    if device != "cuda" or not torch.backends.cudnn.enabled:
+        return None
+    for name, m in [(f"{root}.{k}" if k else root, m) for root, mod in reg.modules for k, m in mod.named_modules()]:
+        if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
+            return f"{name} ({type(m).__name__})"
+    return None

@@ -99,6 +99,7 @@ def read_side_effects(tr, step_name: str) -> list:
             for v in (x.values() if isinstance(x, dict) else x):
                 walk(v, depth + 1)
     walk(tr.result)
+    containers.append(vars(tr))  # the TraceResult itself holds the result
     stored = stored_reads(log_, containers)
     if stored:
         notes.append(f"stores values read from tensors (at {', '.join(stored[:3])}) in Python objects "

@@ -360,7 +360,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box["result"], problems, box.get("sched", []), box["hm"].reads)
+                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads)
 
 
 def _output_reads(gm, out_leaves: list) -> list:

@@ -1,0 +1,90 @@
+"""What a capture produces: ``CapturedStep`` (one graph and how to replay it) and ``Stats``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+
+from .capture.trace import TraceResult
+from .errors import StepGraphError
+from .passes import GraphSummary
+
+
+@dataclass
+class Stats:
+    """Counters of what each call did. ``recaptures`` holds one reason line per recapture."""
+    eager_calls: int = 0
+    captures: int = 0
+    replays: int = 0
+    recaptures: list = field(default_factory=list)
+    failed_captures: int = 0
+    check_reports: list = field(default_factory=list)  # check mode: one line per checked replay
+    capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
+    compile_seconds: float = 0.0   # of which backend compilation (Inductor)
+    guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
+
+
+@dataclass
+class CapturedStep:
+    """One captured graph and everything needed to replay it and to explain it."""
+    key: tuple
+    graph: torch.fx.GraphModule
+    run: object                # backend callable: flat inputs -> flat outputs
+    trace: TraceResult
+    summary: GraphSummary
+    backend: str
+    seconds: float
+    captured_at_call: int
+    n_user_outputs: int
+    tensor_pos: list
+    flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
+    stale: object = None     # backend check: a reason string when held addresses moved
+    distributed: bool = False  # the graph runs collectives (DDP gradient sync)
+    python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
+    guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
+    siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
+    gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
+
+    def replay_args(self, args, kwargs):
+        """Replay for a call whose quick key matched: same structure as the captured call."""
+        leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))
+        return self.replay(leaves, self.tensor_pos)
+
+    def replay(self, leaves, tensor_pos) -> object:
+        tr = self.trace
+        inputs = [leaves[i] for i in tensor_pos]
+        inputs += [p.grad for p, _ in tr.grad_inputs]
+        try:
+            outs = self.run(inputs)
+        except RuntimeError as e:
+            if not self.distributed:
+                raise
+            raise StepGraphError(
+                "a collective of the replayed graph failed: another rank stopped, or it recaptured "
+                "while this rank replayed (ranks must see the same shapes and state changes at "
+                f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
+        for obj, attr, value in self.python_effects:
+            setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
+        for sched, a, k, _ in tr.scheduler_steps:
+            sched.step(*a, **k)  # LR schedulers stepped inside the step: Python, run again
+        n = self.n_user_outputs
+        for slot, value in zip(tr.escapes, outs[n:]):
+            slot.set(value)
+        n += len(tr.escapes)
+        for i, value in zip(tr.input_grads, outs[n:]):
+            leaves[i].grad = value
+        for slot, value in tr.clear_slots:
+            slot.set(value)
+        leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
+        return pytree.tree_unflatten(leaves, tr.out_spec)
+
+
+def plain_floats(result):
+    """The capturing call's result with tracing floats (live reads, hyper-parameters) as the
+    plain floats eager returns: they hold graph nodes the user should not keep alive."""
+    from .capture.hostscalar import HostFloat, _plain
+    leaves, spec = pytree.tree_flatten(result)
+    if not any(isinstance(v, HostFloat) for v in leaves):
+        return result
+    return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else v for v in leaves], spec)
