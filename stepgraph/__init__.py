@@ -45,7 +45,9 @@ def compile(fn=None, *, backend: str = "auto", warmup: int = 1, max_captures: in
         warmup: eager calls before the first capture.
         max_captures: graphs kept (one per guard signature); past it, new signatures run
             eagerly with one warning.
-        on_capture_error: ``"raise"`` (default) or ``"eager"`` to fall back for good.
+        on_capture_error: ``"raise"`` (default) or ``"eager"``: fall back for good; the failing
+            call returns its eager result with one warning when it ran to its end (a refused
+            step), and raises only when the failure stopped it midway.
         clone_outputs: with the CUDA-graph backend, returned tensors are copies (default), so
             later replays never overwrite them; ``False`` returns the graph's static output
             buffers (zero-copy: valid until the next call).

@@ -310,9 +310,10 @@ class StepFunction:
                 log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
+            done = None  # (result,) once this call has run to its end
             rnn = untraceable_modules(self._reg, device)
             if rnn is not None:
-                self._eager(args, kwargs)  # this call runs as eager would, then the error
+                done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
                 raise CaptureError(
                     f"{rnn} runs cuDNN's RNN kernel, which stepgraph cannot trace yet (it takes a "
                     "flattened weight buffer the tracer does not handle)\n  this call ran eagerly to its "
@@ -329,6 +330,7 @@ class StepFunction:
                                 live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                 live_sources=[h for h in live if not isinstance(h, tuple)],
                                 host_reads=self.host_reads == "guard")
+            done = (tr.result,)
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
             append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
@@ -379,9 +381,15 @@ class StepFunction:
             # Fall back only when stepgraph could not capture; the user's own exceptions
             # (and Ctrl-C) propagate and leave capture on.
             if self.on_capture_error == "eager" and isinstance(e, StepGraphError):
+                self._eager_only = True
+                if done is not None:  # the call ran to its end: hand back its result, warned
+                    msg = (f"stepgraph: {self.__name__} could not be captured; it runs eagerly from now "
+                           f"on (on_capture_error='eager'): {str(e).splitlines()[0]}")
+                    warnings.warn(msg, stacklevel=3)
+                    log.warning(msg)
+                    return plain_floats(done[0])
                 log.warning("stepgraph: capture of %s failed; running eagerly from now on", self.__name__,
                             exc_info=True)
-                self._eager_only = True
             raise
         seconds = time.perf_counter() - t0
         self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes \

@@ -259,9 +259,8 @@ def test_grad_scaler_unfused_on_capture_error_eager_keeps_training_like_eager():
     for k in range(STEPS):
         batch = (*classify_batch(k), torch.tensor(1 if k == 4 else 0))
         if k == 1:
-            with pytest.raises(stepgraph.CaptureError):
-                step(*batch)
-            eager(*batch)
+            with pytest.warns(UserWarning, match="runs eagerly from now on"):
+                same(feat, step(*batch), eager(*batch))
         else:
             same(feat, step(*batch), eager(*batch))
         same(feat, sc1._scale, sc2._scale, "scale")
