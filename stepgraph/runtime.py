@@ -28,7 +28,7 @@ from .capture.hostreads import GuardMiss
 from .passes.guards import place_guards
 from .captured import CapturedStep, Stats, plain_floats
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
-from .errors import CaptureError, StepGraphError, user_frame
+from .errors import StepGraphError
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
 
@@ -120,14 +120,9 @@ class StepFunction:
                 except Exception:  # a tensor compared by value: not the same object
                     hit = False
                 if hit and (last.stale is None or last.stale() is None):
-                    self.stats.replays += 1
-                    try:
-                        if len(self.stats.check_reports) < self.check:
-                            return checked_call(self, last, lambda: last.replay_args(args, kwargs), args,
-                                                kwargs, self.check_rtol)
-                        return last.replay_args(args, kwargs)
-                    except GuardMiss as miss:
-                        self._note_miss(miss)  # undone: go on to the full lookup
+                    out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
+                    if miss is None:
+                        return out  # (a miss was undone: go on to the full lookup)
             # A model or optimizer passed as an argument that is new to this step is state too.
             if adopt_arguments(self._reg, args, kwargs, self._guards.arg_names):
                 self._guards.find_python_values(self.fn, args)
@@ -163,21 +158,11 @@ class StepFunction:
         """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
         if entry.gave_up:
             return self._eager(args, kwargs)
-        miss = None
         for e in [entry] + entry.siblings:
-            self.stats.replays += 1
-            try:
-                if len(self.stats.check_reports) < self.check:
-                    out = checked_call(self, e, lambda: e.replay(sig.leaves, sig.tensor_pos), args,
-                                       kwargs, self.check_rtol)
-                else:
-                    out = e.replay(sig.leaves, sig.tensor_pos)
-            except GuardMiss as m:
-                miss = m  # the graph undid its writes: try the next one
-                self._note_miss(m)
-                continue
-            self._remember(e, args, kwargs)
-            return out
+            out, miss = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
+            if miss is None:
+                self._remember(e, args, kwargs)
+                return out
         if len(self._order) >= self.max_captures:
             entry.gave_up = True
             msg = (f"stepgraph: {self.__name__}: a value read on the host keeps changing ({miss}); "
@@ -189,9 +174,18 @@ class StepFunction:
             return self._eager(args, kwargs)
         return self._capture(sig, args, kwargs, reason=str(miss), sibling_of=entry)
 
-    def _note_miss(self, miss: GuardMiss) -> None:
-        self.stats.replays -= 1  # undone, not a replay
-        self.stats.guard_misses[miss.site] = self.stats.guard_misses.get(miss.site, 0) + 1
+    def _try_replay(self, entry, replay, args, kwargs):
+        """``(output, None)``, or ``(None, GuardMiss)`` when a host read differed from the
+        capture's (the graph undid its writes; not counted as a replay). Check mode applies."""
+        self.stats.replays += 1
+        try:
+            if len(self.stats.check_reports) < self.check:
+                return checked_call(self, entry, replay, args, kwargs, self.check_rtol), None
+            return replay(), None
+        except GuardMiss as miss:
+            self.stats.replays -= 1
+            self.stats.guard_misses[miss.site] = self.stats.guard_misses.get(miss.site, 0) + 1
+            return None, miss
 
     def overhead_us(self, *args, repeat: int = 500, **kwargs) -> dict:
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
@@ -259,15 +253,6 @@ class StepFunction:
         else:
             self._last = self._last_quick = None
 
-    def _live_python_floats(self, old: tuple, new: tuple) -> list:
-        """Python floats of the step's own code (a global ``lr`` an epoch loop anneals) that
-        changed: read live from now on, as optimizer hyper-parameters are (replay backend)."""
-        if len(old) != len(new) or len(old[11]) != len(new[11]):
-            return []
-        return [s for s, a, b in zip(self._guards.py.sources, old[11], new[11])
-                if a != b and isinstance(a, float) and isinstance(b, float) and s.from_step
-                and s.kind != "arg" and s not in self._baked_hypers]
-
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
@@ -277,21 +262,15 @@ class StepFunction:
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
         backend = backends.pick(self.backend, device)
-        if not self._order and backend.name == "replay":
-            # Floats a schedule may change are read live from the first capture (no recapture).
-            first = [h for h in self._guards.live_candidates(args) if h not in self._baked_hypers]
-            if first:
-                self._guards.live.update(first)
-                sig = self._guards.signature(args, kwargs)
-        if self._order and backend.name == "replay":
-            # A float lr/betas that changed once (a schedule) is read live from here on.
-            from .capture.hostscalar import LIVE_HYPERS
-            new = [h for h in self._guards.changed_hypers(self._order[-1].key, sig.key)
-                   if h[2] in LIVE_HYPERS and h not in self._baked_hypers]
-            new += self._live_python_floats(self._order[-1].key, sig.key)
+        if backend.name == "replay":
+            # Floats a schedule may change (float lr/betas, the step's own float globals) are
+            # read live from the first capture on; one that only became a float later, from here.
+            new = [h for h in self._guards.live_candidates(args)
+                   if h not in self._guards.live and h not in self._baked_hypers]
             if new:
                 self._guards.live.update(new)
-                reason += " (now read live at each replay: no further recaptures for it)"
+                if reason is not None:
+                    reason += " (now read live at each replay: no further recaptures for it)"
                 sig = self._guards.signature(args, kwargs)
         elif self._order and device == "cuda":
             from .capture.hostscalar import LIVE_HYPERS
@@ -311,16 +290,10 @@ class StepFunction:
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
         try:
             done = None  # (result,) once this call has run to its end
-            rnn = untraceable_modules(self._reg, device)
-            if rnn is not None:
+            refusal = untraceable_modules(self._reg, device)
+            if refusal is not None:
                 done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
-                raise CaptureError(
-                    f"{rnn} runs cuDNN's RNN kernel, which stepgraph cannot trace yet (it takes a "
-                    "flattened weight buffer the tracer does not handle)\n  this call ran eagerly to its "
-                    "end: your model and optimizer hold the result of this step", op=f"cuDNN RNN {rnn}",
-                    where=user_frame(), fix="run the step with cuDNN off for RNNs (wrap the call in "
-                    "`with torch.backends.cudnn.flags(enabled=False):`), or keep this step eager "
-                    "(on_capture_error='eager')")
+                raise refusal
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                 live = self._guards.live if backend.name == "replay" else ()

@@ -7,7 +7,8 @@
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
 (e) (no longer a difference) A global Python number read inside the step is guarded: a change
-    recaptures with a reason naming it and its line; on the CPU a float is then read live.
+    recaptures with a reason naming it and its line; on the CPU a float of the step's own code is
+    read live from the first capture.
 (f) ``STEPGRAPH_DISABLE=1`` set before ``compile()`` makes every call eager (no capture).
 (g) ``model.eval()`` followed by a step that still does backward works, via one recapture.
 (h) (no longer a difference) An op failing *inside a replay* leaves parameters, optimizer state
@@ -17,8 +18,8 @@
     replays could not accumulate into a different tensor each call (test_bad_input.py).
 (j) On the GPU, optimizers switch to PyTorch's capturable form (device step counters, a device
     tensor ``lr``): numerics are PyTorch's capturable path, not its default (test_cuda.py).
-(k) On the CPU a float ``lr`` or Adam's ``betas`` that a scheduler changes recaptures once, then is
-    read live from param_groups at each replay (no more recaptures, eager-exact); other float
+(k) On the CPU a float ``lr`` or Adam's ``betas`` is read live from param_groups at each replay
+    from the first capture (a scheduler never recaptures, eager-exact); other float
     hyper-parameters (SGD's momentum, weight_decay) recapture per distinct value up to
     max_captures. On the GPU lr is a device tensor for Adam/AdamW/fused optimizers (never
     recaptures); capturable Adam/AdamW's cycling betas[0] (OneCycleLR) recaptures once, then is a

@@ -13,6 +13,7 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 
+from .hostscalar import LIVE_HYPERS
 from .pyvalues import PyValues, find_sources, module_sources
 from .state import StateRegistry, registration_epoch
 
@@ -170,7 +171,7 @@ class Guards:
                         out.append((oi, gi, k))
         return out
 
-    def live_candidates(self, args, keys=("lr", "betas")) -> list:
+    def live_candidates(self, args, keys=LIVE_HYPERS) -> list:
         """What a replay graph can read live from its first capture: the float hyper-parameters
         ``keys`` of every group, and the float globals/cells/attributes the step's own code
         reads (not arguments: those come with each call). Reading them live costs a dict or

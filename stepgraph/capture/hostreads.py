@@ -17,17 +17,16 @@ Uses the trace cannot follow are guarded by value (``float(x)`` of a ReadFloat, 
 """
 from __future__ import annotations
 
+import gc
 import math
 import operator
-import traceback
+import types
 from dataclasses import dataclass, field
 
 import torch
 
 from ..errors import user_frame
-from .hostscalar import HostFloat, _tracer, current
-
-_plain = float.__float__  # a ReadFloat's value as a plain float, without recording anything
+from .hostscalar import HostFloat, _plain, _tracer, current, node_arg, record_item
 
 
 class GuardMiss(Exception):
@@ -98,20 +97,20 @@ class ReadFloat(HostFloat):
             self.log.guarded.append(value)
         return value
 
-    def _note_print(self, fmt=""):
+    def _note_print(self):
         if current(self, _tracer()):
             self.log.printed.append(user_frame())
-        return float.__format__(self, fmt)
 
     def __format__(self, fmt):
-        return self._note_print(fmt)
+        self._note_print()
+        return float.__format__(self, fmt)
 
     def __str__(self):
-        return self._note_print()
+        self._note_print()
+        return float.__format__(self, "")
 
     def __repr__(self):
-        if current(self, _tracer()):
-            self.log.printed.append(user_frame())
+        self._note_print()
         return float.__repr__(self)
 
 
@@ -121,10 +120,8 @@ def _guarded(op, label):
         result = op(_plain(self), *plain)
         tracer = _tracer()
         if current(self, tracer):
-            args = [o.node if current(o, tracer) else (_plain(o) if isinstance(o, HostFloat) else o)
-                    for o in others]
-            node = tracer.create_node("call_function", op, (self.node, *args), {})
-            self.log.guard(node, result, label)
+            args = (self.node, *(node_arg(o, tracer) for o in others))
+            self.log.guard(tracer.create_node("call_function", op, args, {}), result, label)
         return result
     return method
 
@@ -138,21 +135,18 @@ ReadFloat.__hash__ = float.__hash__
 
 def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog):
     """The value of a host read of the traced tensor ``t`` (``func`` is the Tensor method)."""
-    from .hostscalar import item_node
     site = user_frame()
-    node_value = item_node(tracer, t)      # records aten._local_scalar_dense(t)
-    value, node = _plain(node_value), node_value.node
+    value, node = record_item(tracer, t)   # aten._local_scalar_dense(t)
     if t.dtype.is_floating_point and func is torch.Tensor.item:
         return ReadFloat(value, node, site, log)
     # float(t) returns a plain float (Python converts a subclass): guarded like int/bool reads.
-    # int/bool reads decide shapes, indices and branches: guard them by value.
+    # int/bool reads decide shapes, indices and branches: guard them by value. (.item() of an
+    # int/bool tensor: ``value`` itself, exact -- an int64 above 2**53 is no float.)
     name = getattr(func, "__name__", "read")
     conv = {"__bool__": bool, "__int__": int, "__index__": int, "__float__": float}.get(name)
-    result = conv(value) if conv is not None else t.dtype.is_floating_point and value or \
-        (bool(value) if t.dtype == torch.bool else int(value))
-    target = node
+    result, target = value, node
     if conv is not None:
-        target = tracer.create_node("call_function", conv, (node,), {})
+        result, target = conv(value), tracer.create_node("call_function", conv, (node,), {})
     what = f"{'bool(tensor)' if conv is bool else name.strip('_') + '()'} of a {str(t.dtype).replace('torch.', '')} tensor"
     log.guard(target, result, what, site)
     log.guarded.append(result)
@@ -201,15 +195,7 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     """Sites of ReadFloats the step stored in Python objects (a meter, a list, a global): a
     replay runs no Python, so those objects keep this call's value. ``allowed``: containers
     stepgraph itself holds (the returned structure)."""
-    import gc
     skip = {id(log.reads), id(allowed)} | {id(x) for x in allowed}
-    sites = []
-    for f in log.reads:
-        for r in gc.get_referrers(f):
-            if id(r) in skip or isinstance(r, (ReadLog, type(traceback), type(stored_reads.__code__))):
-                continue
-            if type(r).__name__ == "frame":
-                continue
-            sites.append(f.site)
-            break
+    sites = [f.site for f in log.reads
+             if any(id(r) not in skip and not isinstance(r, types.FrameType) for r in gc.get_referrers(f))]
     return list(dict.fromkeys(sites))

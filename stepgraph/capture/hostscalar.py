@@ -46,13 +46,17 @@ def _tracer():
     return None if mode is None else mode.tracer
 
 
-def _arg(x):
-    return x.node if isinstance(x, HostFloat) else x
-
-
 def current(x, tracer) -> bool:
     """A HostFloat of the graph being traced now (not one a past trace left in user state)."""
     return isinstance(x, HostFloat) and tracer is not None and x.node.graph is tracer.graph
+
+
+def node_arg(x, tracer):
+    """What a recorded operation takes for ``x``: its node when it belongs to this trace, else
+    its value (a plain float for a HostFloat an older trace left behind)."""
+    if current(x, tracer):
+        return x.node
+    return _plain(x) if isinstance(x, HostFloat) else x
 
 
 def _binary(op, swap=False):
@@ -65,8 +69,7 @@ def _binary(op, swap=False):
         live = [x for x in (a, b) if current(x, tracer)]
         if not live:  # used after the trace (plain float semantics) or left by an older one
             return value
-        args = tuple(x.node if current(x, tracer) else _plain(x) for x in (a, b))
-        node = tracer.create_node("call_function", op, args, {})
+        node = tracer.create_node("call_function", op, (node_arg(a, tracer), node_arg(b, tracer)), {})
         return max(live, key=lambda x: x.derive_rank)._derive(value, node)
     return method
 
@@ -111,8 +114,9 @@ for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor
 HostFloat.__hash__ = float.__hash__
 
 
-def item_node(tracer, t: torch.Tensor):
-    """Record ``aten._local_scalar_dense(t)`` in the graph and return its HostFloat."""
+def record_item(tracer, t: torch.Tensor):
+    """Record ``aten._local_scalar_dense(t)`` in the graph: ``(t.item(), node)``, the value
+    exactly as eager reads it (an int stays an int)."""
     from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
     from torch.utils._python_dispatch import _disable_current_modes
     if has_proxy_slot(t, tracer):
@@ -121,8 +125,12 @@ def item_node(tracer, t: torch.Tensor):
         src = tracer.create_arg(t)
     with _disable_current_modes(), torch._C.DisableTorchFunction():
         value = t.item()
-    node = tracer.create_node("call_function", torch.ops.aten._local_scalar_dense.default, (src,), {})
-    return HostFloat(value, node)
+    return value, tracer.create_node("call_function", torch.ops.aten._local_scalar_dense.default, (src,), {})
+
+
+def item_node(tracer, t: torch.Tensor):
+    """An optimizer step counter's ``.item()`` as a HostFloat recomputed at each replay."""
+    return HostFloat(*record_item(tracer, t))
 
 
 def substitute(nodes, floats, call_args) -> set:
@@ -166,8 +174,8 @@ def substitute(nodes, floats, call_args) -> set:
 
 
 # ---- live optimizer hyper-parameters ---------------------------------------------------
-# After a float hyper-parameter (lr, betas) has changed once, later traces read it from its
-# param_groups dict at replay time instead of baking it: a schedule then never recaptures,
+# On the replay backend a float hyper-parameter (lr, betas) is read from its param_groups dict
+# at replay time instead of being baked, from the first capture: a schedule never recaptures,
 # and the arithmetic stays the eager Python-float arithmetic.
 LIVE_HYPERS = ("lr", "betas")
 

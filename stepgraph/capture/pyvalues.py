@@ -8,8 +8,8 @@ each ``LOAD_GLOBAL`` / ``LOAD_DEREF`` / argument load followed by attribute load
 constant subscripts is a :class:`Source` (``global lr``, ``args.clip``, ``cfg['lr']``). Its
 value is part of the guard signature (scalars and small containers of scalars by value,
 tensors and other objects by identity), so a change recaptures with a one-line reason. On the
-replay backend a float that changed once is read live instead (as optimizer ``lr`` is), so an
-annealed ``lr`` recaptures once, not once per epoch. A value that the step itself changes (a
+replay backend a float of the step's own code is read live instead, from the first capture
+(as optimizer ``lr`` is), so an annealed ``lr`` never recaptures. A value that the step itself changes (a
 counter, ``history.append``) is a Python side effect a replay cannot perform: refused.
 
 Modules' ``forward`` methods are read the same way for scalar attributes (``self.p`` of

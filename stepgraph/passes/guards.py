@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from ..capture.hostreads import host_guard
-from .analysis import _written_args
+from .analysis import _base, _written_args
 
 _RNG = "<rng>"
 
@@ -35,14 +35,10 @@ class GuardPlan:
 
 
 def _root(n):
-    """The placeholder/op output whose storage ``n`` views; a state tensor (get_attr, which a
-    trace repeats per use) by its attribute name."""
-    while isinstance(n, fx.Node) and n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
-        rets = n.target._schema.returns
-        if not (rets and rets[0].alias_info is not None and not rets[0].alias_info.is_write and n.args):
-            break
-        n = n.args[0]
-    return ("attr", n.target) if isinstance(n, fx.Node) and n.op == "get_attr" else n
+    """The tensor ``n`` aliases (analysis._base); a state tensor (get_attr, which a trace
+    repeats per use) by its attribute name."""
+    n = _base(n)
+    return ("attr", n.target) if n.op == "get_attr" else n
 
 
 def _effects(n: fx.Node) -> tuple[set, set]:
