@@ -98,6 +98,11 @@ class StepFunction:
     def graphs(self) -> list[torch.fx.GraphModule]:
         return [e.graph for e in self._order]
 
+    @property
+    def captures(self) -> tuple[CapturedStep, ...]:
+        """The captured steps alive now, oldest first (read-only: each has ``.backend``, ``.graph``)."""
+        return tuple(self._order)
+
     def __call__(self, *args, **kwargs):
         with self._lock:
             self._calls += 1

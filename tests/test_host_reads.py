@@ -210,3 +210,35 @@ def test_host_reads_error_keeps_refusing():
     t(*batch(0))
     with pytest.raises(stepgraph.CaptureError, match="item"):
         t.step(*batch(1))
+
+
+def test_math_sqrt_of_a_live_float_stays_live():
+    """``math.sqrt`` of a live global lr once returned a plain float the graph baked: later lr
+    values were ignored by that term, silently."""
+    import math
+    import stepgraph
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    m2 = torch.nn.Linear(4, 2)
+    m2.load_state_dict(m.state_dict())
+    g = globals()
+    g["LR_FOR_SQRT"] = 0.04
+
+    def make(model):
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-math.sqrt(LR_FOR_SQRT))  # noqa: F821
+                    p.grad = None
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    for i in range(6):
+        g["LR_FOR_SQRT"] = 0.04 / (i + 1)
+        x = torch.randn(3, 4)
+        assert torch.equal(sg(x), eager(x))
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert sg.stats.captures == 1, sg.stats.recaptures

@@ -164,13 +164,21 @@ def guard_lost(floats, log: ReadLog) -> None:
 _MATH_PREDICATES = ("isnan", "isfinite", "isinf")
 
 
+# Without a patch ``math.sqrt(lr)`` of a live float returns a plain float: the graph would bake
+# one value of something it reads live everywhere else. These stay live (recorded, recomputed).
+_MATH_FUNCTIONS = ("sqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "pow", "cos", "sin",
+                   "tan", "tanh", "atan", "fabs", "copysign")
+
+
 class math_patches:
-    """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates."""
+    """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates, and
+    ``math.sqrt(x)`` etc. of any tracked float (a read, a live hyper-parameter, a step
+    counter) a live float recomputed at each replay."""
 
     def __enter__(self):
-        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES]
+        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES + _MATH_FUNCTIONS]
         for name, orig in self.saved:
-            setattr(math, name, _math_guarded(orig))
+            setattr(math, name, _math_guarded(orig) if name in _MATH_PREDICATES else _math_live(orig))
         return self
 
     def __exit__(self, *exc):
@@ -189,6 +197,19 @@ def _math_guarded(orig):
         return result
     pred.__name__ = orig.__name__
     return pred
+
+
+def _math_live(orig):
+    def fn(*args):
+        value = orig(*(_plain(a) if isinstance(a, HostFloat) else a for a in args))
+        tracer = _tracer()
+        live = [a for a in args if current(a, tracer)]
+        if not live or not isinstance(value, float):
+            return value
+        node = tracer.create_node("call_function", orig, tuple(node_arg(a, tracer) for a in args), {})
+        return max(live, key=lambda x: x.derive_rank)._derive(value, node)
+    fn.__name__ = orig.__name__
+    return fn
 
 
 def stored_reads(log: ReadLog, allowed: list) -> list[str]:

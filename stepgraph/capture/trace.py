@@ -218,11 +218,26 @@ class _DispatchCheckMode(TorchDispatchMode):
         return out
 
 
+# CUDA attention kernels hand their dropout RNG seed/offset from forward to backward as 0-dim
+# CPU tensors when not capturing, and as device tensors while a CUDA graph records (the philox
+# state then comes from the graph's generator): not host work, so not a reason to fall back.
+_ATTENTION_RNG_OPS = frozenset(
+    getattr(torch.ops.aten, name).default for name in (
+        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
+        "_efficient_attention_forward", "_efficient_attention_backward",
+        "_flash_attention_forward", "_flash_attention_backward")
+    if hasattr(torch.ops.aten, name))
+
+
 def _cpu_work(func, args, kwargs, out) -> str | None:
     """In a CUDA step: ``"tensor"`` for an op computing on CPU tensors with data, ``"scalar"`` for
     one touching only 0-dim CPU tensors (host scalars such as step counters), else None."""
     if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
         return None  # torch.tensor(...) constants: fixed values, fine to bake
+    if func in _ATTENTION_RNG_OPS:
+        return None
     # Empty CPU tensors hold no data (torch.utils.checkpoint allocates such placeholders).
     cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"
            and o.numel() > 0]
