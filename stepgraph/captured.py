@@ -45,6 +45,7 @@ class CapturedStep:
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
     siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
     gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
+    device_scalars: object = None  # passes.device_scalars.DeviceScalars: live floats fed as a tensor
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
@@ -55,6 +56,8 @@ class CapturedStep:
         tr = self.trace
         inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
+        if self.device_scalars is not None:
+            inputs.append(self.device_scalars.pack())
         try:
             outs = self.run(inputs)
         except RuntimeError as e:

@@ -65,6 +65,9 @@ def explain(self) -> str:
                                   if n.op == "call_function" and hasattr(n.target, "live_label")))
         if live:
             lines.append(f"    read live at each replay (no recapture when they change): {_names(live)}")
+        if e.device_scalars is not None:
+            lines.append("    read live at each call into one device tensor (no recapture when they change): "
+                         f"{_names(list(dict.fromkeys(e.device_scalars.labels)))}")
         plan = e.guard_plan
         if plan is not None:
             lines.append(f"    host reads: {len(plan.guards)} value guard(s); a replay runs {plan.prefix_ops} of "
@@ -74,6 +77,10 @@ def explain(self) -> str:
                             f"({plan.saved_bytes / 2**20:.2f} MiB)" if plan.saved else "; nothing to undo on a miss"))
             for site, what, value in plan.guards[:6]:
                 lines.append(f"      guard {what} == {value!r} at {site}")
+        segs = getattr(e.run, "segments", None)
+        if segs:
+            lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
+                         "them the host reads a value (one sync each, as eager) and checks its guards")
         reads = [x for x in (tr.reads.reads if tr.reads is not None else [])]
         if reads:
             lines.append(f"    values read live at each replay: {_names(list(dict.fromkeys(r.site for r in reads)), 4)}")

@@ -31,6 +31,7 @@ from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make
 from .errors import StepGraphError
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
+from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scalars
 
 log = logging.getLogger("stepgraph")
 
@@ -77,6 +78,8 @@ class StepFunction:
             self._calls = 0
             self._warm_done = 0
             self._baked_hypers: set = set()
+            self._seen_floats: dict = {}  # live candidates' values at the last warm-up or capture
+            self._recapture_kinds: set = set()  # reasons already shown at WARNING
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False
@@ -143,6 +146,7 @@ class StepFunction:
                 if self.backend == "inductor" and config.get("inductor_background"):
                     from .backends.background import prestart
                     prestart()  # the compile process starts up while warm-up and tracing run
+                self._seen_floats = self._guards.candidate_values(args)
                 with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
                     out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
@@ -258,6 +262,28 @@ class StepFunction:
         else:
             self._last = self._last_quick = None
 
+    def _device_scalars(self, gm, device, sig, frozen):
+        """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
+        bake them and guard their values again (a change then recaptures, with its reason)."""
+        while True:
+            try:
+                return to_device_scalars(gm, device), sig
+            except Unsupported as e:
+                labels = {h.target.live_label for h in e.roots}
+                gone = {h for h in self._guards.live if self._guards.live_label(h) in labels}
+                if not gone:  # not known which: bake them all
+                    gone, e.roots = set(self._guards.live), None
+                baked = bake_host_floats(gm, e.roots)
+                sig = self._guards.rebake(sig, frozen, gone)
+                self._baked_hypers |= gone
+                self._guards.live -= gone
+                note = (f"{', '.join(baked) or 'a live float'} cannot be fed to the graph as a tensor "
+                        f"({e}): baked and guarded, a new value recaptures")
+                log.warning("stepgraph: %s: %s", self.__name__, note)
+                self._prepared.append(note)
+                if not self._guards.live:
+                    return None, sig
+
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
@@ -277,12 +303,25 @@ class StepFunction:
                 if reason is not None:
                     reason += " (now read live at each replay: no further recaptures for it)"
                 sig = self._guards.signature(args, kwargs)
-        elif self._order and device == "cuda":
-            from .capture.hostscalar import LIVE_HYPERS
-            notes = [n for h in self._guards.changed_hypers(self._order[-1].key, sig.key) if h[2] in LIVE_HYPERS
-                     for n in [make_hyper_tensor(self._reg, *h)] if n]
-            if notes:
-                reason += f" ({'; '.join(notes)}: no further recaptures for it)"
+        else:
+            if self._order and device == "cuda":
+                from .capture.hostscalar import LIVE_HYPERS
+                notes = [n for h in self._guards.changed_hypers(self._order[-1].key, sig.key) if h[2] in LIVE_HYPERS
+                         for n in [make_hyper_tensor(self._reg, *h)] if n]
+                if notes:
+                    reason += f" ({'; '.join(notes)}: no further recaptures for it)"
+                    sig = self._guards.signature(args, kwargs)
+            # A graph bakes scalars: a float that changed since the last call (a schedule, an lr
+            # assigned every iteration) is fed in as a device tensor (passes/device_scalars.py);
+            # one that did not stays baked, bitwise eager, until it changes.
+            now = self._guards.candidate_values(args)
+            new = [h for h, v in now.items() if h not in self._guards.live and h not in self._baked_hypers
+                   and h in self._seen_floats and self._seen_floats[h] != v]
+            self._seen_floats = now
+            if new:
+                self._guards.live.update(new)
+                if reason is not None:
+                    reason += " (now read live at each call: no further recaptures for it)"
                 sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
@@ -301,8 +340,9 @@ class StepFunction:
                 raise refusal
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
-                live = self._guards.live if backend.name == "replay" else ()
+                live = self._guards.live
                 py_before = self._guards.py.key(args)
+                frozen = self._guards.frozen_key(args, kwargs)
                 sizes_before = container_sizes(self._guards.py, args)
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                 live_hypers=sorted(h for h in live if isinstance(h, tuple)),
@@ -320,14 +360,19 @@ class StepFunction:
                 # The step branched on a live value: this graph depends on it, so guard it again.
                 self._baked_hypers |= tr.baked_hypers
                 self._guards.live -= tr.baked_hypers
-                sig = self._guards.signature(args, kwargs)
+                sig = self._guards.rebake(sig, frozen, tr.baked_hypers)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
             plan = place_guards(gm, device, self._reg.name_of)
+            scalars = None
+            if backend.name != "replay" and self._guards.live:
+                scalars, sig = self._device_scalars(gm, device, sig, frozen)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
             n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
             example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
+            if scalars is not None:
+                example.append(scalars.pack())
             if device == "cuda" and self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
@@ -337,13 +382,17 @@ class StepFunction:
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
                         grad_bindings=bindings, on_fused=self._on_fused)
             try:
-                if backend.name != "replay" and tr.reads is not None and tr.reads.sites():
-                    raise NeedsReplay(
-                        f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "
-                        "graph segments between host reads run on the 'replay' backend for now",
-                        op="host read", where=tr.reads.sites()[0],
-                        fix="return the value from the step and read it outside, or use backend='replay'")
-                run = backend.compile(gm, example, **opts)
+                if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
+                    if backend.segmented is None:
+                        raise NeedsReplay(
+                            f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "
+                            f"backend {backend.name!r} has no graph segments between host reads yet",
+                            op="host read", where=tr.reads.sites()[0],
+                            fix="return the value from the step and read it outside, or use "
+                                "backend='cudagraph' (segments) or 'replay'")
+                    run = backend.segmented(gm, example, **opts)
+                else:
+                    run = backend.compile(gm, example, **opts)
             except NeedsReplay as e:
                 if self.backend != "auto":
                     raise
@@ -385,7 +434,7 @@ class StepFunction:
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records], plan)
+                              for r in ddp_records], plan, device_scalars=scalars)
         if sibling_of is not None:
             sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
         else:
@@ -398,11 +447,25 @@ class StepFunction:
         self._last = self._last_quick = None
         if reason is not None:
             self.stats.recaptures.append(reason)
-            log.info("stepgraph: recapture %s: %s", self.__name__, reason)
+            # The first recapture of each kind is shown by default (logging's last-resort handler
+            # prints WARNING to stderr): a varying batch shape must not be invisible.
+            kind = _reason_kind(reason)
+            level = logging.INFO if kind in self._recapture_kinds else logging.WARNING
+            self._recapture_kinds.add(kind)
+            log.log(level, "stepgraph: %s recaptured (graph %d of max_captures=%d, %.2fs): %s%s", self.__name__,
+                    len(self._order), self.max_captures, seconds, reason,
+                    "" if level == logging.INFO else " [later recaptures of this kind are logged at INFO]")
         else:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return plain_floats(tr.result)
+
+
+def _reason_kind(reason: str) -> str:
+    """A recapture reason without its values: 'arg 0 (x) shape [4, 8] -> [5, 8]' -> 'arg (x) shape'."""
+    import re
+    head = reason.split(" -> ")[0].split(":")[0]
+    return " ".join(w for w in re.sub(r"\[[^\]]*\]|'[^']*'|[-+]?\d[\w.+-]*", " ", head).split())[:80]
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

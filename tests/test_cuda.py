@@ -165,13 +165,12 @@ def test_host_sync_and_cpu_tensor_raise_capture_error():
     with pytest.raises(stepgraph.CaptureError) as e:
         step(*_batch())
     assert "test_cuda.py" in e.value.where
-    # By default the read is live; until CUDA graph segments exist, auto runs it on 'replay'
-    # and says so once (not silently slow).
+    # By default the read is live: taken after the CUDA graph (backends/segments.py).
     step = stepgraph.compile(bad)
     step(*_batch())
-    with pytest.warns(UserWarning, match="reads tensor values on the host"):
-        first = step(*_batch())
+    first = step(*_batch())
     assert isinstance(first, float) and step(*_batch()) != first and step.stats.replays == 1
+    assert step.captures[-1].backend == "cudagraph"
 
     cpu_scale = torch.tensor([2.0, 3.0])
 

@@ -316,3 +316,27 @@ def test_reset_clears_graphs_and_stats():
     p(*batch(6))
     assert p.counts() == (1, 1, 1)
     assert p.stats.recaptures == []
+
+
+def test_first_recapture_of_each_kind_is_visible_by_default(caplog):
+    """A batch shape that varies once cost a recapture per shape, logged at INFO only (invisible
+    unless the user configured logging): the first of each kind is a WARNING, with its cost."""
+    import logging
+    import stepgraph
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        loss = m(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    sg = stepgraph.compile(step)
+    with caplog.at_level(logging.INFO, logger="stepgraph"):
+        for n in (3, 3, 5, 7):
+            sg(torch.randn(n, 4))
+    recs = [r for r in caplog.records if "recaptured" in r.getMessage()]
+    assert [r.levelno for r in recs] == [logging.WARNING, logging.INFO], [r.getMessage() for r in recs]
+    assert "shape" in recs[0].getMessage() and "max_captures" in recs[0].getMessage()

@@ -199,3 +199,43 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
         torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
     for p, p2 in zip(case.model.parameters(), twin.model.parameters()):
         torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sched", ["assigned", "onecycle"])
+def test_inductor_hyper_parameters_a_loop_changes_compile_once(sched, monkeypatch):
+    """nanoGPT's ``g["lr"] = get_lr(it)`` (SGD) and OneCycleLR cycling AdamW's lr and betas:
+    once recompiled every call; now fed to the fused graph as a tensor (passes/device_scalars.py)."""
+    import copy
+    import stepgraph
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(DEVICE)
+    m2 = copy.deepcopy(m)
+    if sched == "assigned":
+        o, o2 = (torch.optim.SGD(x.parameters(), lr=0.1, momentum=0.9) for x in (m, m2))
+        scheds = []
+    else:
+        o, o2 = (torch.optim.AdamW(x.parameters(), lr=1e-3) for x in (m, m2))
+        scheds = [torch.optim.lr_scheduler.OneCycleLR(x, max_lr=1e-2, total_steps=20) for x in (o, o2)]
+
+    def make(model, opt):
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o), backend="inductor"), make(m2, o2)
+    for i in range(7):
+        if sched == "assigned":
+            for g in o.param_groups + o2.param_groups:
+                g["lr"] = 0.1 / (i + 1)
+        x, y = torch.randn(4, 8, device=DEVICE), torch.randn(4, 2, device=DEVICE)
+        torch.testing.assert_close(sg(x, y), eager(x, y), rtol=1e-5, atol=1e-6)
+        for s in scheds:
+            s.step()
+    for p, q in zip(m.parameters(), m2.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert sg.stats.captures == 1, sg.stats.recaptures
+    assert "into one device tensor" in sg.explain()

@@ -22,6 +22,10 @@ class Backend:
     device_types: tuple = ("cpu", "cuda")
     prepare: Callable | None = None   # (StateRegistry) -> list of changes, run before tracing
     trace_context: Callable | None = None  # (StateRegistry) -> context manager around the trace
+    # (gm, example_inputs, **opts) -> runner for a graph with host reads (segments between the
+    # reads); None: such graphs run on ``replay`` (NeedsReplay; ``auto`` falls back, warned).
+    segmented: Callable | None = None
+    runs_host_reads: bool = False  # the plain ``compile`` runs host reads itself (replay)
 
 
 def _registry() -> dict:

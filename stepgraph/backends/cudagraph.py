@@ -318,6 +318,11 @@ def record_after_first_call(fn, **opts):
     return run
 
 
+def _segmented(gm, example_inputs, **opts):
+    from .segments import compile_segmented
+    return compile_segmented(gm, example_inputs, **opts)
+
+
 BACKEND = Backend("cudagraph", compile_cudagraph,
                   "the traced step recorded into one CUDA graph; replayed with one launch", ("cuda",),
-                  prepare=make_capturable)
+                  prepare=make_capturable, segmented=_segmented)

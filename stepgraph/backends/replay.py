@@ -148,4 +148,5 @@ def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **
 
 
 BACKEND = Backend("replay", compile_replay,
-                  "the traced aten graph as one generated Python function (CPU and CUDA, no CUDA graph)")
+                  "the traced aten graph as one generated Python function (CPU and CUDA, no CUDA graph)",
+                  runs_host_reads=True)

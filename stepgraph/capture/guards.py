@@ -190,6 +190,44 @@ class Guards:
                 out.append(s)
         return out
 
+    def frozen_key(self, args, kwargs) -> tuple:
+        """The signature key with nothing read live (every value as it is now): taken before a
+        capture, so that values the capture ends up baking are guarded as they were *before*
+        the call (the call itself changes grads, counters, ...)."""
+        saved, self.live = self.live, set()
+        try:
+            return self.signature(args, kwargs).key
+        finally:
+            self.live = saved
+
+    def rebake(self, sig: "Signature", frozen: tuple, baked) -> "Signature":
+        """``sig`` with the live markers of ``baked`` replaced by their values in ``frozen``."""
+        key = list(sig.key)
+        key[6] = tuple(tuple(tuple((k, fv) if (oi, gi, k) in baked else (k, v)
+                                   for (k, v), (_, fv) in zip(g, fg))
+                             for gi, (g, fg) in enumerate(zip(go, fo)))
+                       for oi, (go, fo) in enumerate(zip(key[6], frozen[6])))
+        key[11] = tuple(fv if s in baked else v for s, v, fv in zip(self.py.sources, key[11], frozen[11]))
+        return Signature(tuple(key), sig.leaves, sig.tensor_pos)
+
+    def live_label(self, h) -> str:
+        """How explain() and the graph's readers name a live value."""
+        if isinstance(h, tuple):
+            oi, gi, k = h
+            return f"{self.reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']"
+        return h.describe()
+
+    def candidate_values(self, args, keys=LIVE_HYPERS) -> dict:
+        """``live_candidates`` with their values now (a float, or a tuple of floats)."""
+        out = {}
+        for h in self.live_candidates(args, keys):
+            if isinstance(h, tuple):
+                oi, gi, k = h
+                out[h] = self.reg.optimizers[oi][1].param_groups[gi].get(k)
+            else:
+                out[h] = h.read_or(args)
+        return out
+
     # ---- explaining a miss -------------------------------------------------------------
     def diff(self, old: tuple, new: tuple, args=(), kwargs=None) -> str:
         """One line naming the first difference between two signature keys."""

@@ -23,6 +23,7 @@ class HostFloat(float):
     def __new__(cls, value, node):
         self = float.__new__(cls, value)
         self.node = node
+        node.meta["host_value"] = float.__float__(self)  # what the trace saw (baking uses it)
         return self
 
     def __reduce__(self):  # never pickled as a HostFloat
@@ -177,7 +178,7 @@ def substitute(nodes, floats, call_args) -> set:
 # On the replay backend a float hyper-parameter (lr, betas) is read from its param_groups dict
 # at replay time instead of being baked, from the first capture: a schedule never recaptures,
 # and the arithmetic stays the eager Python-float arithmetic.
-LIVE_HYPERS = ("lr", "betas")
+LIVE_HYPERS = ("lr", "betas", "momentum", "dampening", "weight_decay", "eps", "alpha", "rho", "lr_decay")
 
 
 class HyperFloat(HostFloat):

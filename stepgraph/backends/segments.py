@@ -1,0 +1,242 @@
+"""CUDA-graph segments: a step that reads values on the host, as CUDA graphs between the reads.
+
+A host read (``loss.item()``, ``if torch.isfinite(loss):``, a mask checked on the host) needs
+the value of a tensor computed earlier in the same step. One CUDA graph cannot stop midway,
+so the graph is cut at each read: the device ops between two reads become one recorded
+**segment** (replayed with one launch, all segments in one memory pool, replayed in the order
+they were recorded), and the read and what Python does with it (the value guard, a read
+returned for logging) run on the host between them:
+
+    segment 0 (CUDA graph)  ->  host: read, guard  ->  segment 1 (CUDA graph)  ->  host: read
+
+Each read costs one sync, which eager pays too. A read whose only use is to be returned
+(``return loss.item()``) is taken after the last segment, so it cuts nothing.
+
+What a segment takes from the host must be fixed while it is recorded: a value a guard checks
+(the graph holds for that value only) or a live float fed as a device tensor
+(passes/device_scalars.py). A read feeding a device op directly, unguarded, is refused:
+``NeedsReplay`` (backend ``auto`` then runs the graph with the ``replay`` backend).
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+from ..capture.hostreads import host_guard
+from .cudagraph import (NeedsReplay, _clear_cublas_workspaces, _drop_idle_rng_state_calls, refuse_uncapturable,
+                        side_stream)
+from .replay import generate
+
+_READ = torch.ops.aten._local_scalar_dense.default
+
+
+def _host_nodes(gm: fx.GraphModule) -> set:
+    """Host reads, Python computing on their values, the guards and the RNG snapshot they use."""
+    host: set = set()
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        t = n.target
+        if t is _READ or t is host_guard or getattr(t, "__name__", "") == "generator_state":
+            host.add(n)
+        elif not isinstance(t, torch._ops.OpOverload) and any(a in host for a in n.all_input_nodes):
+            host.add(n)
+    return host
+
+
+def _fixed_values(gm: fx.GraphModule) -> dict:
+    """Host nodes whose value the graph is specialised on: the guarded ones (value = the traced
+    value each guard checks)."""
+    out = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is host_guard and isinstance(n.args[0], fx.Node):
+            out[n.args[0]] = n.args[1]
+    return out
+
+
+def has_host_reads(gm: fx.GraphModule) -> bool:
+    return any(n.op == "call_function" and n.target is _READ for n in gm.graph.nodes)
+
+
+@dataclass
+class Segment:
+    """One recorded run of device ops."""
+    module: fx.GraphModule
+    inputs: list                 # nodes of the step graph feeding it
+    outputs: list                # nodes of the step graph it defines and later nodes use
+    graph: object = None         # torch.cuda.CUDAGraph once recorded
+    static_outputs: list = field(default_factory=list)  # what its replays write, at fixed addresses
+
+
+def _sink_returned_reads(gm: fx.GraphModule, host: set) -> None:
+    """Move reads used only by the output (``return loss.item()``) to just before it."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    for n in list(gm.graph.nodes):
+        if n in host and n.target is _READ and set(n.users) == {out}:
+            out.prepend(n)
+
+
+def split(gm: fx.GraphModule) -> tuple[list, set]:
+    """The graph's nodes in order, runs of device nodes grouped into :class:`Segment` s."""
+    host = _host_nodes(gm)
+    _sink_returned_reads(gm, host)
+    items: list = []
+    run: list = []
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        if n in host:
+            if run:
+                items.append(run)
+                run = []
+            items.append(n)
+        elif n.op == "get_attr":
+            continue  # state: read by address in whichever segment uses it
+        else:
+            run.append(n)
+    if run:
+        items.append(run)
+    return items, host
+
+
+def _segment_module(gm: fx.GraphModule, nodes: list) -> Segment:
+    inside = set(nodes)
+    inputs = list(dict.fromkeys(a for n in nodes for a in n.all_input_nodes
+                                if a not in inside and a.op != "get_attr"))
+    g = fx.Graph()
+    env: dict = {x: g.placeholder(f"in_{i}") for i, x in enumerate(inputs)}
+
+    def arg(x):
+        if x not in env:  # state: a get_attr of the step graph's module
+            env[x] = g.get_attr(x.target)
+        return env[x]
+
+    for n in nodes:
+        env[n] = g.node_copy(n, arg)
+    outputs = [n for n in nodes if any(u not in inside for u in n.users)]
+    g.output([env[n] for n in outputs])
+    return Segment(fx.GraphModule(gm, g), inputs, outputs)
+
+
+def _record(fn, args, pool):
+    """Record ``fn(*args)`` with ``args`` themselves as its inputs (the previous segment's
+    static outputs, the step's static inputs): nothing is copied between segments."""
+    side = side_stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        _clear_cublas_workspaces()
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            outs = fn(*args)
+    finally:
+        torch._C._set_grad_enabled(prev)
+    torch.cuda.current_stream().wait_stream(side)
+    return graph, list(outs)
+
+
+def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
+                      clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0,
+                      rng_state_calls=0, **_):
+    """The step as CUDA-graph segments between its host reads; the per-call runner."""
+    if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
+        refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)
+    if rng_state_calls and not _drop_idle_rng_state_calls(gm):
+        raise NeedsReplay("the step saves and restores the RNG state on the host", op="torch.get_rng_state",
+                          where="torch.utils.checkpoint / torch.random.fork_rng", fix="use backend='replay'")
+    items, host = split(gm)
+    gm.graph.lint()
+    fixed = _fixed_values(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+              for x in example_inputs]
+    segments = [_segment_module(gm, it) for it in items if isinstance(it, list)]
+    # Record in order; what a segment takes from the host must be fixed (guarded) now.
+    env: dict = dict(zip(placeholders, static))
+    for seg in segments:
+        args = []
+        for x in seg.inputs:
+            if x in env:
+                args.append(env[x])
+            elif x in fixed:
+                args.append(fixed[x])
+            else:
+                raise NeedsReplay(
+                    f"a value read on the host ({x.name}) feeds a device op without a guard: a CUDA "
+                    "graph segment would bake it", op="host read", where="the step",
+                    fix="use backend='replay' (backend='auto' does so)")
+        _, fn = generate(seg.module, "segment")
+        seg.graph, seg.static_outputs = _record(fn, args, pool)
+        env.update(zip(seg.outputs, seg.static_outputs))
+    # The per-call program: host nodes as they are, each segment a replay of its graph.
+    top = fx.Graph()
+    tenv: dict = {}
+    for p in placeholders:
+        tenv[p] = top.placeholder(p.name)
+    seg_iter = iter(segments)
+    for it in items:
+        if isinstance(it, list):
+            seg = next(seg_iter)
+            call = top.call_function(_replayer(seg), ())
+            for i, o in enumerate(seg.outputs):
+                tenv[o] = top.call_function(operator.getitem, (call, i))
+        else:
+            tenv[it] = top.node_copy(it, lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv))
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    top.output(fx.node.map_arg(out.args[0], lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv)))
+    _, program = generate(fx.GraphModule(gm, top), "segmented_step")
+    written = set(inputs_written)
+    n_user = n_user_outputs
+
+    def run(inputs):
+        copied = []
+        for i, x in enumerate(inputs):
+            if x.data_ptr() != static[i].data_ptr():
+                static[i].copy_(x)
+                copied.append(i)
+        prev = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:
+            outs = list(program(*static))
+        finally:
+            torch._C._set_grad_enabled(prev)
+        for i in copied:
+            if i in written:
+                inputs[i].copy_(static[i])
+        k = len(outs) if n_user is None else n_user
+        if clone_outputs:
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[:k]] + outs[k:]
+        return outs
+
+    ptrs = [t.data_ptr() for t in state_tensors]
+
+    def stale() -> str | None:
+        if any(t.data_ptr() != p for t, p in zip(state_tensors, ptrs)):
+            return "state tensor storage moved since capture (load_state_dict / .to() / .data =)"
+        return None
+
+    run.segments = segments
+    run.stale = stale
+    run.static_inputs = static
+    return run
+
+
+def _attr(top: fx.Graph, gm: fx.GraphModule, x: fx.Node, tenv: dict):
+    if x.op != "get_attr":
+        raise KeyError(x)
+    tenv[x] = top.get_attr(x.target)
+    return tenv[x]
+
+
+def _replayer(seg: Segment):
+    graph, outs = seg.graph, tuple(seg.static_outputs)
+
+    def replay_segment():
+        graph.replay()
+        return outs
+    replay_segment.__name__ = "replay_segment"
+    return replay_segment

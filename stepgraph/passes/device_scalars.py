@@ -1,0 +1,280 @@
+"""Live host floats on a device graph: one small tensor per call instead of baked scalars.
+
+On the ``replay`` backend a live float (an ``lr`` a loop assigns, a global the step reads) is
+a Python value passed to each op at each replay. A CUDA graph (and Inductor's code) bakes an
+op's scalar arguments at record time, so there each such value would force a recapture. This
+pass moves the host arithmetic out of the graph and feeds its results in as one float64 tensor
+(``live_scalars``), packed by :meth:`DeviceScalars.pack` at every call (one asynchronous copy
+from pinned memory): the ops that took a Python scalar take a 0-dim tensor instead.
+
+The tensor forms round differently from the scalar ones (``param + alpha * grad`` in one
+kernel against ``grad * lr`` then ``+``), so the runtime only uses this for values that did
+change between calls; a value that never changes stays baked and bitwise equal to eager.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, field
+
+import torch
+from torch import fx
+
+aten = torch.ops.aten
+
+# Python operations on live floats that the graph records (capture/hostscalar.py, hostreads.py).
+_HOST_OPS = {operator.add, operator.sub, operator.mul, operator.truediv, operator.pow,
+             operator.floordiv, operator.mod, operator.neg, operator.pos, operator.abs,
+             operator.getitem}
+
+
+def _is_reader(n: fx.Node) -> bool:
+    return n.op == "call_function" and hasattr(n.target, "live_label")
+
+
+def _host_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """Readers of live floats and the Python arithmetic on them, in graph order."""
+    host: set = set()
+    out = []
+    for n in gm.graph.nodes:
+        if _is_reader(n) or (n.op == "call_function" and n.target in _HOST_OPS
+                             and any(a in host for a in n.all_input_nodes)
+                             and all(a in host for a in n.all_input_nodes)) \
+                or (n.op == "call_function" and getattr(n.target, "__module__", None) == "math"
+                    and n.all_input_nodes and all(a in host for a in n.all_input_nodes)):
+            host.add(n)
+            out.append(n)
+    return out
+
+
+@dataclass
+class DeviceScalars:
+    """The host part of a graph whose live floats reach device ops through ``live_scalars``."""
+    program: fx.GraphModule          # no inputs; returns the floats, in slot order
+    device: torch.device
+    labels: list = field(default_factory=list)   # what each slot holds, for explain()
+
+    def values(self) -> list[float]:
+        return [float(v) for v in self.program()]
+
+    def pack(self) -> torch.Tensor:
+        """This call's values on the device. The pinned staging block is reused only once its
+        copy has run (PyTorch's caching host allocator records the copy's stream)."""
+        vals = self.values()
+        if self.device.type != "cuda":
+            return torch.tensor(vals, dtype=torch.float64)
+        host = torch.tensor(vals, dtype=torch.float64, pin_memory=True)
+        return host.to(self.device, non_blocking=True)
+
+
+class Unsupported(Exception):
+    """An op takes a live float where no tensor form is known: those values must be baked.
+    ``roots``: the reader nodes feeding such ops (what to bake); empty when it is not known."""
+
+    def __init__(self, msg: str, roots=()):
+        super().__init__(msg)
+        self.roots = set(roots)
+
+
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _val(n):
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    if isinstance(v, (list, tuple)):
+        return v[0] if v else None
+    return v
+
+
+def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
+    """Replace ``n`` (an op taking a host node as a Scalar) by its tensor form; ``scalar(x, dtype)``
+    is the graph node of host node ``x`` as a 0-dim tensor. ``dry``: only check it is known."""
+    t, args, kw = n.target, list(n.args), dict(n.kwargs)
+    ref = args[0][0] if args and isinstance(args[0], (list, tuple)) and args[0] else (args[0] if args else None)
+    ref = _val(ref)
+    dtype = _opmath(ref.dtype) if isinstance(ref, torch.Tensor) else torch.float32
+
+    def s(x):
+        return scalar(x, dtype)
+
+    def host(x):
+        return isinstance(x, fx.Node) and bool(x.meta.get("device_scalar_host"))
+
+    call = g.call_function
+    packet = getattr(t, "overloadpacket", None)
+    name = packet.__name__ if packet is not None else ""
+    inplace = name.endswith("_")
+    base = name.rstrip("_")
+    suffix = "_" if inplace else ""
+    two = len(args) == 2
+    if base in ("add", "sub", "_foreach_add", "_foreach_sub") and host(kw.get("alpha")) and two \
+            and not any(host(a) for a in args):
+        if dry:
+            return
+        alpha = kw.pop("alpha")  # a (+|-) alpha * b  ->  a (+|-) (b * alpha)
+        if base.startswith("_foreach"):
+            scaled = call(aten._foreach_mul.Tensor, (args[1], s(alpha)))
+            n.target = getattr(aten, base + suffix).List
+        else:
+            scaled = call(aten.mul.Tensor, (args[1], s(alpha)))
+            n.target = getattr(aten, base + suffix).Tensor
+        n.args, n.kwargs = (args[0], scaled), kw
+    elif base in ("add", "mul", "div", "sub", "_foreach_add", "_foreach_mul", "_foreach_div") and two \
+            and host(args[1]) and not host(args[0]) and not host(kw.get("alpha")):
+        if dry:
+            return
+        n.args, n.target = (args[0], s(args[1])), getattr(aten, base + suffix).Tensor
+    elif base == "_foreach_sub" and two and host(args[1]) and not kw:
+        if dry:
+            return
+        neg = call(aten.neg.default, (s(args[1]),))
+        n.args, n.target = (args[0], neg), getattr(aten, "_foreach_add" + suffix).Tensor
+    elif base in ("addcdiv", "addcmul", "_foreach_addcdiv", "_foreach_addcmul") and host(kw.get("value")) \
+            and len(args) == 3 and not any(host(a) for a in args):
+        if dry:
+            return
+        value = kw.pop("value")  # a + value * (b op c)  ->  a + (b op c) * value
+        op = "div" if base.endswith("cdiv") else "mul"
+        if base.startswith("_foreach"):
+            inner = call(getattr(aten, f"_foreach_{op}").List, (args[1], args[2]))
+            scaled = call(aten._foreach_mul.Tensor, (inner, s(value)))
+            n.target = getattr(aten, "_foreach_add" + suffix).List
+        else:
+            inner = call(getattr(aten, op).Tensor, (args[1], args[2]))
+            scaled = call(aten.mul.Tensor, (inner, s(value)))
+            n.target = getattr(aten, "add" + suffix).Tensor
+        n.args, n.kwargs = (args[0], scaled), kw
+    elif base == "lerp" and len(args) == 3 and host(args[2]) and not kw:
+        if dry:
+            return
+        n.args, n.target = (args[0], args[1], s(args[2])), getattr(aten, "lerp" + suffix).Tensor
+    elif base == "_foreach_lerp" and len(args) == 3 and host(args[2]) and not kw:
+        if dry:
+            return
+        diff = call(aten._foreach_sub.List, (args[1], args[0]))  # self + w * (end - self)
+        scaled = call(aten._foreach_mul.Tensor, (diff, s(args[2])))
+        n.args, n.target = (args[0], scaled), getattr(aten, "_foreach_add" + suffix).List
+    elif t is aten.pow.Scalar and two and host(args[0]) and not host(args[1]):
+        if dry:  # beta ** step (capturable Adam's bias correction, step a device tensor)
+            return
+        n.args, n.target = (s(args[0]), args[1]), aten.pow.Tensor_Tensor
+    elif t is aten._foreach_pow.ScalarAndTensor and two and host(args[0]) and not host(args[1]):
+        if dry:
+            return
+        base_t = s(args[0])
+        n.args, n.target = ([base_t] * len(args[1]), args[1]), aten._foreach_pow.List
+    elif t in (aten.fill_.Scalar, aten.fill.Scalar) and two and host(args[1]):
+        if dry:
+            return
+        n.args, n.target = (args[0], s(args[1])), (aten.fill_.Tensor if inplace else aten.fill.Tensor)
+    else:
+        raise Unsupported(f"{t} takes a live float")
+
+
+def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
+    """Rewrite ``gm`` in place (a trailing ``live_scalars`` placeholder) and return how to fill
+    it; None when the graph has no live floats. Raises :class:`Unsupported`, with ``gm``
+    unchanged, when an op takes a live float in a way with no known tensor form."""
+    host = _host_nodes(gm)
+    if not host:
+        return None
+    hostset = set(host)
+    consumers = [u for h in host for u in h.users if u not in hostset]
+    if not consumers:
+        return None
+    g = gm.graph
+    for h in host:
+        h.meta["device_scalar_host"] = True
+    bad, why = [], []
+    for u in dict.fromkeys(consumers):  # check every consumer before changing anything
+        try:
+            if u.op != "call_function" or not isinstance(u.target, torch._ops.OpOverload):
+                raise Unsupported(f"{u.target} takes a live float")
+            _rewrite(g, u, None, dry=True)
+        except Unsupported as e:
+            bad.append(u)
+            why.append(str(e))
+    if bad:
+        for h in host:
+            del h.meta["device_scalar_host"]
+        raise Unsupported("; ".join(dict.fromkeys(why)), _roots([a for u in bad for a in u.all_input_nodes
+                                                                  if a in hostset]))
+    placeholders = [n for n in g.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    if anchor is None:
+        with g.inserting_before(next(iter(g.nodes))):
+            live = g.placeholder("live_scalars")
+    else:
+        with g.inserting_after(anchor):
+            live = g.placeholder("live_scalars")
+    slots: dict = {}      # host node -> slot index
+    cache: dict = {}      # (host node, dtype) -> 0-dim tensor node
+
+    def scalar(h, dtype):
+        if h not in slots:
+            slots[h] = len(slots)
+        key = (h, dtype)
+        if key not in cache:
+            sel = g.call_function(aten.select.int, (live, 0, slots[h]))
+            cache[key] = sel if dtype == torch.float64 else \
+                g.call_function(aten._to_copy.default, (sel,), {"dtype": dtype})
+        return cache[key]
+
+    for u in dict.fromkeys(consumers):
+        with g.inserting_before(u):
+            _rewrite(g, u, scalar)
+    # The host program: the same arithmetic, returning the slots' values.
+    prog = fx.Graph()
+    env: dict = {}
+    for h in host:
+        env[h] = prog.node_copy(h, lambda x: env[x])
+    order = sorted(slots, key=slots.get)
+    prog.output([env[h] for h in order])
+    program = fx.GraphModule(gm, prog)
+    for h in reversed(host):
+        if not h.users:
+            g.erase_node(h)
+    g.lint()
+    gm.recompile()
+    labels = [h.target.live_label for h in host if _is_reader(h)]
+    return DeviceScalars(program, torch.device(device), labels)
+
+
+def _roots(nodes) -> set:
+    """The readers the host nodes ``nodes`` are computed from."""
+    out, todo, seen = set(), list(nodes), set()
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if _is_reader(n):
+            out.add(n)
+        todo.extend(n.all_input_nodes)
+    return out
+
+
+def bake_host_floats(gm: fx.GraphModule, roots=None) -> list[str]:
+    """Replace the live floats read by ``roots`` (all when None), and what is computed from
+    them alone, by the values the trace saw (the caller guards those values again); returns
+    the readers' labels."""
+    host = _host_nodes(gm)
+    values: dict = {}
+    for h in host:
+        if not (h in roots if roots is not None and _is_reader(h) else
+                all(a in values for a in h.all_input_nodes) if not _is_reader(h) else True):
+            continue
+        # (a reader of a tuple has no value of its own: only its items reach ops)
+        values[h] = h.meta.get("host_value")
+    host = [h for h in host if h in values]
+    for h in host:
+        for u in list(h.users):
+            if u not in values:
+                u.args = fx.node.map_arg(u.args, lambda x: values[x] if x in values else x)
+                u.kwargs = fx.node.map_arg(u.kwargs, lambda x: values[x] if x in values else x)
+    for h in reversed(host):
+        if not h.users:
+            gm.graph.erase_node(h)
+    gm.graph.lint()
+    gm.recompile()
+    return [h.target.live_label for h in host if _is_reader(h)]

@@ -1,0 +1,123 @@
+"""Hyper-parameters a loop assigns every iteration on the GPU (issue 15 item 2): captured once,
+replayed every later call, on every optimizer and form (nanoGPT's ``g["lr"] = get_lr(it)``).
+
+A CUDA graph bakes scalar arguments; a float that changed between calls is fed in as one
+device tensor per call instead (passes/device_scalars.py). Skipped without CUDA.
+"""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+from parity import rel_err
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+OPTS = {
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05),
+    "sgd_momentum": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2),
+    "sgd_fused": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, fused=True),
+    "adadelta": lambda p: torch.optim.Adadelta(p, lr=1.0),
+    "rmsprop": lambda p: torch.optim.RMSprop(p, lr=1e-3, momentum=0.5),
+    "adam": lambda p: torch.optim.Adam(p, lr=1e-3),
+    "adamw_fused": lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True),
+    "adamax": lambda p: torch.optim.Adamax(p, lr=1e-3),
+    "nadam": lambda p: torch.optim.NAdam(p, lr=1e-3),
+    "radam": lambda p: torch.optim.RAdam(p, lr=1e-3),
+    "asgd": lambda p: torch.optim.ASGD(p, lr=1e-3),
+    "rprop": lambda p: torch.optim.Rprop(p, lr=1e-3),
+    "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2),
+}
+
+
+def get_lr(it, base=1e-3, warmup=3, total=12):  # nanoGPT's schedule: warm-up then cosine
+    if it < warmup:
+        return base * (it + 1) / warmup
+    return base * 0.1 + 0.5 * (1 + math.cos(math.pi * (it - warmup) / (total - warmup))) * base * 0.9
+
+
+def _pair(opt_name):
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).cuda()
+    m2 = copy.deepcopy(m)
+    return m, m2, OPTS[opt_name](m.parameters()), OPTS[opt_name](m2.parameters())
+
+
+def _step(model, opt, amp):
+    def step(x, y):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+    return step
+
+
+def _run(opt_name, backend="auto", amp=True, steps=10, keys=("lr",)):
+    m, m2, opt, opt2 = _pair(opt_name)
+    sg, eager = stepgraph.compile(_step(m, opt, amp), backend=backend), _step(m2, opt2, amp)
+    base = {k: opt.param_groups[0][k] for k in keys}
+    worst = 0.0
+    for it in range(steps):
+        for o in (opt, opt2):
+            for g in o.param_groups:
+                for k in keys:
+                    f = get_lr(it) / 1e-3  # in (0, 1]: betas, momentum, alpha stay valid
+                    g[k] = (base[k][0] * f, *base[k][1:]) if isinstance(base[k], tuple) else base[k] * f
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
+        if it == 1:
+            # From the capture on the eager twin runs the optimizer form stepgraph chose.
+            from stepgraph.backends.cudagraph import make_capturable
+            from stepgraph.capture.state import StateRegistry
+            make_capturable(StateRegistry(optimizers=[("opt", opt2)]))
+        out, ref = sg(x, y), eager(x, y)
+        worst = max(worst, rel_err(out.float(), ref.float()))
+        if backend == "inductor" and it == 2:
+            assert sg.wait_compiled(), sg.explain()
+    for p, q in zip(m.parameters(), m2.parameters()):
+        worst = max(worst, rel_err(p, q))
+    assert sg.stats.captures == 1, (sg.stats.recaptures, sg.explain())
+    assert sg.stats.replays == steps - 2, sg.stats
+    return sg, worst
+
+
+@pytest.mark.parametrize("opt_name", list(OPTS))
+def test_lr_assigned_every_iteration_captures_once(opt_name):
+    sg, worst = _run(opt_name)
+    print(f"{opt_name}: backend {sg.captures[-1].backend}, worst rel err {worst:.2e}")
+    if opt_name != "adagrad":
+        assert sg.captures[-1].backend == "cudagraph", sg.explain()
+    assert worst <= 1e-4, worst
+
+
+@pytest.mark.parametrize("opt_name,keys", [("sgd_momentum", ("lr", "momentum", "weight_decay")),
+                                           ("adam", ("lr", "betas", "eps")),
+                                           ("rmsprop", ("lr", "alpha", "momentum"))])
+def test_every_hyper_parameter_a_loop_assigns_is_live(opt_name, keys):
+    sg, worst = _run(opt_name, keys=keys)
+    assert sg.captures[-1].backend == "cudagraph", sg.explain()
+    assert worst <= 1e-4, worst
+
+
+def test_lr_assigned_every_iteration_with_inductor():
+    sg, worst = _run("adamw_fused", backend="inductor")
+    assert worst <= 1e-2, worst
+
+
+def test_fixed_lr_stays_bitwise():
+    """A value that never changes stays baked: bitwise equal to eager (SGD has no other form)."""
+    m, m2, opt, opt2 = _pair("sgd_momentum")
+    sg, eager = stepgraph.compile(_step(m, opt, False)), _step(m2, opt2, False)
+    for it in range(6):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
+        assert torch.equal(sg(x, y), eager(x, y))
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert sg.captures[-1].device_scalars is None

@@ -1,0 +1,89 @@
+"""Host reads on the GPU (issue 17): CUDA-graph segments between the reads, not a fallback.
+
+Skipped without CUDA; run on the device with scripts/device_suite.sh.
+"""
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _pair(dropout=0.0, bn=False):
+    torch.manual_seed(0)
+    layers = [nn.Linear(16, 32)] + ([nn.BatchNorm1d(32)] if bn else []) + [nn.GELU(), nn.Dropout(dropout),
+                                                                           nn.Linear(32, 4)]
+    m = nn.Sequential(*layers).cuda()
+    m2 = copy.deepcopy(m)
+    return m, m2, torch.optim.AdamW(m.parameters(), lr=1e-3, fused=True), \
+        torch.optim.AdamW(m2.parameters(), lr=1e-3, fused=True)
+
+
+def _skip_step(model, opt):
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        if not torch.isfinite(loss):   # the common skip-a-bad-batch branch
+            opt.zero_grad(set_to_none=True)
+            return {"loss": loss.item(), "skipped": True}
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return {"loss": loss.item(), "skipped": False}
+    return step
+
+
+def _batch(i, nan=False):
+    g = torch.Generator().manual_seed(i)
+    x = torch.randn(8, 16, generator=g)
+    if nan:
+        x[0, 0] = float("nan")
+    return x.cuda(), torch.randint(0, 4, (8,), generator=g).cuda()
+
+
+@pytest.mark.parametrize("dropout,bn", [(0.0, False), (0.2, True)])
+def test_host_read_guard_runs_as_cuda_graph_segments(dropout, bn):
+    m, m2, opt, opt2 = _pair(dropout, bn)
+    sg, eager = stepgraph.compile(_skip_step(m, opt)), _skip_step(m2, opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to replay
+        for i in range(8):
+            nan = i == 5
+            torch.manual_seed(100 + i)
+            a = sg(*_batch(i, nan))
+            torch.manual_seed(100 + i)
+            b = eager(*_batch(i, nan))
+            assert a["skipped"] == b["skipped"] == nan
+            assert a["loss"] == b["loss"] or (nan and a["loss"] != a["loss"])
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    for p, q in zip(m.buffers(), m2.buffers()):
+        assert torch.equal(p, q)
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+    assert len(sg.captures[0].run.segments) >= 2
+    assert sg.stats.captures == 2 and sum(sg.stats.guard_misses.values()) >= 1, sg.stats
+
+
+def test_returned_item_needs_no_segment():
+    """``return loss.item()``: the read is taken after the one graph (one sync, as eager)."""
+    m, m2, opt, opt2 = _pair()
+
+    def make(model, o):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.item()
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    for i in range(6):
+        a, b = sg(*_batch(i)), eager(*_batch(i))
+        assert type(a) is float and a == b
+    assert sg.captures[-1].backend == "cudagraph"
+    assert len(sg.captures[-1].run.segments) == 1
