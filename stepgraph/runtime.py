@@ -27,7 +27,7 @@ from .capture.outputs import container_sizes, live_outputs, read_side_effects, r
 from .capture.hostreads import GuardMiss
 from .passes.guards import place_guards
 from .captured import CapturedStep, Stats, plain_floats
-from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
+from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor, refuse_uncapturable
 from .errors import StepGraphError
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
@@ -311,18 +311,6 @@ class StepFunction:
                 if notes:
                     reason += f" ({'; '.join(notes)}: no further recaptures for it)"
                     sig = self._guards.signature(args, kwargs)
-            # A graph bakes scalars: a float that changed since the last call (a schedule, an lr
-            # assigned every iteration) is fed in as a device tensor (passes/device_scalars.py);
-            # one that did not stays baked, bitwise eager, until it changes.
-            now = self._guards.candidate_values(args)
-            new = [h for h, v in now.items() if h not in self._guards.live and h not in self._baked_hypers
-                   and h in self._seen_floats and self._seen_floats[h] != v]
-            self._seen_floats = now
-            if new:
-                self._guards.live.update(new)
-                if reason is not None:
-                    reason += " (now read live at each call: no further recaptures for it)"
-                sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
         self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
@@ -332,6 +320,20 @@ class StepFunction:
                 self._prepared += changed
                 log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
+        if backend.name != "replay":
+            # A graph bakes scalars: a float that changed since the last call (a schedule, an lr
+            # assigned every iteration) is fed in as a device tensor (passes/device_scalars.py);
+            # one that did not stays baked, bitwise eager, until it changes. (After ``prepare``:
+            # an lr it made a device tensor is no float any more.)
+            now = self._guards.candidate_values(args)
+            new = [h for h, v in now.items() if h not in self._guards.live and h not in self._baked_hypers
+                   and h in self._seen_floats and self._seen_floats[h] != v]
+            self._seen_floats = now
+            if new:
+                self._guards.live.update(new)
+                if reason is not None:
+                    reason += " (now read live at each call: no further recaptures for it)"
+                sig = self._guards.signature(args, kwargs)
         try:
             done = None  # (result,) once this call has run to its end
             refusal = untraceable_modules(self._reg, device)
@@ -356,23 +358,21 @@ class StepFunction:
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
             read_notes = read_side_effects(tr, self.__name__)
             distributed.refuse_direct_collectives(tr.graph_module)
-            if tr.baked_hypers:
-                # The step branched on a live value: this graph depends on it, so guard it again.
+            preds = getattr(tr.baked_hypers, "predicates", ())
+            if tr.baked_hypers or preds:
+                # The step branched on a live value: this graph depends on it, so guard it again
+                # (or only the comparison it made: ``if momentum != 0``).
                 self._baked_hypers |= tr.baked_hypers
                 self._guards.live -= tr.baked_hypers
+                self._guards.add_predicates(preds)
                 sig = self._guards.rebake(sig, frozen, tr.baked_hypers)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
             plan = place_guards(gm, device, self._reg.name_of)
-            scalars = None
-            if backend.name != "replay" and self._guards.live:
-                scalars, sig = self._device_scalars(gm, device, sig, frozen)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
             n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
             example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
-            if scalars is not None:
-                example.append(scalars.pack())
             if device == "cuda" and self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
@@ -381,7 +381,14 @@ class StepFunction:
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
                         grad_bindings=bindings, on_fused=self._on_fused)
+            scalars = None
             try:
+                if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
+                    refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
+                if not backend.runs_host_reads and self._guards.live:
+                    scalars, sig = self._device_scalars(gm, device, sig, frozen)
+                    if scalars is not None:
+                        example.append(scalars.pack())
                 if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
                     if backend.segmented is None:
                         raise NeedsReplay(

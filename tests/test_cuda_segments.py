@@ -62,8 +62,8 @@ def test_host_read_guard_runs_as_cuda_graph_segments(dropout, bn):
             assert a["loss"] == b["loss"] or (nan and a["loss"] != a["loss"])
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q)
-    for p, q in zip(m.buffers(), m2.buffers()):
-        assert torch.equal(p, q)
+    for p, q in zip(m.buffers(), m2.buffers()):  # (the NaN batch made BN's stats NaN in both)
+        torch.testing.assert_close(p, q, rtol=0, atol=0, equal_nan=True)
     assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
     assert len(sg.captures[0].run.segments) >= 2
     assert sg.stats.captures == 2 and sum(sg.stats.guard_misses.values()) >= 1, sg.stats

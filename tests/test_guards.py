@@ -208,12 +208,23 @@ def test_guard_autocast():
 
 
 def test_guard_float_weight_decay():
+    """weight_decay is read live; the optimizer's ``if weight_decay != 0`` is what is guarded:
+    0.01 -> 0.05 replays (parity proves the new value is used), 0.05 -> 0 recaptures."""
     def set_wd(v):
         def f(model, opt):
             opt.param_groups[0]["weight_decay"] = v
         return f
     p = Pair(train_step)
-    drive(p, batch, change=set_wd(0.05), undo=set_wd(0.01), words=("weight_decay", "0.01", "0.05"))
+    for k in range(3):
+        p(*batch(k))
+    p.both(set_wd(0.05))
+    p(*batch(3))
+    assert p.counts() == (1, 1, 2), p.stats.recaptures
+    drive_from = p.counts()
+    p.both(set_wd(0.0))
+    p(*batch(4))
+    assert p.counts() == (drive_from[0], 2, drive_from[2]), p.stats.recaptures
+    assert "weight_decay" in p.stats.recaptures[0]
 
 
 def test_float_lr_is_read_live_from_the_first_capture():
@@ -340,3 +351,38 @@ def test_first_recapture_of_each_kind_is_visible_by_default(caplog):
     recs = [r for r in caplog.records if "recaptured" in r.getMessage()]
     assert [r.levelno for r in recs] == [logging.WARNING, logging.INFO], [r.getMessage() for r in recs]
     assert "shape" in recs[0].getMessage() and "max_captures" in recs[0].getMessage()
+
+
+def test_momentum_cycled_by_onecycle_stays_live_and_its_branch_is_guarded():
+    """SGD branches on ``momentum != 0``: that once baked momentum, so OneCycleLR (which cycles
+    it every step) recaptured every call. Now only the comparison is guarded: one capture,
+    bitwise, and a momentum of 0 (the other branch) recaptures once, with its reason."""
+    import copy
+    import stepgraph
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3))
+    m2 = copy.deepcopy(m)
+    o, o2 = (torch.optim.SGD(x.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3) for x in (m, m2))
+    s1, s2 = (torch.optim.lr_scheduler.OneCycleLR(x, max_lr=0.5, total_steps=40) for x in (o, o2))
+
+    def make(model, opt):
+        def step(x, y):
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    for i in range(10):
+        if i == 8:
+            for g in o.param_groups + o2.param_groups:
+                g["momentum"] = 0.0
+        x, y = torch.randn(5, 6), torch.randint(0, 3, (5,))
+        assert torch.equal(sg(x, y), eager(x, y)), i
+        s1.step()
+        s2.step()
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert sg.stats.captures == 2, sg.stats.recaptures
+    assert "momentum" in sg.stats.recaptures[0]

@@ -323,12 +323,11 @@ def test_scheduler_float_lr_never_recaptures(sched):
     assert (s.eager_calls, s.captures, s.replays) == (1, 1, STEPS - 2) and s.recaptures == [], s
 
 
-def test_onecycle_sgd_momentum_cycling_recaptures_per_momentum_value():
-    """SGD branches on ``momentum != 0``, so a cycled momentum cannot be read live: each new
-    value recaptures (lr itself is live); parity holds."""
+def test_onecycle_sgd_momentum_cycling_stays_live():
+    """SGD branches on ``momentum != 0``: only that answer is guarded, the cycled momentum is
+    read live (it once recaptured per value); parity holds."""
     step, hypers, _ = _run_scheduled("sched OneCycleLR SGD momentum", "OneCycleLR", "sgd_momentum", 1e-3, {})
-    s = step.stats
-    assert s.captures > 2 and any("momentum" in r for r in s.recaptures), s
+    assert step.stats.captures == 1, step.stats
 
 
 def test_onecycle_float_lr_changes_betas_too():
@@ -339,13 +338,14 @@ def test_onecycle_float_lr_changes_betas_too():
 
 
 def test_changing_a_non_live_hyper_past_max_captures_falls_back_to_eager_with_a_warning():
-    """weight_decay is not read live: every new value is a new graph, up to max_captures."""
+    """A group value stepgraph does not read live (here a key of the user's own) is guarded
+    by value: every new value is a new graph, up to max_captures."""
     def bump(o):
         wd = iter([0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08])
 
         class S:
             def step(self):
-                o.param_groups[0]["weight_decay"] = next(wd)
+                o.param_groups[0]["my_knob"] = next(wd)
         return S()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")

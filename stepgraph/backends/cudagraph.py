@@ -62,10 +62,11 @@ def make_capturable(reg) -> list[str]:
             if not (group.get("capturable") or fused):
                 continue  # e.g. Adagrad: no capturable form; its counters stay host scalars
             for p in params:
-                st = opt.state.get(p)
-                s = None if st is None else st.get("step")
-                if isinstance(s, torch.Tensor) and s.device != p.device:
-                    st["step"] = s.to(device=p.device, dtype=torch.float32)
+                st = opt.state.get(p) or {}
+                for k, s in list(st.items()):
+                    # step counters, and NAdam's mu_product: capturable forms want them on the device
+                    if isinstance(s, torch.Tensor) and s.dim() == 0 and s.device != p.device:
+                        st[k] = s.to(device=p.device, dtype=torch.float32 if k == "step" else s.dtype)
     return changed
 
 

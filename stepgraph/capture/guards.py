@@ -13,7 +13,7 @@ import operator
 import torch
 import torch.utils._pytree as pytree
 
-from .hostscalar import LIVE_HYPERS
+from .hostscalar import LIVE_HYPERS, predicate_results
 from .pyvalues import PyValues, find_sources, module_sources
 from .state import StateRegistry, registration_epoch
 
@@ -82,6 +82,7 @@ class Guards:
         self._training = operator.attrgetter("training")
         self._grad = operator.attrgetter("grad")
         self.live: set = set()   # (optimizer index, group index, key) or Source read live by the graphs
+        self.preds: dict = {}    # live value -> ((path, op, constant), ...) the graphs branched on
         self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
 
     def find_python_values(self, fn, args) -> None:
@@ -96,7 +97,12 @@ class Guards:
         live = self.live
         if not live:
             return self.py.key(args)
-        return tuple("<live>" if s in live else s.value(args) for s in self.py.sources)
+        return tuple(self._marker(s, s.value(args)) if s in live else s.value(args) for s in self.py.sources)
+
+    def _marker(self, h, value):
+        """A live value's part of a signature: only what the graphs decided from it."""
+        p = self.preds.get(h)
+        return "<live>" if not p else ("<live>", predicate_results(value, p))
 
     def quick_key(self, args, kwargs) -> tuple:
         """A cheap key compared by ``==`` with the last replayed call's (never hashed).
@@ -139,7 +145,7 @@ class Guards:
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(m.training for m in reg.all_modules),
-            tuple(tuple(tuple((k, "<live>" if (oi, gi, k) in self.live else _hyper_value(v))
+            tuple(tuple(tuple((k, self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else _hyper_value(v))
                               for k, v in g.items() if k != "params")
                         + (("#params", len(g["params"])),) for gi, g in enumerate(opt.param_groups))
                   for oi, (_, opt) in enumerate(reg.optimizers)),
@@ -154,7 +160,7 @@ class Guards:
     def _groups_quick(self) -> tuple:
         if not self.live:
             return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)
-        return tuple(tuple("<live>" if (oi, gi, k) in self.live else v for k, v in g.items())
+        return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else v for k, v in g.items())
                      for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
 
     def changed_hypers(self, old: tuple, new: tuple) -> list:
@@ -201,14 +207,29 @@ class Guards:
             self.live = saved
 
     def rebake(self, sig: "Signature", frozen: tuple, baked) -> "Signature":
-        """``sig`` with the live markers of ``baked`` replaced by their values in ``frozen``."""
+        """``sig`` with the live markers of ``baked`` replaced by their values in ``frozen``, and
+        those of values with predicates answered for their ``frozen`` (pre-call) values."""
+        def entry(h, v, fv):
+            if h in baked:
+                return fv
+            return self._marker(h, fv) if h in self.live else v
         key = list(sig.key)
-        key[6] = tuple(tuple(tuple((k, fv) if (oi, gi, k) in baked else (k, v)
-                                   for (k, v), (_, fv) in zip(g, fg))
+        key[6] = tuple(tuple(tuple((k, entry((oi, gi, k), v, fv)) for (k, v), (_, fv) in zip(g, fg))
                              for gi, (g, fg) in enumerate(zip(go, fo)))
                        for oi, (go, fo) in enumerate(zip(key[6], frozen[6])))
-        key[11] = tuple(fv if s in baked else v for s, v, fv in zip(self.py.sources, key[11], frozen[11]))
+        key[11] = tuple(entry(s, v, fv) for s, v, fv in zip(self.py.sources, key[11], frozen[11]))
         return Signature(tuple(key), sig.leaves, sig.tensor_pos)
+
+    def add_predicates(self, preds) -> bool:
+        """Record ``(hyper, path, op, constant)`` comparisons a trace made on live values; True
+        when that added any (the signature must then be re-taken)."""
+        added = False
+        for h, path, op, other in preds:
+            cur = self.preds.get(h, ())
+            if (path, op, other) not in cur and h in self.live:
+                self.preds[h] = (*cur, (path, op, other))
+                added = True
+        return added
 
     def live_label(self, h) -> str:
         """How explain() and the graph's readers name a live value."""

@@ -181,14 +181,25 @@ def substitute(nodes, floats, call_args) -> set:
 LIVE_HYPERS = ("lr", "betas", "momentum", "dampening", "weight_decay", "eps", "alpha", "rho", "lr_decay")
 
 
+class HyperLog(set):
+    """The live values a trace had to bake (a set of hyper ids), and the ``predicates`` it
+    decided on instead: ``(hyper, path, op name, constant)`` -- ``if momentum != 0:`` keeps
+    ``momentum`` live and guards only that ``momentum != 0`` still holds."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.predicates: set = set()
+
+
 class HyperFloat(HostFloat):
     """A HostFloat read live from a param group; branching on it bakes it (recorded)."""
 
-    __slots__ = ("hyper", "baked")
+    __slots__ = ("hyper", "baked", "path")
 
-    def __new__(cls, value, node, hyper, baked):
+    def __new__(cls, value, node, hyper, baked, path=None):
         self = HostFloat.__new__(cls, value, node)
         self.hyper, self.baked = hyper, baked
+        self.path = path  # () the value itself, (i,) item i of it (betas); None: computed from it
         return self
 
     def _derive(self, value, node):
@@ -196,13 +207,33 @@ class HyperFloat(HostFloat):
         return HyperFloat(value, node, self.hyper, self.baked)
 
 
+_COMPARE = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
 def _recording(name):
     op = getattr(float, f"__{name}__")
 
     def method(self, *a):
-        self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
+        preds = getattr(self.baked, "predicates", None)
+        if name in _COMPARE and self.path is not None and preds is not None and len(a) == 1 \
+                and type(a[0]) in (int, float):
+            preds.add((self.hyper, self.path, name, a[0]))  # guard the answer, not the value
+        else:
+            self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
         return op(_plain(self), *a)
     return method
+
+
+def predicate_results(value, preds) -> tuple:
+    """What the recorded comparisons answer for ``value`` now (the signature's part of a live
+    value that a step branched on)."""
+    out = []
+    for path, name, other in preds:
+        v = value
+        for i in path:
+            v = v[i] if isinstance(v, (tuple, list)) else None
+        out.append(getattr(float, f"__{name}__")(float(v), other) if isinstance(v, (int, float)) else None)
+    return tuple(out)
 
 
 for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor", "ceil", "trunc"):
@@ -223,9 +254,10 @@ def live_hyper(tracer, group: dict, key: str, hyper, baked: set, label: str = ""
     value = group[key]
     node = tracer.create_node("call_function", group_reader(group, key, label), (), {})
     if isinstance(value, tuple):
-        return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper, baked)
+        return tuple(HyperFloat(v, tracer.create_node("call_function", operator.getitem, (node, i), {}), hyper,
+                                baked, (i,))
                      if isinstance(v, float) else v for i, v in enumerate(value))
-    return HyperFloat(value, node, hyper, baked)
+    return HyperFloat(value, node, hyper, baked, ())
 
 
 def source_reader(src):
@@ -241,4 +273,4 @@ def source_reader(src):
 def live_source(tracer, src, value: float, baked: set):
     """A Python float the step reads (a global ``lr``...) as a HyperFloat read at replay."""
     node = tracer.create_node("call_function", source_reader(src), (), {})
-    return HyperFloat(value, node, src, baked)
+    return HyperFloat(value, node, src, baked, ())

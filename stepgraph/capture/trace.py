@@ -24,7 +24,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import CaptureError, library_frame, user_frame
-from .hostscalar import HostFloat, HyperFloat, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
+from .hostscalar import HostFloat, HyperFloat, HyperLog, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
 from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
@@ -282,12 +282,12 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         saved_hypers = []
         for src in live_sources:  # Python floats read live (pyvalues.py)
             v = src.read(a)
-            live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", set()))
+            live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
             saved_hypers.append((src, None, v, live))
             src.write(live, a)
         for oi, gi, k in live_hypers:
             group = reg.optimizers[oi][1].param_groups[gi]
-            live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", set()),
+            live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", HyperLog()),
                               f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
@@ -374,7 +374,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
-                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
+                       box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads)
 
 

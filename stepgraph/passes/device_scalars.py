@@ -129,11 +129,12 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
             return
         neg = call(aten.neg.default, (s(args[1]),))
         n.args, n.target = (args[0], neg), getattr(aten, "_foreach_add" + suffix).Tensor
-    elif base in ("addcdiv", "addcmul", "_foreach_addcdiv", "_foreach_addcmul") and host(kw.get("value")) \
-            and len(args) == 3 and not any(host(a) for a in args):
+    elif base in ("addcdiv", "addcmul", "_foreach_addcdiv", "_foreach_addcmul") \
+            and host(kw.get("value", args[3] if len(args) == 4 else None)) \
+            and not any(host(a) for a in args[:3]):
         if dry:
             return
-        value = kw.pop("value")  # a + value * (b op c)  ->  a + (b op c) * value
+        value = kw.pop("value") if "value" in kw else args.pop()  # a + value * (b op c) -> a + (b op c) * value
         op = "div" if base.endswith("cdiv") else "mul"
         if base.startswith("_foreach"):
             inner = call(getattr(aten, f"_foreach_{op}").List, (args[1], args[2]))
