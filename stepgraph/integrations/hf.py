@@ -167,7 +167,9 @@ class StepGraphTrainerMixin:
             return
         split = [type(cb).__name__ + "." + h for cb in self.callback_handler.callbacks for h in _OPT_HOOKS
                  if overrides(cb, h, TrainerCallback)]
-        if split:
+        if not all(hasattr(Trainer, n) for n in ("_clip_grad_norm", "_get_grad_norm")):
+            self._sg_split = f"this transformers version ({transformers.__version__}) clips inside its loop"
+        elif split:
             self._sg_split = f"callback {', '.join(split)} runs between backward and the optimizer step"
         elif getattr(self.accelerator, "scaler", None) is not None:
             self._sg_split = "fp16's GradScaler decides on the host whether the optimizer steps"

@@ -149,6 +149,11 @@ class StepGraphCallback(Callback):
         for name in ("automatic_optimization", "manual_optimization"):
             if not hasattr(loop, name):
                 return f"this Lightning version ({pl.__version__}) has no fit_loop.epoch_loop.{name}"
+        auto = loop.automatic_optimization
+        for obj, name in ((auto, "_training_step"), (auto, "_make_backward_fn"), (auto, "optim_progress"),
+                          (trainer.fit_loop, "_should_accumulate"), (strategy, "_lightning_optimizers")):
+            if not hasattr(obj, name):
+                return f"this Lightning version ({pl.__version__}) has no {type(obj).__name__}.{name}"
         for hook, spec in _PER_BATCH_ARGS.items():
             if not module.automatic_optimization and hook != "training_step":
                 continue
