@@ -273,6 +273,39 @@ def test_accelerate_step_bf16_accumulation_scheduler(tmp_path):
     assert st.eager_calls == 2 and st.captures == 2 and st.replays == 48 - 4, st
 
 
+def test_accelerate_accumulate_inside_the_step_is_warned_and_runs_eagerly():
+    """``with accelerator.accumulate(model):`` inside the step advances Accelerate's Python
+    counter, which a replay cannot: one warning naming it, then eager calls equal to eager."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    runs = {}
+    for captured in (True, False):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+
+        def train_step(x):
+            with acc.accumulate(model):
+                loss = model(x).square().mean()
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+            return loss.detach()
+        step = accelerate_step(acc, train_step) if captured else train_step
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            losses = [step(torch.randn(4, 8, generator=torch.Generator().manual_seed(k))) for k in range(8)]
+        runs[captured] = (model, losses, [str(w.message) for w in caught if "stepgraph" in str(w.message)])
+    (m1, l1, notes), (m2, l2, _) = runs[True], runs[False]
+    assert len(notes) == 1 and "accelerator.accumulate" in notes[0], notes
+    assert all(torch.equal(a, b) for a, b in zip(l1, l2))
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+
+
 def test_import_does_not_need_transformers():
     import os
     import subprocess

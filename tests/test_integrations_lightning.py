@@ -221,8 +221,8 @@ def test_16_mixed_grad_scaler_skips_inf_steps_like_eager(tmp_path):
     assert [bool(torch.isfinite(x)) for x in l1] == [bool(torch.isfinite(x)) for x in l2]
     assert_same_tensors([x.nan_to_num() for x in l1], [x.nan_to_num() for x in l2], "loss per batch")
     assert_same_state(m1, m2, t1, t2)
-    st = cb.stats
-    assert st.captures >= 1 and st.replays >= BATCHES - 4, st
+    st = cb.stats  # the overflow call missed the found-inf guard and was captured for that value
+    assert sum(st.guard_misses.values()) == 1 and st.captures == 2 and st.replays == BATCHES - 3, st
 
 
 class ReadsBatchIdx(Classifier):

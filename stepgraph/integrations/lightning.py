@@ -185,8 +185,7 @@ class StepGraphCallback(Callback):
         epoch_loop = trainer.fit_loop.epoch_loop
         manual = not module.automatic_optimization
         ctx.loop = epoch_loop.manual_optimization if manual else epoch_loop.automatic_optimization
-        ts = getattr(type(module), "training_step")
-        ctx.pass_idx = "batch_idx" in inspect.signature(ts).parameters or len(inspect.signature(ts).parameters) > 2
+        ctx.pass_idx = None  # whether Lightning passes batch_idx to training_step (its kwargs say)
         core = _manual_core(ctx) if manual else _automatic_core(ctx)
         core.__name__ = core.__qualname__ = f"{type(module).__name__}.training_step (Lightning)"
         core._stepgraph_user_calls = _user_calls(trainer, module)
@@ -247,9 +246,7 @@ class StepGraphCallback(Callback):
         ctx = self._ctx
         loop, trainer = ctx.loop, ctx.trainer
         skip = "a callback asked to skip backward (e.g. StochasticWeightAveraging)" if loop._skip_backward else None
-        if "batch" not in kwargs:
-            skip = "training_step takes no 'batch' argument"
-        if self._eager(skip):
+        if self._eager(skip or _odd_kwargs(kwargs)):
             return type(loop).run(loop, optimizer, batch_idx, kwargs)
         step_now = trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate()
         zero_first = batch_idx % trainer.accumulate_grad_batches == 0
@@ -259,7 +256,7 @@ class StepGraphCallback(Callback):
         if zero_first:
             progress.zero_grad.increment_ready()
             progress.zero_grad.increment_started()
-        ctx.batch_idx, ctx.optimizer = batch_idx, optimizer
+        ctx.batch_idx, ctx.optimizer, ctx.pass_idx = batch_idx, optimizer, "batch_idx" in kwargs
         out, _ = self._call(kwargs["batch"], zero_first, step_now)
         if zero_first:
             progress.zero_grad.increment_completed()
@@ -270,11 +267,11 @@ class StepGraphCallback(Callback):
     def _advance_manual(self, kwargs) -> None:
         ctx = self._ctx
         loop = ctx.loop
-        if self._eager(None if "batch" in kwargs else "training_step takes no 'batch' argument"):
+        if self._eager(_odd_kwargs(kwargs)):
             return type(loop).advance(loop, kwargs)
         los = ctx.trainer.strategy._lightning_optimizers
         hooks = [(lo._on_before_step, lo._on_after_step) for lo in los]
-        ctx.batch_idx = kwargs.get("batch_idx")
+        ctx.batch_idx, ctx.pass_idx = kwargs.get("batch_idx"), "batch_idx" in kwargs
         out, entry = self._call(kwargs["batch"])
         for i, after in entry["calls"]:  # the loop's progress counters, once per opt.step() made
             hooks[i][after]()
@@ -319,7 +316,9 @@ class _GroupRead:
     Python, kept)."""
 
     def __init__(self, slot, value, epochs):
-        self.slot, self.value, self.at_log, self.when = slot, float(value), epochs, None
+        # (``float.__float__``: during a capture the group holds a tracing float; a plain
+        # ``float()`` of it would count as reading it on the host)
+        self.slot, self.value, self.at_log, self.when = slot, float.__float__(value), epochs, None
 
     def settle(self, start, end, warn) -> None:
         self.when = "before" if self.at_log == start else "after" if self.at_log == end else None
@@ -352,6 +351,12 @@ def _group_values(trainer) -> list:
 
 def _scheduler_epochs(trainer) -> tuple:
     return tuple(getattr(c.scheduler, "last_epoch", None) for c in trainer.lr_scheduler_configs)
+
+
+def _odd_kwargs(kwargs) -> str | None:
+    if "batch" not in kwargs or set(kwargs) - {"batch", "batch_idx"}:
+        return f"training_step takes {list(kwargs)} (stepgraph captures training_step(batch[, batch_idx]))"
+    return None
 
 
 def _has_varargs(f) -> bool:
