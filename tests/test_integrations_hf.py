@@ -269,6 +269,8 @@ def test_accelerate_step_bf16_accumulation_scheduler(tmp_path):
     assert lr1 == lr2 and len(set(lr1)) > 10
     for p, q in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p, q)
+    for s1, s2 in zip(o1.state.values(), o2.state.values()):
+        assert all(torch.equal(s1[k], s2[k]) for k in s1)
     st = step.stats
     assert st.eager_calls == 2 and st.captures == 2 and st.replays == 48 - 4, st
 

@@ -438,7 +438,7 @@ def _manual_core(ctx: _Ctx):
     """One batch of Lightning's manual optimization; ``opt.step()`` calls are recorded so the
     loop's counters advance after every call."""
     def lightning_training_step(batch):
-        trainer, loop = ctx.trainer, ctx.loop
+        trainer = ctx.trainer
         entry = _begin(ctx)
         los = trainer.strategy._lightning_optimizers
         saved = [(lo._on_before_step, lo._on_after_step) for lo in los]
