@@ -14,6 +14,11 @@ counter, ``history.append``) is a Python side effect a replay cannot perform: re
 
 Modules' ``forward`` methods are read the same way for scalar attributes (``self.p`` of
 Dropout, a temperature): train/eval alone does not describe what a forward computes.
+
+A step function that is library code calling user code (``stepgraph.integrations``: Lightning's
+loop calling ``training_step``) names that code in ``fn._stepgraph_user_calls``: a list of
+``(function, {parameter name: object})``, read as functions the step calls, where the named
+parameters (besides a bound method's ``self``) are keyed like ``self``.
 """
 from __future__ import annotations
 
@@ -208,7 +213,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     seen: set = set()
     literals: set = set()
 
-    def visit(func, depth, bound=None):
+    def visit(func, depth, bound=None, binds=None):
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
@@ -232,7 +237,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 src = Source("cell", func.__closure__[code.co_freevars.index(name)], name, path, where)
             elif name in params and name not in stored:
                 idx = params.index(name)
-                if bound is not None:
+                if binds and name in binds:
+                    src = Source("object", binds[name], name, path, where)
+                elif bound is not None:
                     if idx == 0:
                         src = Source("object", bound, name, path, where)
                     else:
@@ -284,6 +291,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
 
     _DUMMY_ARGS = tuple(args)
     visit(fn, 0)
+    for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
+        visit(func, 1, binds=binds)
     classes = set()
     for m in modules:
         f = getattr(type(m), "forward", None)

@@ -59,6 +59,25 @@ class TraceResult:
     reads: ReadLog | None = None         # host reads: value guards, printed values (hostreads.py)
 
 
+_TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
+
+
+def _tensor_of_step_tensors(func, args, kwargs):
+    """``torch.tensor([t1, t2])`` of tensors the step computed (Lightning's ``grad_norm`` does
+    this) reads their values on the host each call; traced as is, the result would be a
+    constant holding this call's values. Built from the tensors instead: each element converted
+    once to the dtype eager's result has (as the host round trip does), stacked, on its device."""
+    with _disable_current_modes():
+        ref = func(*args, **kwargs)  # eager's result: dtype, device, shape
+    leaves = pytree.tree_leaves(args[0])
+    if ref.requires_grad or not all(not isinstance(x, torch.Tensor) or x.dim() == 0 for x in leaves):
+        return func(*args, **kwargs)  # (what eager does; the trace's usual checks apply)
+    dev = next(x.device for x in leaves if _is_traced(x))
+    parts = [x.detach().to(device=dev, dtype=ref.dtype) if isinstance(x, torch.Tensor)
+             else torch.tensor(x, dtype=ref.dtype, device=dev) for x in leaves]
+    return torch.stack(parts).reshape(ref.shape).to(ref.device)
+
+
 class _HostReadMode(TorchFunctionMode):
     def __init__(self, step_ids: set[int], problems: list[Problem], reg: StateRegistry | None = None,
                  reads: ReadLog | None = None):
@@ -95,6 +114,9 @@ class _HostReadMode(TorchFunctionMode):
             self.hooks.append((f"tensor {func.__name__}", args[1]))
             if self.reg is not None and self.reg.name_of(args[0]) is not None:
                 self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
+        if func in _TENSOR_FROM_DATA and args and isinstance(args[0], (list, tuple)) and \
+                any(_is_traced(x) for x in pytree.tree_leaves(args[0])):
+            return _tensor_of_step_tensors(func, args, kwargs)
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
         if self.reads is not None and args and _is_traced(args[0]):

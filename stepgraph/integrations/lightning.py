@@ -1,0 +1,462 @@
+"""Lightning: one callback captures the whole training step of ``Trainer.fit``.
+
+    import lightning.pytorch as L
+    from stepgraph.integrations.lightning import StepGraphCallback
+
+    trainer = L.Trainer(max_epochs=3, precision="bf16-mixed", accumulate_grad_batches=2,
+                        gradient_clip_val=1.0, callbacks=[StepGraphCallback()])
+    trainer.fit(model, train_loader, val_loader)
+
+**Why a Callback** (and not a Strategy or a Plugin): Lightning lets a Trainer have exactly one
+Strategy (where and how the model runs: single device, DDP, FSDP, DeepSpeed) and one
+precision Plugin (the numerics: ``bf16-mixed``, ``16-mixed`` with its GradScaler). stepgraph
+changes neither: it records what the chosen strategy and precision plugin do and replays it.
+As a Strategy or a Plugin it would take the user's choice away (or have to wrap every one of
+them); as a Callback it composes with whatever the Trainer is configured with, and adding or
+removing it is the one line ``callbacks=[StepGraphCallback()]``. Lightning's own callbacks that
+change how the loop runs (``StochasticWeightAveraging``, the batch-size and LR finders) are
+callbacks for the same reason.
+
+**What is captured.** With automatic optimization, the body of one training batch:
+``training_step`` (inside the precision plugin's autocast), ``on_before_zero_grad`` /
+``optimizer_zero_grad`` at the first batch of an accumulation window, ``on_before_backward``,
+backward (the precision plugin's, with GradScaler scaling under ``16-mixed``),
+``on_after_backward``, and at the batch that steps: ``on_before_optimizer_step``, gradient
+clipping (``gradient_clip_val``/``configure_gradient_clipping``), ``optimizer.step``. Each kind
+of batch (first / middle / last of an accumulation window) is its own graph. With manual
+optimization: ``training_step`` with every ``manual_backward``, ``opt.step()``,
+``opt.zero_grad()`` and scheduler step it makes.
+
+**What stays Python, around the graph, every batch** (as eager runs it): the loop's progress
+counters (``global_step``), the LR schedulers Lightning steps (the new ``lr`` is read live by
+the next replay), ``self.log(...)``: while the step's Python runs (warm-up and capture) each
+call is recorded and its tensor value copied inside the graph; after every call (replays
+included) the same ``self.log`` calls are made with that call's values, under the hook name
+they were made from. Validation, checkpointing and callbacks' other hooks are untouched.
+
+**Fallbacks, each announced once with a warning naming the feature** (the training step then
+runs eagerly; everything else in the fit is unchanged): a strategy other than single-device or
+DDP, a ``training_step``/``optimizer_step``/``optimizer_zero_grad`` that reads its
+``batch_idx``/``epoch`` argument (a new value each batch), ``training_step(dataloader_iter)``,
+batches that skip backward (``StochasticWeightAveraging``), torchmetrics ``Metric`` objects
+updated inside the step (their state is Python a replay cannot update), and anything stepgraph
+itself refuses (``stepgraph.CaptureError``: the reason is in the warning). A profiler other
+than the pass-through one is warned about: its sections inside the step time only the calls
+that run Python.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import OrderedDict
+from functools import partial
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import Callback
+except ImportError as e:  # pragma: no cover - exercised only without lightning
+    raise ImportError("stepgraph.integrations.lightning needs Lightning: pip install 'stepgraph[lightning]'") from e
+
+from lightning.pytorch.loops.optimization.automatic import Closure
+from lightning.pytorch.loops.optimization.manual import ManualResult
+from lightning.pytorch.loops.utilities import _block_parallel_sync_behavior
+from lightning.pytorch.profilers import PassThroughProfiler
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
+from lightning.pytorch.trainer import call
+
+from ..runtime import StepFunction
+from ._common import Effects, Once, detached_copy, reads_parameter, user_function
+
+__all__ = ["StepGraphCallback"]
+
+# Hooks that run inside the captured step: the user's overrides are scanned for the Python
+# values they read (guards), exactly as a plain step function's own code is.
+_MODULE_HOOKS = ("training_step", "optimizer_step", "optimizer_zero_grad", "backward", "on_before_backward",
+                 "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
+                 "configure_gradient_clipping", "manual_backward", "clip_gradients")
+_CALLBACK_HOOKS = ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad")
+# Arguments that take a new value at every batch: a hook that reads one cannot be replayed.
+_PER_BATCH_ARGS = {"training_step": (1, "batch_idx"), "optimizer_step": (0, "epoch", "batch_idx"),
+                   "optimizer_zero_grad": (0, "epoch", "batch_idx")}
+
+
+class _Ctx:
+    """What the captured function reads per call (slots: stepgraph's state discovery does not
+    walk it; model and optimizers are passed as ``state``)."""
+    __slots__ = ("trainer", "module", "loop", "batch_idx", "optimizer", "pass_idx", "effects", "values",
+                 "sched_start", "warn")
+
+
+class StepGraphCallback(Callback):
+    """Capture Lightning's training step with stepgraph (see the module docstring).
+
+    Args:
+        backend, max_captures, check, host_reads: as for :func:`stepgraph.compile`.
+        on_capture_error: ``"eager"`` (default): a step stepgraph refuses runs eagerly from then
+            on, with one warning giving the reason; ``"raise"``: the ``CaptureError`` propagates.
+
+    After (or during) ``fit``, ``callback.stats`` holds the step's counters (eager calls,
+    captures, replays) and ``callback.step_function.explain()`` describes the graphs.
+    """
+
+    def __init__(self, *, backend: str = "auto", max_captures: int = 8, check=0, host_reads: str = "guard",
+                 on_capture_error: str = "eager"):
+        super().__init__()
+        self.compile_kwargs = dict(backend=backend, max_captures=max_captures, check=check, host_reads=host_reads,
+                                   on_capture_error=on_capture_error)
+        self.step_function: StepFunction | None = None
+        self.eager_reason: str | None = None
+        self._warn = Once()
+        self._ctx: _Ctx | None = None
+        self._patched: list = []
+
+    # ---- public --------------------------------------------------------------------------
+    @property
+    def stats(self):
+        """The captured step's ``stepgraph.Stats`` (None before the first fit)."""
+        return self.step_function.stats if self.step_function is not None else None
+
+    # ---- Lightning hooks -----------------------------------------------------------------
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._uninstall()
+        self.eager_reason = self._unsupported(trainer, pl_module)
+        if self.eager_reason is not None:
+            self._warn(f"stepgraph: {self.eager_reason}; the training step runs eagerly (the rest of the fit is "
+                       "unchanged)")
+            return
+        if not isinstance(trainer.profiler, PassThroughProfiler):
+            self._warn(f"stepgraph: the profiler ({type(trainer.profiler).__name__}) times sections inside the "
+                       "training step only at the calls that run Python (warm-up and capture); replays show up "
+                       "in 'run_training_batch' as one piece")
+        self._install(trainer, pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._uninstall()
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self._uninstall()
+
+    # ---- what cannot be captured ---------------------------------------------------------
+    def _unsupported(self, trainer, module) -> str | None:
+        strategy = trainer.strategy
+        if type(strategy) not in (SingleDeviceStrategy, DDPStrategy):
+            return (f"the Lightning strategy {type(strategy).__name__} is not captured (single-device and DDP "
+                    "steps are)")
+        if strategy.handles_gradient_accumulation:
+            return f"the strategy {type(strategy).__name__} accumulates gradients itself"
+        loop = trainer.fit_loop.epoch_loop
+        for name in ("automatic_optimization", "manual_optimization"):
+            if not hasattr(loop, name):
+                return f"this Lightning version ({pl.__version__}) has no fit_loop.epoch_loop.{name}"
+        auto = loop.automatic_optimization
+        for obj, name in ((auto, "_training_step"), (auto, "_make_backward_fn"), (auto, "optim_progress"),
+                          (trainer.fit_loop, "_should_accumulate"), (strategy, "_lightning_optimizers")):
+            if not hasattr(obj, name):
+                return f"this Lightning version ({pl.__version__}) has no {type(obj).__name__}.{name}"
+        for hook, spec in _PER_BATCH_ARGS.items():
+            if not module.automatic_optimization and hook != "training_step":
+                continue
+            f = getattr(type(module), hook, None)
+            if f is None or not user_function(f):
+                continue
+            params = list(inspect.signature(f).parameters)[1:]
+            first, names = spec[0], spec[1:]
+            for i, name in enumerate(names):
+                pos = first + i
+                pname = params[pos] if pos < len(params) else name
+                if hook == "training_step" and pos >= len(params) and not _has_varargs(f):
+                    continue  # training_step(self, batch): Lightning passes no batch_idx
+                if reads_parameter(f, pname):
+                    return (f"{type(module).__name__}.{hook} reads its '{pname}' argument, which has a new value at "
+                            f"every batch: a replayed graph would keep the captured value (use it outside the "
+                            f"step, e.g. in on_train_batch_start, or drop it from {hook})")
+        ts = getattr(type(module), "training_step", None)
+        if ts is not None and "dataloader_iter" in inspect.signature(ts).parameters:
+            return "training_step(dataloader_iter) fetches its own batches inside the step"
+        return None
+
+    # ---- installing ----------------------------------------------------------------------
+    def _install(self, trainer, module) -> None:
+        ctx = self._ctx = _Ctx()
+        ctx.trainer, ctx.module = trainer, module
+        ctx.effects, ctx.values, ctx.warn = Effects("lightning"), None, self._warn
+        ctx.batch_idx = ctx.optimizer = None
+        epoch_loop = trainer.fit_loop.epoch_loop
+        manual = not module.automatic_optimization
+        ctx.loop = epoch_loop.manual_optimization if manual else epoch_loop.automatic_optimization
+        ctx.pass_idx = None  # whether Lightning passes batch_idx to training_step (its kwargs say)
+        core = _manual_core(ctx) if manual else _automatic_core(ctx)
+        core.__name__ = core.__qualname__ = f"{type(module).__name__}.training_step (Lightning)"
+        core._stepgraph_user_calls = _user_calls(trainer, module)
+        state = [("model", module)] + [(f"optimizers[{i}]", o) for i, o in enumerate(trainer.optimizers)]
+        # Warm-up: one whole accumulation window runs eagerly, so the optimizer state exists
+        # before any graph is captured.
+        warmup = 1 if manual else max(1, int(trainer.accumulate_grad_batches))
+        self.step_function = StepFunction(core, warmup=warmup, state=state, **self.compile_kwargs)
+        real_log = type(module).log.__get__(module)
+
+        def log(name, value, *args, **kwargs):
+            cur = ctx.effects.current
+            if cur is None:  # outside the captured step (validation, other hooks)
+                return real_log(name, value, *args, **kwargs)
+            if kwargs.get("enable_graph") or (len(args) > 5 and args[5]):
+                self._warn("stepgraph: self.log(..., enable_graph=True) inside the training step: logged values "
+                           "come from the graph's outputs and carry no autograd graph")
+            slot = _group_slot(trainer, value) if isinstance(value, float) else None
+            if slot is not None:
+                # An optimizer hyper-parameter (``self.log("lr", opt.param_groups[0]["lr"])``): read
+                # from the group again at every call, before the call when no scheduler stepped
+                # inside the step before this log, after it when every one had (manual optimization
+                # steps schedulers inside the step; a replay re-runs them after the graph).
+                cur["logs"].append((module._current_fx_name, name, args, kwargs, None,
+                                    _GroupRead(slot, value, _scheduler_epochs(trainer))))
+            elif isinstance(value, (torch.Tensor, int, float)) and not isinstance(value, bool):
+                cur["logs"].append((module._current_fx_name, name, args, kwargs, len(ctx.values), None))
+                ctx.values.append(detached_copy(value))
+            else:  # a torchmetrics Metric object (updated elsewhere) or another object: by reference
+                cur["logs"].append((module._current_fx_name, name, args, kwargs, None, value))
+        module.log = log
+        self._patched.append((module, "log"))
+        if manual:
+            ctx.loop.advance = self._advance_manual
+            self._patched.append((ctx.loop, "advance"))
+        else:
+            ctx.loop.run = self._run_automatic
+            self._patched.append((ctx.loop, "run"))
+        self._real_log = real_log
+        self._metrics = [m for m in module.modules() if _is_metric(m)]
+
+    def _uninstall(self) -> None:
+        for obj, name in self._patched:
+            obj.__dict__.pop(name, None)
+        self._patched = []
+
+    # ---- per batch -----------------------------------------------------------------------
+    def _eager(self, reason: str | None) -> bool:
+        """Whether this batch runs Lightning's own (eager) code."""
+        if self.eager_reason is not None:
+            return True
+        if reason is not None:
+            self._warn(f"stepgraph: {reason}; those batches run eagerly")
+            return True
+        return False
+
+    def _run_automatic(self, optimizer, batch_idx, kwargs):
+        ctx = self._ctx
+        loop, trainer = ctx.loop, ctx.trainer
+        skip = "a callback asked to skip backward (e.g. StochasticWeightAveraging)" if loop._skip_backward else None
+        if self._eager(skip or _odd_kwargs(kwargs)):
+            return type(loop).run(loop, optimizer, batch_idx, kwargs)
+        step_now = trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate()
+        zero_first = batch_idx % trainer.accumulate_grad_batches == 0
+        progress = loop.optim_progress.optimizer
+        if step_now:
+            progress.step.increment_ready()
+        if zero_first:
+            progress.zero_grad.increment_ready()
+            progress.zero_grad.increment_started()
+        ctx.batch_idx, ctx.optimizer, ctx.pass_idx = batch_idx, optimizer, "batch_idx" in kwargs
+        out, _ = self._call(kwargs["batch"], zero_first, step_now)
+        if zero_first:
+            progress.zero_grad.increment_completed()
+        if step_now:
+            progress.step.increment_completed()
+        return out
+
+    def _advance_manual(self, kwargs) -> None:
+        ctx = self._ctx
+        loop = ctx.loop
+        if self._eager(_odd_kwargs(kwargs)):
+            return type(loop).advance(loop, kwargs)
+        los = ctx.trainer.strategy._lightning_optimizers
+        hooks = [(lo._on_before_step, lo._on_after_step) for lo in los]
+        ctx.batch_idx, ctx.pass_idx = kwargs.get("batch_idx"), "batch_idx" in kwargs
+        out, entry = self._call(kwargs["batch"])
+        for i, after in entry["calls"]:  # the loop's progress counters, once per opt.step() made
+            hooks[i][after]()
+        loop._output = out
+
+    def _call(self, batch, *flags):
+        """Run the step function (eager, capture or replay); make its Python effects."""
+        ctx, step = self._ctx, self.step_function
+        st = step.stats
+        before = (st.eager_calls, st.captures, st.failed_captures)
+        counts = [int(m._update_count) for m in self._metrics]
+        groups_before = _group_values(ctx.trainer)
+        out, key, values = step(batch, *flags)
+        entry = ctx.effects.get(key)
+        ran_python = (st.eager_calls, st.captures, st.failed_captures) != before
+        if ran_python:
+            changed = [type(m).__name__ for m, c in zip(self._metrics, counts) if int(m._update_count) != c]
+            if changed:
+                self.eager_reason = f"torchmetrics {', '.join(changed)} updated inside the training step"
+                self._warn(f"stepgraph: {self.eager_reason}: a metric's state is Python (counters, reassigned "
+                           "tensors) that a replay cannot update; the training step runs eagerly from now on "
+                           "(or update metrics in on_train_batch_end from the step's outputs)")
+        module = ctx.module
+        for fx, name, args, kwargs, index, obj in entry["logs"]:
+            if isinstance(obj, _GroupRead):
+                value = obj.read(ctx.trainer, groups_before)
+            else:
+                value = values[index] if index is not None else obj
+            prev, module._current_fx_name = module._current_fx_name, fx
+            try:
+                self._real_log(name, value, *args, **kwargs)
+            finally:
+                module._current_fx_name = prev
+        if ran_python and st.captures == before[1]:
+            ctx.effects.forget(key)  # an eager call's entry (a graph's is used by its replays)
+        return out, entry
+
+
+class _GroupRead:
+    """A logged optimizer hyper-parameter: which group entry, and whether eager logged it before
+    or after the schedulers stepped inside the step (None: neither; the value of this call's
+    Python, kept)."""
+
+    def __init__(self, slot, value, epochs):
+        # (``float.__float__``: during a capture the group holds a tracing float; a plain
+        # ``float()`` of it would count as reading it on the host)
+        self.slot, self.value, self.at_log, self.when = slot, float.__float__(value), epochs, None
+
+    def settle(self, start, end, warn) -> None:
+        self.when = "before" if self.at_log == start else "after" if self.at_log == end else None
+        if self.when is None:
+            warn(f"stepgraph: a hyper-parameter logged between two scheduler steps inside the training step "
+                 f"(param_groups[{self.slot[1]}]['{self.slot[2]}']): replays log the captured value")
+
+    def read(self, trainer, before):
+        oi, gi, k = self.slot
+        if self.when == "before":
+            return before[oi][gi][k]
+        if self.when == "after":
+            return trainer.optimizers[oi].param_groups[gi][k]
+        return self.value
+
+
+def _group_slot(trainer, value):
+    for oi, opt in enumerate(trainer.optimizers):
+        for gi, g in enumerate(opt.param_groups):
+            for k, v in g.items():
+                if isinstance(v, float) and v is value:
+                    return oi, gi, k
+    return None
+
+
+def _group_values(trainer) -> list:
+    return [[{k: v for k, v in g.items() if isinstance(v, float)} for g in opt.param_groups]
+            for opt in trainer.optimizers]
+
+
+def _scheduler_epochs(trainer) -> tuple:
+    return tuple(getattr(c.scheduler, "last_epoch", None) for c in trainer.lr_scheduler_configs)
+
+
+def _odd_kwargs(kwargs) -> str | None:
+    if "batch" not in kwargs or set(kwargs) - {"batch", "batch_idx"}:
+        return f"training_step takes {list(kwargs)} (stepgraph captures training_step(batch[, batch_idx]))"
+    return None
+
+
+def _has_varargs(f) -> bool:
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(f).parameters.values())
+
+
+def _is_metric(m) -> bool:
+    return any(c.__module__.startswith("torchmetrics") and c.__name__ == "Metric" for c in type(m).__mro__) \
+        and hasattr(m, "_update_count")
+
+
+def _user_calls(trainer, module) -> list:
+    """(function, {parameter: object}) of the user code the captured step runs."""
+    out = []
+    for name in _MODULE_HOOKS:
+        f = getattr(module, name, None)
+        if f is not None and user_function(f):
+            out.append((f, {}))
+    for cb in trainer.callbacks:
+        for name in _CALLBACK_HOOKS:
+            f = getattr(cb, name, None)
+            if f is not None and user_function(f):
+                params = list(inspect.signature(f).parameters)
+                binds = dict(zip(params[:2], (trainer, module)))
+                out.append((f, binds))
+    return out
+
+
+def _begin(ctx):
+    entry = ctx.effects.begin()
+    ctx.values = []
+    ctx.sched_start = _scheduler_epochs(ctx.trainer)
+    return entry
+
+
+def _end(ctx, out):
+    end = _scheduler_epochs(ctx.trainer)
+    for *_, obj in ctx.effects.current["logs"]:
+        if isinstance(obj, _GroupRead):
+            obj.settle(ctx.sched_start, end, ctx.warn)
+    values, ctx.values = ctx.values, None
+    return out, ctx.effects.end(), values
+
+
+def _automatic_core(ctx: _Ctx):
+    """One batch of Lightning's automatic optimization, without the loop's progress counters."""
+    def lightning_training_step(batch, zero_first: bool, step_now: bool):
+        trainer, loop = ctx.trainer, ctx.loop
+        optimizer, batch_idx = ctx.optimizer, ctx.batch_idx
+        _begin(ctx)
+        try:
+            kwargs = OrderedDict(batch=batch)
+            if ctx.pass_idx:
+                kwargs["batch_idx"] = batch_idx
+
+            def zero_grad():
+                call._call_callback_hooks(trainer, "on_before_zero_grad", optimizer)
+                call._call_lightning_module_hook(trainer, "on_before_zero_grad", optimizer)
+                call._call_lightning_module_hook(trainer, "optimizer_zero_grad", trainer.current_epoch, batch_idx,
+                                                 optimizer)
+            closure = Closure(step_fn=partial(loop._training_step, kwargs), backward_fn=loop._make_backward_fn(optimizer),
+                              zero_grad_fn=zero_grad if zero_first else None)
+            if step_now:
+                call._call_lightning_module_hook(trainer, "optimizer_step", trainer.current_epoch, batch_idx,
+                                                 trainer.strategy._lightning_optimizers[0], closure)
+            else:
+                with _block_parallel_sync_behavior(trainer.strategy, block=True):
+                    closure()
+            result = closure.consume_result()
+            out = {} if result.loss is None else result.asdict()
+        except BaseException:
+            ctx.effects.current, ctx.values = None, None
+            raise
+        return _end(ctx, out)
+    return lightning_training_step
+
+
+def _manual_core(ctx: _Ctx):
+    """One batch of Lightning's manual optimization; ``opt.step()`` calls are recorded so the
+    loop's counters advance after every call."""
+    def lightning_training_step(batch):
+        trainer = ctx.trainer
+        entry = _begin(ctx)
+        los = trainer.strategy._lightning_optimizers
+        saved = [(lo._on_before_step, lo._on_after_step) for lo in los]
+        try:
+            for i, lo in enumerate(los):
+                lo._on_before_step = partial(entry["calls"].append, (i, 0))
+                lo._on_after_step = partial(entry["calls"].append, (i, 1))
+            kwargs = OrderedDict(batch=batch)
+            if ctx.pass_idx:
+                kwargs["batch_idx"] = ctx.batch_idx
+            output = call._call_strategy_hook(trainer, "training_step", *kwargs.values())
+            trainer.strategy.post_training_step()
+            out = ManualResult.from_training_step_output(output).asdict()
+        except BaseException:
+            ctx.effects.current, ctx.values = None, None
+            raise
+        finally:
+            for lo, (before, after) in zip(los, saved):
+                lo._on_before_step, lo._on_after_step = before, after
+        return _end(ctx, out)
+    return lightning_training_step
