@@ -247,7 +247,8 @@ class StepFunction:
 
     # ---- internals ---------------------------------------------------------------------
     def _drop(self, entry) -> None:
-        self._entries.pop(entry.key, None)
+        for key in [k for k, e in self._entries.items() if e is entry]:
+            del self._entries[key]
         for e in [entry] + entry.siblings:
             self._order.remove(e)
         self._last = self._last_quick = None
@@ -257,7 +258,8 @@ class StepFunction:
         # state only if nothing changes in between: trust it only when that post-call state
         # still has this entry's full signature (a graph that rebinds .grad does not), and
         # only for flat calls, whose leaves are the args themselves.
-        if entry.flat_args and not kwargs and self._guards.signature(args, kwargs).key == entry.key:
+        key = self._guards.signature(args, kwargs).key if entry.flat_args and not kwargs else None
+        if key is not None and (key == entry.key or self._entries.get(key) is entry):
             self._last, self._last_quick = entry, self._guards.quick_key(args, kwargs)
         else:
             self._last = self._last_quick = None
@@ -364,7 +366,13 @@ class StepFunction:
                 # (or only the comparison it made: ``if momentum != 0``).
                 self._baked_hypers |= tr.baked_hypers
                 self._guards.live -= tr.baked_hypers
-                self._guards.add_predicates(preds)
+                added = self._guards.add_predicates(preds)
+                if added:
+                    # Graphs captured before answer to keys with more comparisons now: any answer.
+                    for key, e in list(self._entries.items()):
+                        del self._entries[key]
+                        for k in self._guards.rekey(key, added):
+                            self._entries.setdefault(k, e)
                 sig = self._guards.rebake(sig, frozen, tr.baked_hypers)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm

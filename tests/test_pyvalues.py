@@ -230,3 +230,46 @@ def test_recurrent_layers_replay_on_cpu(cell):
         assert torch.equal(sg(x), eager(x))
     same_params(a, b)
     assert sg.stats.replays == 3
+
+
+def test_lr_returned_after_a_scheduler_step_inside_the_step():
+    """A scheduler stepped inside the step ran on the live lr: its epoch branch (StepLR's decay)
+    was recorded into the graph and the returned lr came back decayed at every replay,
+    silently. It now runs on plain floats; the returned lr is next call's, read live; a number
+    computed from it is warned about (a replay cannot recompute it)."""
+    import copy
+    import warnings as w
+
+    def run(scale):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2)
+        m2 = copy.deepcopy(m)
+        o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+        s1, s2 = torch.optim.lr_scheduler.StepLR(o, 2, 0.5), torch.optim.lr_scheduler.StepLR(o2, 2, 0.5)
+
+        def make(model, opt, sched):
+            def step(x):
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                sched.step()
+                g = opt.param_groups[0]
+                lr = g["lr"]
+                return loss.detach(), (lr * 2.0 if scale else lr)
+            return step
+        sg, eager = stepgraph.compile(make(m, o, s1)), make(m2, o2, s2)
+        got = []
+        with w.catch_warnings(record=True) as caught:
+            w.simplefilter("always")
+            for _ in range(7):
+                x = torch.randn(3, 4)
+                a, b = sg(x), eager(x)
+                assert torch.equal(a[0], b[0])
+                got.append((a[1], b[1]))
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+        return got, [str(c.message) for c in caught]
+    got, _ = run(False)
+    assert all(a == b for a, b in got), got
+    got, msgs = run(True)
+    assert any("returns Python number" in m for m in msgs), msgs

@@ -220,16 +220,49 @@ class Guards:
         key[11] = tuple(entry(s, v, fv) for s, v, fv in zip(self.py.sources, key[11], frozen[11]))
         return Signature(tuple(key), sig.leaves, sig.tensor_pos)
 
-    def add_predicates(self, preds) -> bool:
-        """Record ``(hyper, path, op, constant)`` comparisons a trace made on live values; True
-        when that added any (the signature must then be re-taken)."""
-        added = False
+    def add_predicates(self, preds) -> dict:
+        """Record ``(hyper, path, op, constant)`` comparisons a trace made on live values;
+        returns {hyper: how many were new} (keys taken before hold fewer answers: rekey them)."""
+        added: dict = {}
         for h, path, op, other in preds:
             cur = self.preds.get(h, ())
             if (path, op, other) not in cur and h in self.live:
                 self.preds[h] = (*cur, (path, op, other))
-                added = True
+                added[h] = added.get(h, 0) + 1
         return added
+
+    def rekey(self, key: tuple, added: dict) -> list:
+        """The keys an older graph (which did not branch on the comparisons just ``added``) now
+        answers to: its key with every combination of answers to those comparisons."""
+        import itertools
+        slots = []  # (component, position path) of each marker to extend
+        for oi, go in enumerate(key[6]):
+            for gi, g in enumerate(go):
+                for j, (k, v) in enumerate(g):
+                    if (oi, gi, k) in added and (v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",)):
+                        slots.append((6, (oi, gi, j, k), added[(oi, gi, k)]))
+        for i, (src, v) in enumerate(zip(self.py.sources, key[11])):
+            if src in added:
+                slots.append((11, i, added[src]))
+        if not slots:
+            return [key]
+        out = []
+        for combo in itertools.product(*[list(itertools.product((True, False), repeat=n)) for *_, n in slots]):
+            k6 = [[list(g) for g in go] for go in key[6]]
+            k11 = list(key[11])
+            for (comp, where, _), answers in zip(slots, combo):
+                if comp == 6:
+                    oi, gi, j, name = where
+                    old = k6[oi][gi][j][1]
+                    k6[oi][gi][j] = (name, ("<live>", (old[1] if isinstance(old, tuple) else ()) + answers))
+                else:
+                    old = k11[where]
+                    k11[where] = ("<live>", (old[1] if isinstance(old, tuple) else ()) + answers)
+            new = list(key)
+            new[6] = tuple(tuple(tuple(g) for g in go) for go in k6)
+            new[11] = tuple(k11)
+            out.append(tuple(new))
+        return out
 
     def live_label(self, h) -> str:
         """How explain() and the graph's readers name a live value."""

@@ -59,7 +59,17 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
                     "cannot change the lr between them", where, "step the scheduler after "
                     "optimizer.step() (as PyTorch recommends), or outside the step", plain=True))
         calls.append((self, a, k, check))
-        return orig(self, *a, **k)
+        # The scheduler computes next call's lr from this one: with the live values (HyperFloats)
+        # in the groups, its arithmetic *and its epoch branch* would be recorded into the graph
+        # (StepLR decaying at every replay). It runs on plain floats; what it leaves unchanged
+        # stays live, what it changes is next call's value (read live where the step returns it).
+        saved = _unlive(self.optimizer)
+        try:
+            return orig(self, *a, **k)
+        finally:
+            for g, key, v, plain in saved:
+                if g.get(key) == plain:
+                    g[key] = v
     LRScheduler.step = step
     handle = register_optimizer_step_pre_hook(lambda opt, a, k: stepped.append(opt))
     try:
@@ -69,6 +79,23 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
         handle.remove()
         for *_, check in calls:
             check()
+
+
+def _unlive(opt) -> list:
+    """Replace tracing floats in ``opt``'s groups by plain floats; (group, key, old, plain)."""
+    from .hostscalar import HostFloat, _plain
+    saved = []
+    for g in getattr(opt, "param_groups", ()):
+        for key, v in list(g.items()):
+            if isinstance(v, HostFloat):
+                plain = _plain(v)
+            elif isinstance(v, tuple) and any(isinstance(x, HostFloat) for x in v):
+                plain = tuple(_plain(x) if isinstance(x, HostFloat) else x for x in v)
+            else:
+                continue
+            saved.append((g, key, v, plain))
+            g[key] = plain
+    return saved
 
 
 def untraceable_modules(reg, device: str):
