@@ -1,13 +1,27 @@
 #!/usr/bin/env bash
-# Every GPU test and the benchmark in one call, for the device machine:
+# Every GPU test, the GPU corpus and the benchmarks in one call, for the device machine:
 #   bash scripts/device_suite.sh            (writes under $OUT, or ./device_out)
+# Parts can be switched off to fit one command's time limit: TESTS_ON=0, CORPUS=0, BENCH=0.
 set -u -o pipefail
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export STEPGRAPH_TEST_CUDA=1 PYTHONPATH=.
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
-python3 -m pytest -q ${TESTS:-tests} -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest.txt" | tail -n 40
-[ "${BENCH:-1}" = 1 ] && python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+# The GPU tests (the CPU-only files skip on a GPU run or repeat the CI's work).
+GPU_TESTS="tests/test_cuda.py tests/test_cuda_loops.py tests/test_cuda_sdpa.py tests/test_cuda_live.py
+ tests/test_cuda_segments.py tests/test_pyvalues.py tests/test_host_reads.py tests/test_inductor.py"
+if [ "${TESTS_ON:-1}" = 1 ]; then
+  python3 -m pytest -q ${TESTS:-$GPU_TESTS} -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest.txt" | tail -n 40
+fi
+if [ "${CORPUS:-1}" = 1 ]; then
+  python3 -m clients --device cuda 2>&1 | tee "$OUT/corpus_cuda_fp32.txt" | tail -n 30
+  python3 -m clients --device cuda --amp bf16 2>&1 | tee "$OUT/corpus_cuda_bf16.txt" | tail -n 30
+fi
+if [ "${BENCH:-1}" = 1 ]; then
+  python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
+  python3 scripts/bench_segments.py 2>&1 | tee "$OUT/bench_segments.txt"
+fi
 # Data-parallel (issue 7): with 2+ GPUs, eager DDP vs stepgraph DDP over NCCL.
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 if [ "${BENCH_DDP:-1}" = 1 ] && [ "$NGPU" -ge 2 ]; then
