@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 
 import torch
@@ -79,11 +80,19 @@ def _patches(cuda: bool) -> dict:
 
 
 def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
+    from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
+    # A fake mode with a ShapeEnv, as the background worker has: without one, compile_fx's
+    # own fake mode cannot run a host scalar's ``.item()`` (Adagrad's CPU step counter:
+    # DataDependentOutputException), which the ShapeEnv turns into an unbacked symbol.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        return compile_fx(gm, inputs, config_patches=_patches(cuda))
+        with tracing(TracingContext(fake_mode)):
+            return compile_fx(gm, inputs, config_patches=_patches(cuda))
     finally:
         torch._C._set_grad_enabled(prev)
 
@@ -146,9 +155,6 @@ def prepare(reg) -> list[str]:
     return make_capturable(reg)
 
 
-_OPT_MODULES = ("adam", "adamw", "rmsprop", "nadam", "radam", "adamax", "asgd")
-
-
 @contextlib.contextmanager
 def trace_context(reg):
     """While tracing for Inductor, run optimizers' capturable (non-fused) path.
@@ -173,14 +179,19 @@ def trace_context(reg):
                     group["fused"] = False
                 widen |= on_cpu
     if widen:
-        import importlib
-        for name in _OPT_MODULES:
-            mod = importlib.import_module(f"torch.optim.{name}")
-            f = getattr(mod, "_get_capturable_supported_devices", None)
-            if f is not None:
-                saved_fns[mod] = f
-                setattr(mod, "_get_capturable_supported_devices",
-                        lambda *a, _f=f, **k: [*_f(*a, **k), "cpu"])
+        # Every loaded module that imported PyTorch's device check (torch.optim.adadelta, rprop,
+        # ... and third-party optimizers) holds its own reference: patch them all, not a list of
+        # known optimizers (a missing name was Adadelta's AssertionError mid-trace).
+        from torch.optim import optimizer as _opt_mod
+        orig = _opt_mod._get_capturable_supported_devices
+
+        def widened(*a, **k):
+            return [*orig(*a, **k), "cpu"]
+        for mod in list(sys.modules.values()):
+            # (through __dict__: a lazy module's __getattr__ could import things)
+            if getattr(mod, "__dict__", {}).get("_get_capturable_supported_devices") is orig:
+                saved_fns[mod] = orig
+                mod._get_capturable_supported_devices = widened
     try:
         yield
     finally:
