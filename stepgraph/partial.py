@@ -22,6 +22,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, m
 
 from . import config
 from .backends.replay import generate
+from .capture.compiled import inline_compiled
 from .errors import CaptureError, StepGraphError, user_frame
 from .passes import cleanup, summarize
 from .runtime import Stats
@@ -131,7 +132,8 @@ def _trace(module, forward, sig, state):
         return outs + list(torch.autograd.grad([outs[i] for i in diff], [ins[j] for j in wrt], tangents,
                                                allow_unused=True))
 
-    gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(*reals, *users)
+    with inline_compiled():   # torch.compile'd submodules: traced as eager code (capture/compiled.py)
+        gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(*reals, *users)
     g, tangents = gm.graph, []
     for i, (ph, t) in enumerate(zip([n for n in g.nodes if n.op == "placeholder"], reals)):   # state -> constants
         (gm.register_parameter if isinstance(t, nn.Parameter) else gm.register_buffer)(f"_sg_state{i}", t)

@@ -29,6 +29,7 @@ from .passes.guards import place_guards
 from .captured import CapturedStep, Stats, plain_floats
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor
 from .errors import StepGraphError
+from .capture.compiled import note_compiled_parts
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
 
@@ -388,6 +389,7 @@ class StepFunction:
         self._order.append(entry)
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
+        note_compiled_parts(self, args, kwargs)
         self.stats.compile_seconds += getattr(run, "compile_seconds", 0.0)
         # The quick key must describe the state *before* a call: recompute it at the next call.
         self._last = self._last_quick = None

@@ -28,6 +28,7 @@ from .hostscalar import HostFloat, HyperFloat, current, _DataDependentBranch, it
 from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
+from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, tracing_hints
 from .state import Slot, StateRegistry, paused_registration_epoch
 
@@ -353,7 +354,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
     try:
         with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])), \
-                _one_fake_mode():
+                _one_fake_mode(), inline_compiled():
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
