@@ -136,6 +136,38 @@ def test_inductor_failed_background_compile_warns_and_keeps_the_unfused_graph(mo
     assert sg.stats.replays == 1 and "compile failed, running the unfused graph" in sg.explain()
 
 
+def test_inductor_failed_blocking_compile_warns_and_runs_the_unfused_graph(monkeypatch):
+    """As a failed background compile: the capturing call keeps its result and the step runs the
+    unfused graph, warned and shown by explain() (was: a CaptureError, losing the call's result).
+    The graph steps the optimizer's capturable form, traced for Inductor: parameters within fp
+    tolerance of eager's."""
+    import stepgraph
+    from stepgraph import models
+    from stepgraph.backends import inductor
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
+
+    def broken(*a, **k):
+        raise AssertionError("injected Inductor failure")
+    monkeypatch.setattr(inductor, "_compile", broken)
+    case, opt, step = _mlp_step()
+    twin = case.fresh()
+    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    sg = stepgraph.compile(step, backend="inductor")
+    for i in range(5):
+        b = case.make_batch(i)
+        with pytest.warns(UserWarning, match="Inductor could not compile.*injected") if i == 1 else _quiet():
+            torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
+    for p, p2 in zip(case.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)
+    assert (sg.stats.captures, sg.stats.replays, sg.stats.failed_captures) == (1, 3, 0), sg.stats
+    assert "Inductor compile failed, running the unfused graph: AssertionError" in sg.explain()
+
+
+def _quiet():
+    import contextlib
+    return contextlib.nullcontext()
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA memory of the fused graph's switch (STEPGRAPH_TEST_CUDA=1)")
 def test_inductor_switch_does_not_hold_the_state_twice():
     """The first fused call is that call's real step (then recorded), not a warm-up on copies

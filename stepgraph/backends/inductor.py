@@ -18,6 +18,7 @@ import contextlib
 import logging
 import sys
 import time
+import warnings
 
 import torch
 from torch import fx
@@ -127,26 +128,45 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
     t0 = time.perf_counter()
     try:
         compiled = _compile(lifted, inputs, cuda)
-    except Exception as e:
-        from ..errors import CaptureError
-        raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                           op="torch._inductor.compile_fx", where="the captured step graph",
-                           fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
+    except Exception as e:  # noqa: BLE001 - as when the background compile fails: the unfused graph
+        error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        msg = ("stepgraph: Inductor could not compile the captured step; it runs its unfused graph "
+               f"(same results as backend='replay'/'cudagraph', no fusion): {error}")
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg, exc_info=e)
+        return _Unfused(_unfused(gm, example_inputs, cuda, opts), error)
     seconds = time.perf_counter() - t0
     run = _runner(compiled, state_in, cuda, opts)
     run.compile_seconds = seconds
     return run
 
 
+def _unfused(gm, example_inputs, cuda, opts):
+    """The same graph without Inductor: one CUDA graph on the GPU, the replay backend on the CPU."""
+    if cuda:
+        _, fn = generate(gm)
+        return record(fn, example_inputs, **opts)
+    return compile_replay(gm)
+
+
+class _Unfused:
+    """A step whose in-process Inductor compile failed: the unfused graph, said in explain()."""
+
+    def __init__(self, run, error: str):
+        self._run, self.error, self.compile_seconds = run, error, 0.0
+        self.stale = getattr(run, "stale", None)
+
+    def __call__(self, inputs):
+        return self._run(inputs)
+
+    def describe(self) -> str:
+        return f"Inductor compile failed, running the unfused graph: {self.error}"
+
+
 def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
     job = BackgroundCompile(lifted, inputs, _patches(cuda))
-    if cuda:
-        _, fn = generate(gm)
-        unfused = record(fn, example_inputs, **opts)
-    else:
-        unfused = compile_replay(gm)
+    unfused = _unfused(gm, example_inputs, cuda, opts)
     return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused)
 
 

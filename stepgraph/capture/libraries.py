@@ -38,7 +38,7 @@ def tracing_hints(is_traced):
 
 
 @contextlib.contextmanager
-def record_scheduler_steps(calls: list, problems: list, stepped: list):
+def record_scheduler_steps(calls: list, problems: list, stepped: list, before_step=None):
     """LR schedulers stepped inside the step (Hugging Face's loop: ``optimizer.step();
     lr_scheduler.step()``) are Python code a replay would skip: record each call, to be made
     again after every replay. Valid when no optimizer steps after it in the same call (the new
@@ -51,6 +51,8 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
 
     def step(self, *a, **k):
         mark, where = len(stepped), user_frame()
+        if before_step is not None:
+            before_step(self)   # (a failed capture puts the scheduler back: rollback.py)
 
         def check():
             if len(stepped) > mark:

@@ -14,6 +14,7 @@ Problems are collected, the trace runs to its end (so state stays eager-equal), 
 """
 from __future__ import annotations
 
+import contextlib
 import traceback
 from dataclasses import dataclass, field
 
@@ -30,6 +31,7 @@ from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, 
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, tracing_hints
+from .rollback import CopyOnWrite, Rollback
 from .state import Slot, StateRegistry, paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
@@ -247,8 +249,9 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
-               live_sources=(), host_reads: bool = True) -> TraceResult:
-    """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
+               live_sources=(), host_reads: bool = True, rollback: Rollback | None = None) -> TraceResult:
+    """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
+    ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -280,8 +283,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
                 math_patches(), \
-                record_scheduler_steps(box.setdefault("sched", []), problems, []), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
-                box.setdefault("rng", _RngStateRecorder(device == "cuda")):
+                record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
+                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
+                box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
+                CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext():
             try:
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
@@ -386,7 +391,6 @@ def _one_fake_mode():
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     if TracingContext.try_get() is not None:
-        import contextlib
         return contextlib.nullcontext()
     return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
 
