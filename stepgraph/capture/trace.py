@@ -30,7 +30,7 @@ from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
-from .libraries import record_scheduler_steps, tracing_hints
+from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rollback import CopyOnWrite, Rollback
 from .state import Slot, StateRegistry, paused_registration_epoch
 
@@ -86,11 +86,7 @@ class _HostReadMode(TorchFunctionMode):
 
     def _problem(self, op, fix):
         stack = traceback.extract_stack()
-        inside = library_frame(stack)
-        if "amp/grad_scaler.py" in inside:
-            fix = ("GradScaler reads found_inf on the host for non-fused optimizers: use a fused "
-                   "optimizer (e.g. AdamW(..., fused=True)), whose step takes the scaler's tensors")
-        self.problems.append(Problem(op, user_frame(stack), fix, inside))
+        self.problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -282,7 +278,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
-                math_patches(), \
+                math_patches(), torch_fast_paths(user_frame), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
