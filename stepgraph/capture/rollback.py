@@ -15,7 +15,9 @@ trace undoes that, and the call then runs eagerly:
 
 Other Python objects the step changed (a list it appends to, a counter) are not undone: that
 part of the step runs again in the eager call. An exception raised by the user's own code is
-not a failed capture: eager raises it at the same point, so it reaches the caller unchanged.
+not a failed capture: eager raises it at the same point, so it reaches the caller unchanged
+(one raised inside torch or another library may be the trace's doing: undone, and the eager
+run decides -- if eager raises too, the caller gets eager's exception).
 """
 from __future__ import annotations
 
@@ -26,11 +28,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..errors import StepGraphError
+from ..errors import _SKIP_PREFIXES, StepGraphError
 from ..passes.analysis import UNANNOTATED_WRITES, written_args
-
-_OURS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-              for m in (torch, __import__("stepgraph")))
 
 
 def raised_by_user(e: BaseException) -> bool:
@@ -45,9 +44,9 @@ def raised_by_user(e: BaseException) -> bool:
     if last is None:
         return False
     name = last.tb_frame.f_code.co_filename
-    # Raised inside torch or stepgraph (the tracer's modes, FX's generated code "<eval...>"):
-    # eager may or may not fail there too; the eager run that follows the rollback decides.
-    return not (name.startswith("<") or os.path.abspath(name).startswith(_OURS))
+    # Raised inside torch, stepgraph (the tracer's modes, FX's generated "<eval...>" code) or
+    # another library: eager may or may not fail there too; the eager run after the undo decides.
+    return not (name.startswith("<") or os.path.abspath(name).startswith(_SKIP_PREFIXES))
 
 
 @dataclass
