@@ -49,6 +49,12 @@ def raised_by_user(e: BaseException) -> bool:
     return not (name.startswith("<") or os.path.abspath(name).startswith(_SKIP_PREFIXES))
 
 
+def _fake(t: torch.Tensor) -> bool:
+    """No real data: a FakeTensor (a fake mode inside the step) or a meta tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) or t.is_meta
+
+
 @dataclass
 class Rollback:
     optimizers: list
@@ -67,7 +73,7 @@ class Rollback:
     def take(cls, reg, leaves) -> "Rollback":
         opt_state = [(opt, p, st, dict(st)) for _, opt in reg.optimizers for p, st in opt.state.items()]
         groups = [(g, dict(g)) for _, opt in reg.optimizers for g in opt.param_groups]
-        inputs = [(t, t.grad) for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        inputs = [(t, t.grad) for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         return cls([opt for _, opt in reg.optimizers], [(s, s.get()) for s in reg.slots()], opt_state, groups,
                    inputs, torch.get_rng_state(), cuda)
@@ -78,7 +84,7 @@ class Rollback:
 
     def save(self, t: torch.Tensor) -> None:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
-        if self.lost is not None:
+        if self.lost is not None or _fake(t):
             return
         try:
             st = t.untyped_storage()
@@ -141,6 +147,6 @@ class CopyOnWrite(TorchDispatchMode):
         for ret, o in zip(func._schema.returns, outs):
             if ret.alias_info is None:   # a new allocation, not a view of or write into an input
                 for t in pytree.tree_leaves(o):
-                    if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and not _fake(t):
                         self.rb.created.add(t.untyped_storage().data_ptr())
         return out
