@@ -5,6 +5,8 @@ eager; call 2 traces forward+backward with ``make_fx`` on fake tensors (no RNG d
 the joint graph into forward (outputs + saved) and backward (saved + grad outputs -> grads of inputs and params)
 and replays both through one ``autograd.Function`` (parameter grads accumulate through autograd as usual).
 CPU: generated aten code (bitwise eager-equal); CUDA: two CUDA graphs per signature in one shared memory pool.
+Hooks on submodules run after each replayed forward with real tensors, or keep the module eager (partial_hooks.py);
+tracing and the forward/backward split: partial_trace.py.
 """
 from __future__ import annotations
 
