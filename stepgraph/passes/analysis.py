@@ -71,7 +71,7 @@ def summarize(gm: fx.GraphModule, name_of) -> GraphSummary:
                 s.ops += 1
             if torch.Tag.nondeterministic_seeded in n.target.tags:
                 s.random_ops += 1
-            if n.target._schema.is_mutable:
+            if n.target._schema.is_mutable or n.target in UNANNOTATED_WRITES:
                 s.inplace_ops += 1
                 for w in _written_args(n):
                     root = _base(w)
