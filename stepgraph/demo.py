@@ -74,11 +74,22 @@ def run_family(name: str, steps: int, device: str) -> Result:
                   f"eager={st.eager_calls} captures={st.captures} replays={st.replays}")
 
 
+def _families(text: str) -> list[str]:
+    """``--families a,b``: every name checked here, so a typo is a usage error, not a KeyError mid-table."""
+    names = [f.strip() for f in text.split(",")]
+    bad = [f for f in names if f not in FAMILIES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown famil{'y' if len(bad) == 1 else 'ies'} "
+                                         f"{', '.join(map(repr, bad))}; choose from: {', '.join(FAMILIES)}")
+    return names
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m stepgraph", description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--families", default=",".join(FAMILIES))
+    p.add_argument("--families", type=_families, default=list(FAMILIES),
+                   help=f"comma-separated, from: {','.join(FAMILIES)}")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (0: torch's default)")
     args = p.parse_args(argv)
     if args.threads:
@@ -90,7 +101,7 @@ def main(argv=None) -> int:
     print("| model | eager ms/step | stepgraph ms/step | speedup | capture s | max rel param diff | final loss | calls |")
     print("|---|---|---|---|---|---|---|---|")
     ok = True
-    for fam in args.families.split(","):
+    for fam in args.families:
         r = run_family(fam, args.steps, dev)
         ok &= r.max_rel_diff <= (0.0 if dev == "cpu" else 1e-3)
         print(f"| {r.family} | {r.eager_ms:.3f} | {r.stepgraph_ms:.3f} | {r.eager_ms / r.stepgraph_ms:.2f}x | "

@@ -5,10 +5,11 @@ eager; call 2 traces forward+backward with ``make_fx`` on fake tensors (no RNG d
 the joint graph into forward (outputs + saved) and backward (saved + grad outputs -> grads of inputs and params)
 and replays both through one ``autograd.Function`` (parameter grads accumulate through autograd as usual).
 CPU: generated aten code (bitwise eager-equal); CUDA: two CUDA graphs per signature in one shared memory pool.
+Hooks on submodules run after each replayed forward with real tensors, or keep the module eager (partial_hooks.py);
+tracing and the forward/backward split: partial_trace.py.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -16,19 +17,21 @@ import warnings
 
 import torch
 import torch.utils._pytree as pytree
-from torch import fx, nn
+from torch import nn
 from torch.autograd.function import once_differentiable
-from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from . import config
 from .backends.replay import generate
 from .errors import CaptureError, StepGraphError, user_frame
-from .passes import cleanup, summarize
+from .partial_hooks import hook_key, run_deferred, undeferrable, watch_returns
+from .partial_trace import partition, trace_joint
+from .passes import summarize
 from .runtime import Stats
 
 log = logging.getLogger("stepgraph")
+_NO_OUTPUT = object()
 _POOLS: dict = {}   # CUDA device index -> graph memory pool shared by every graphed module
-_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
 def graph_module(module: nn.Module, *, backend: str = "auto", max_captures: int = 8) -> "GraphedModule":
@@ -72,7 +75,7 @@ class _Sig:
                       for v in self.leaves)
         self.key = (str(self.spec), items, torch.is_grad_enabled(), tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")),
                     tuple(m.training for m in module.modules()),
-                    tuple((id(t), t.requires_grad, t.dtype, tuple(t.shape)) for _, t, _ in state))
+                    tuple((id(t), t.requires_grad, t.dtype, tuple(t.shape)) for _, t, _ in state), hook_key(module))
 
 
 def _diff(old, new, names, state) -> str:
@@ -91,94 +94,9 @@ def _diff(old, new, names, state) -> str:
         bad = [n for (n, _, _), a, b in zip(state, old[5], new[5]) if a != b]
         out.append(f"parameter/buffer {bad[0]!r} replaced or changed requires_grad/dtype/shape" if bad
                    else "parameters/buffers added or removed")
+    if old[6] != new[6]:
+        out.append("hooks registered or removed inside the module")
     return "; ".join(out) or "new signature"
-
-
-@contextlib.contextmanager
-def _swap(module, mapping):
-    """Put the trace's tensors in place of the module's parameters and buffers (tied ones too)."""
-    undo = [(d, k, v) for m in module.modules() for d in (m._parameters, m._buffers)
-            for k, v in d.items() if v is not None and id(v) in mapping]
-    _ = [d.__setitem__(k, mapping[id(v)]) for d, k, v in undo]
-    try:
-        yield
-    finally:
-        _ = [d.__setitem__(k, v) for d, k, v in undo]
-
-
-def _trace(module, forward, sig, state):
-    """Joint forward+backward trace on fake tensors: (graph, facts). State becomes constants."""
-    grad_on = torch.is_grad_enabled()
-    reals, users = [t for _, t, _ in state], [sig.leaves[i] for i in sig.tensor_pos]
-    rg = [grad_on and k == "param" and t.requires_grad for _, t, k in state] + [grad_on and t.requires_grad for t in users]
-    box: dict = {"tangents": []}
-
-    def joint(*flat):
-        ins = [t.detach().requires_grad_(r) if r else t.detach() for t, r in zip(flat, rg)]
-        it = iter(ins[len(reals):])
-        a, kw = pytree.tree_unflatten([next(it) if isinstance(v, torch.Tensor) else v for v in sig.leaves], sig.spec)
-        with torch.set_grad_enabled(grad_on), _swap(module, {id(r): f for r, f in zip(reals, ins)}):
-            out = forward(*a, **kw)
-        out_leaves, box["out_spec"] = pytree.tree_flatten(out)
-        outs = [v for v in out_leaves if isinstance(v, torch.Tensor)]
-        box["out_leaves"] = [("tensor", None) if isinstance(v, torch.Tensor) else ("const", v) for v in out_leaves]
-        box["diff_out"], box["wrt"], box["n_out"] = diff, wrt, _ = ([i for i, o in enumerate(outs) if o.requires_grad],
-                                                                  [j for j, t in enumerate(ins) if t.requires_grad], len(outs))
-        if not (grad_on and diff and wrt):
-            return outs
-        tangents = [torch.empty_like(outs[i], memory_format=torch.contiguous_format) for i in diff]
-        box["tangents"] = [get_proxy_slot(t, get_proxy_mode().tracer).proxy.node for t in tangents]
-        return outs + list(torch.autograd.grad([outs[i] for i in diff], [ins[j] for j in wrt], tangents,
-                                               allow_unused=True))
-
-    gm = make_fx(joint, tracing_mode="fake", _allow_non_fake_inputs=True)(*reals, *users)
-    g, tangents = gm.graph, []
-    for i, (ph, t) in enumerate(zip([n for n in g.nodes if n.op == "placeholder"], reals)):   # state -> constants
-        (gm.register_parameter if isinstance(t, nn.Parameter) else gm.register_buffer)(f"_sg_state{i}", t)
-        with g.inserting_before(ph):
-            _replace(g, ph, g.get_attr(f"_sg_state{i}"))
-    for k, node in enumerate(box["tangents"]):   # empty_like nodes -> placeholders after the inputs
-        phs = [n for n in g.nodes if n.op == "placeholder"]
-        with (g.inserting_after(phs[-1]) if phs else g.inserting_before(next(iter(g.nodes)))):
-            tangents.append(_replace(g, node, g.placeholder(f"tangent_{k}")))
-    return cleanup(gm), {**box, "tangents": tangents}
-
-
-def _meta(new, old):
-    new.meta = dict(old.meta)
-    return new
-
-
-def _replace(g, old, new):
-    old.replace_all_uses_with(_meta(new, old))
-    g.erase_node(old)
-    return new
-
-
-def _partition(gm, n_out, tangents):
-    """Forward = nodes independent of the grad outputs; saved = forward values backward reads."""
-    nodes, T = list(gm.graph.nodes), set(tangents)
-    outs = list(nodes[-1].args[0])
-    for n in nodes:
-        if n.op == "call_function" and any(a in T for a in n.all_input_nodes):
-            T.add(n)
-    saved = list(dict.fromkeys(a for a in [a for n in nodes if n in T for a in n.all_input_nodes] + outs[n_out:]
-                               if isinstance(a, fx.Node) and a not in T and a.op != "get_attr"))
-    fw, env = fx.Graph(), {}
-    for n in [n for n in nodes if n.op != "output" and n not in T]:
-        env[n] = fw.node_copy(n, lambda x: env[x])
-    fw.output([env[o] if isinstance(o, fx.Node) else o for o in outs[:n_out]] + [env[s] for s in saved])
-    fw_gm = cleanup(fx.GraphModule(gm, fw))
-    if not tangents:
-        return fw_gm, None, 0
-    bw, benv = fx.Graph(), {}
-    for n in saved + tangents:
-        benv[n] = _meta(bw.placeholder(n.name if n in T else f"saved_{n.name}"), n)
-    for n in [n for n in nodes if n in T and n.op != "placeholder"]:
-        benv.update({a: bw.node_copy(a) for a in n.all_input_nodes if a.op == "get_attr" and a not in benv})
-        benv[n] = bw.node_copy(n, lambda x: benv[x])
-    bw.output([benv[o] if isinstance(o, fx.Node) else o for o in outs[n_out:]])
-    return fw_gm, cleanup(fx.GraphModule(gm, bw)), len(saved)
 
 
 class _GraphFn(torch.autograd.Function):
@@ -215,6 +133,7 @@ class _Entry:
         self.owner, self.key, self.names, self.fw_gm, self.bw_gm = owner, sig.key, sig.names, fw_gm, bw_gm
         self.backend, self.cuda, self.serial, self.n_saved, self.stale = backend, backend == "cudagraph", 0, n_saved, lambda: None
         self.out_spec, self.out_leaves, self.n_out = box["out_spec"], box["out_leaves"], box["n_out"]
+        self.n_user, self.hook_calls = box["n_user"], box["hook_calls"]   # outputs n_user..n_out: for hooks
         self.diff_out, self.diff_set = box["diff_out"], set(box["diff_out"])
         self.tensor_pos, self.n_user_in, self.state = sig.tensor_pos, len(sig.tensor_pos), [t for _, t, _ in state]
         n, pw = len(state), [j for j in box["wrt"] if j < len(state)]   # apply(): user tensors, then params with grads
@@ -233,7 +152,9 @@ class _Entry:
         else:   # grad mode off, or nothing requires grad: no autograd
             with torch.no_grad():
                 outs = [o.clone() if self.cuda else o for o in self.run_fw(user)[:self.n_out]]
-        it = iter(outs)
+        if self.hook_calls:
+            run_deferred(self.hook_calls, outs[self.n_user:])
+        it = iter(outs[:self.n_user])
         return pytree.tree_unflatten([next(it) if k == "tensor" else v for k, v in self.out_leaves], self.out_spec)
 
     def _record(self, fw_fn, bw_fn, example):
@@ -306,7 +227,7 @@ class GraphedModule(nn.Module):
         """Drop every graph and start again from warm-up."""
         with self._lock:
             self.__dict__.update(entries={}, order=[], warm_done=0, calls=0, warned_cap=False,
-                                 warned_hooks=False, last_key=None, stats=Stats())
+                                 eager_keys={}, last_key=None, stats=Stats())
 
     def _graphed_forward(self, *args, **kwargs):
         if self.disabled or _tracing():
@@ -315,6 +236,9 @@ class GraphedModule(nn.Module):
             self.calls, state = self.calls + 1, _state(self.module)
             sig = _Sig(self.module, state, args, kwargs)
             entry = self.entries.get(sig.key)
+            if sig.key in self.eager_keys:   # hooks inside it that must see the eager forward
+                self.stats.eager_calls += 1
+                return self._orig(*args, **kwargs)
             reason = entry.stale() if entry is not None else None
             if reason is not None:
                 del self.entries[entry.key], self.order[self.order.index(entry)]
@@ -334,28 +258,20 @@ class GraphedModule(nn.Module):
                 return out
             return self._capture(sig, state, reason)
 
-    def _warn_hooks(self):
-        where = [n for n, m in self.module.named_modules() if n and any(getattr(m, d, None) for d in _HOOKS)]
-        where += ["global module hooks"] if any(getattr(nn.modules.module, "_global" + d, None) for d in _HOOKS) else []
-        if where and not self.warned_hooks:
-            self.warned_hooks = True
-            msg = (f"stepgraph.graph_module({self.name}): hooks on submodules inside the graphed region ({', '.join(where[:6])}) "
-                   "run only at capture; their tensor effects are baked into the graph. Hooks on the module itself run every call.")
-            warnings.warn(msg, stacklevel=5)
-            log.warning(msg)
-
     def _capture(self, sig, state, reason):
         if reason is None and self.order:
             prev = self.last_key if self.last_key in self.entries else self.order[-1].key
             reason = _diff(prev, sig.key, sig.names, state)
         t0, devs = time.perf_counter(), {t.device.type for t in [sig.leaves[i] for i in sig.tensor_pos] + [t for _, t, _ in state]}
         backend = self.backend if self.backend != "auto" else ("cudagraph" if "cuda" in devs else "replay")
-        self._warn_hooks()
+        refused = undeferrable(self.module)
+        if refused:
+            return self._keep_eager(sig, f"backward hooks inside it ({', '.join(refused[:4])}) would see traced gradients")
         try:
             if backend == "cudagraph" and "cuda" not in devs:
                 raise StepGraphError("graph_module: backend='cudagraph' needs CUDA tensors")
-            gm, box = _trace(self.module, self._orig, sig, state)
-            fw_gm, bw_gm, n_saved = _partition(gm, box["n_out"], box["tangents"])
+            gm, box = trace_joint(self.module, self._orig, sig, state)
+            fw_gm, bw_gm, n_saved = partition(gm, box["n_out"], box["tangents"])
             entry = _Entry(self.name, sig, fw_gm, bw_gm, box, state, backend, n_saved)
         except Exception as e:   # data-dependent Python, host reads, ops fake tensors cannot run
             self.stats.failed_captures += 1
@@ -365,13 +281,37 @@ class GraphedModule(nn.Module):
                                f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", op=type(e).__name__,
                                where=user_frame(), fix="keep .item() and data-dependent Python outside the "
                                "graphed module, or graph a smaller submodule") from e
+        if box["tensor_hooks"]:
+            return self._keep_eager(sig, f"its forward registers tensor hooks (at {box['tensor_hooks'][0]}), which "
+                                         "the traced backward would call with placeholder gradients")
+        if entry.hook_calls:   # this call runs eagerly: its hooks must only observe to run after replays
+            changed, a, kw = [], *pytree.tree_unflatten(sig.leaves, sig.spec)
+            with watch_returns(self.module, changed):
+                out = self._orig(*a, **kw)
+            if changed:
+                return self._keep_eager(sig, f"hooks inside it return new values ({', '.join(changed[:4])})", out)
         entry.seconds, entry.at_call, self.entries[sig.key], self.last_key = time.perf_counter() - t0, self.calls, entry, sig.key
         self.order.append(entry)
         self.stats.captures, self.stats.capture_seconds = self.stats.captures + 1, self.stats.capture_seconds + entry.seconds
         if reason is not None:
             self.stats.recaptures.append(reason)
             log.info("stepgraph: recapture graph_module(%s): %s", self.name, reason)
-        return entry(sig.leaves)
+        return out if entry.hook_calls else entry(sig.leaves)
+
+    def _keep_eager(self, sig, why, out=_NO_OUTPUT):
+        """Calls with this signature run the module eagerly (its hooks as usual), warned once."""
+        self.eager_keys[sig.key] = why
+        msg = (f"stepgraph.graph_module({self.name}) runs eagerly for this signature: {why}; graphed, they would "
+               "run only while tracing, on placeholder tensors. Hooks that only look (return None) on forward "
+               "passes run after every replay; register others on the graphed module itself, or graph a "
+               "submodule without them")
+        warnings.warn(msg, stacklevel=5)
+        log.warning(msg)
+        if out is _NO_OUTPUT:
+            self.stats.eager_calls += 1
+            a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
+            out = self._orig(*a, **kw)
+        return out
 
     def explain(self) -> str:
         """What was captured: graphs, ops, saved activations, inputs, recapture reasons, guards."""
@@ -390,8 +330,12 @@ class GraphedModule(nn.Module):
             lines += [f"  graph {i} (captured at call {e.at_call} in {e.seconds:.3f}s, backend {e.backend}): "
                       f"forward {fw.ops} aten ops ({fw.random_ops} random), {bw}",
                       f"    inputs: {', '.join(ins) or '-'}; grad mode {e.key[2]}; {'train' if e.key[4][0] else 'eval'}"]
+            if e.hook_calls:
+                lines.append("    hooks called after each replayed forward, with its tensors: "
+                             + ", ".join(dict.fromkeys(c.where for c in e.hook_calls)))
+        lines += [f"  eager (not graphed) for a signature: {why}" for why in self.eager_keys.values()]
         lines.append("  guards: input shapes/dtypes/devices/strides/requires_grad, non-tensor argument values, "
-                     "grad mode, autocast, train/eval of every submodule, parameter/buffer identity")
+                     "grad mode, autocast, train/eval of every submodule, parameter/buffer identity, hooks inside")
         return "\n".join(lines)
 
 

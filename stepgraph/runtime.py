@@ -29,6 +29,9 @@ from .passes.guards import place_guards
 from .captured import CapturedStep, Stats, plain_floats
 from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor, refuse_uncapturable
 from .errors import StepGraphError
+from .failures import after_failed_trace, capture_failed
+from .capture.rollback import Rollback
+from .capture.compiled import note_compiled_parts
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
 from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scalars
@@ -200,22 +203,8 @@ class StepFunction:
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
         the step: the quick guard (the replay fast path), the full signature (the miss path),
         and the CUDA backend's input-address check. For benchmarks and explain()."""
-        import statistics
-
-        def med(f):
-            ts = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                f()
-                ts.append(time.perf_counter() - t)
-            return statistics.median(ts) * 1e6
-        if self._guards is None:
-            return {}
-        out = {"quick_guard": med(lambda: self._guards.quick_key(args, kwargs) == self._last_quick),
-               "full_signature": med(lambda: self._guards.signature(args, kwargs))}
-        if self._last is not None and self._last.stale is not None:
-            out["state_address_check"] = med(self._last.stale)
-        return out
+        from .explain import overhead_us
+        return overhead_us(self, args, kwargs, repeat)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until background Inductor compiles are done and switch to them now (e.g. before
@@ -343,15 +332,22 @@ class StepFunction:
                 done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
                 raise refusal
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
-            with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
-                live = self._guards.live
-                py_before = self._guards.py.key(args)
-                frozen = self._guards.frozen_key(args, kwargs)
-                sizes_before = container_sizes(self._guards.py, args)
-                tr = trace_step(self.fn, args, kwargs, self._reg, device,
-                                live_hypers=sorted(h for h in live if isinstance(h, tuple)),
-                                live_sources=[h for h in live if not isinstance(h, tuple)],
-                                host_reads=self.host_reads == "guard")
+            rollback = Rollback.take(self._reg, sig.leaves)   # what the trace writes, to undo if it fails
+            try:
+                with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
+                    live = self._guards.live
+                    py_before = self._guards.py.key(args)
+                    frozen = self._guards.frozen_key(args, kwargs)
+                    sizes_before = container_sizes(self._guards.py, args)
+                    tr = trace_step(self.fn, args, kwargs, self._reg, device,
+                                    live_hypers=sorted(h for h in live if isinstance(h, tuple)),
+                                    live_sources=[h for h in live if not isinstance(h, tuple)],
+                                    host_reads=self.host_reads == "guard", rollback=rollback)
+            except BaseException as e:
+                done = after_failed_trace(e, rollback, lambda: self._eager(args, kwargs))
+                raise
+            finally:
+                rollback = None   # its copies of the state: not kept past the trace
             done = (tr.result,)
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
@@ -420,19 +416,8 @@ class StepFunction:
                 run = backend.compile(gm, example, **opts)
         except BaseException as e:
             self.stats.failed_captures += 1
-            # Fall back only when stepgraph could not capture; the user's own exceptions
-            # (and Ctrl-C) propagate and leave capture on.
-            if self.on_capture_error == "eager" and isinstance(e, StepGraphError):
-                self._eager_only = True
-                if done is not None:  # the call ran to its end: hand back its result, warned
-                    msg = (f"stepgraph: {self.__name__} could not be captured; it runs eagerly from now "
-                           f"on (on_capture_error='eager'): {str(e).splitlines()[0]}")
-                    warnings.warn(msg, stacklevel=3)
-                    log.warning(msg)
-                    return plain_floats(done[0])
-                log.warning("stepgraph: capture of %s failed; running eagerly from now on", self.__name__,
-                            exc_info=True)
-            raise
+            # The user's own exceptions (and Ctrl-C) propagate and leave capture on (failures.py).
+            return capture_failed(self, e, done)
         seconds = time.perf_counter() - t0
         self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes \
             + read_notes
@@ -457,6 +442,7 @@ class StepFunction:
         self._order.append(entry)
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
+        note_compiled_parts(self, args, kwargs)
         self.stats.compile_seconds += getattr(run, "compile_seconds", 0.0)
         # The quick key must describe the state *before* a call: recompute it at the next call.
         self._last = self._last_quick = None

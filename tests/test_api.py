@@ -103,3 +103,15 @@ def test_replay_backend_on_explicit_request_and_cudagraph_refused_on_cpu():
     cg(*_batch(0))
     with pytest.raises(stepgraph.StepGraphError, match="cpu"):
         cg(*_batch(1))
+
+
+@pytest.mark.parametrize("families", ["foo", "mlp,foo", "mlp,", ""])
+def test_demo_unknown_family_is_a_clear_usage_error(families, capsys):
+    """`python -m stepgraph --families foo` ended in a KeyError traceback after the table header."""
+    from stepgraph import demo
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--families", families, "--steps", "3"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err and out == "", "refused before anything runs or prints"
+    assert "--families" in err and all(f in err for f in demo.FAMILIES), err

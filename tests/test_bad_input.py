@@ -415,24 +415,27 @@ def test_inputs_that_require_grad_get_eager_grads(which):
     assert p.counts() == (1, 1, 3), p.step.stats
 
 
-def test_reused_input_holding_grad_is_refused_without_touching_state():
-    """Passing the same requires-grad leaf again (its .grad from the last call still set): eager
-    would accumulate into it; stepgraph refuses with a CaptureError *before* running anything
-    (documented), so nothing is half-done, and works again once ``x.grad = None``."""
+def test_reused_input_holding_grad_is_refused_leaving_eager_state():
+    """Passing the same requires-grad leaf again (its .grad from the last call still set): replays
+    could not accumulate into it, so the capture is refused with a CaptureError -- after the call
+    ran eagerly, as every refused capture does (failures.py): parameters, optimizer state and the
+    input's accumulated .grad are eager's. It works again once ``x.grad = None``."""
     p = Pair()
     x, y = batch(0)
     x.requires_grad_()
+    x2 = x.detach().clone().requires_grad_()
     p.step(x, y)  # warm-up, eager: x.grad is set
+    p.eager(x2, y)
     assert x.grad is not None
-    before = [t.detach().clone() for t in p.model.parameters()]
-    grad_before = x.grad.clone()
     with pytest.raises(stepgraph.CaptureError, match="already holds a .grad"):
         p.step(x, y)
-    assert all(torch.equal(a, b) for a, b in zip(before, p.model.parameters())), "refused call changed params"
-    assert torch.equal(x.grad, grad_before)
-    x.grad = None
+    p.eager(x2, y)
+    p.check_state("refused call")
+    assert torch.equal(x.grad, x2.grad), "the input's .grad accumulated as eager's"
+    x.grad = x2.grad = None
     out = p.step(x, y)
-    assert out is not None and x.grad is not None
+    assert torch.equal(out, p.eager(x2, y)) and torch.equal(x.grad, x2.grad)
+    p.check_state("after")
 
 
 # ---- containers, scalars, empty batches --------------------------------------------------

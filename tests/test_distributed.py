@@ -128,17 +128,20 @@ def test_world_of_one_ddp_matches_eager_and_shows_the_collective(world_of_one):
         assert torch.equal(p, q)
 
 
-def test_find_unused_parameters_is_refused_before_the_call_runs(world_of_one):
+def test_find_unused_parameters_is_refused_leaving_eager_state(world_of_one):
+    """Refused with a CaptureError; like every refused capture, the call itself ran eagerly first
+    (failures.py), so the model holds what an eager DDP step leaves."""
     m = nn.parallel.DistributedDataParallel(_mlp(), find_unused_parameters=True)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    sg = stepgraph.compile(ce_step(m, opt))
+    m2 = nn.parallel.DistributedDataParallel(_mlp(), find_unused_parameters=True)
+    opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+    sg, eager = stepgraph.compile(ce_step(m, opt)), ce_step(m2, opt2)
     x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
-    sg(x, y)
-    before = [p.detach().clone() for p in m.parameters()]
+    sg(x, y), eager(x, y)
     with pytest.raises(stepgraph.CaptureError, match="find_unused_parameters=True") as e:
         sg(x, y)
+    eager(x, y)
     assert "find_unused_parameters=False" in e.value.fix
-    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before)), "this call did not run"
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters())), "this call ran as eager"
 
 
 def test_direct_c10d_collective_is_refused_with_the_functional_fix(world_of_one):

@@ -127,13 +127,15 @@ def test_module_hooks_before_and_after_graphing_run_every_call():
     assert gm.stats.replays == 3
 
 
-def test_submodule_hooks_warn_that_they_run_only_at_capture():
+def test_submodule_hooks_run_at_every_call():
+    """(Hooks inside a graphed module: tests/test_partial_hooks.py.)"""
     m = MLP(p=0.0)
-    m.fc1.register_forward_hook(lambda mod, a, o: None)
+    calls = []
+    m.fc1.register_forward_hook(lambda mod, a, o: calls.append(type(o)))
     gm = stepgraph.graph_module(m)
-    gm(torch.randn(2, 16))
-    with pytest.warns(UserWarning, match="run only at capture"):
+    for _ in range(4):
         gm(torch.randn(2, 16))
+    assert calls == [torch.Tensor] * 4 and gm.stats.replays == 2
 
 
 class KW(nn.Module):

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
+import warnings
 
 import torch
 from torch import fx
@@ -79,11 +81,19 @@ def _patches(cuda: bool) -> dict:
 
 
 def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
+    from torch._guards import TracingContext, tracing
     from torch._inductor.compile_fx import compile_fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
     prev = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
+    # A fake mode with a ShapeEnv, as the background worker has: without one, compile_fx's
+    # own fake mode cannot run a host scalar's ``.item()`` (Adagrad's CPU step counter:
+    # DataDependentOutputException), which the ShapeEnv turns into an unbacked symbol.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        return compile_fx(gm, inputs, config_patches=_patches(cuda))
+        with tracing(TracingContext(fake_mode)):
+            return compile_fx(gm, inputs, config_patches=_patches(cuda))
     finally:
         torch._C._set_grad_enabled(prev)
 
@@ -118,35 +128,51 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
     t0 = time.perf_counter()
     try:
         compiled = _compile(lifted, inputs, cuda)
-    except Exception as e:
-        from ..errors import CaptureError
-        raise CaptureError(f"Inductor could not compile the captured step: {type(e).__name__}: "
-                           f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}",
-                           op="torch._inductor.compile_fx", where="the captured step graph",
-                           fix="use backend='replay' or 'cudagraph' (same step, no fusion)") from e
+    except Exception as e:  # noqa: BLE001 - as when the background compile fails: the unfused graph
+        error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
+        msg = ("stepgraph: Inductor could not compile the captured step; it runs its unfused graph "
+               f"(same results as backend='replay'/'cudagraph', no fusion): {error}")
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg, exc_info=e)
+        return _Unfused(_unfused(gm, example_inputs, cuda, opts), error)
     seconds = time.perf_counter() - t0
     run = _runner(compiled, state_in, cuda, opts)
     run.compile_seconds = seconds
     return run
 
 
+def _unfused(gm, example_inputs, cuda, opts):
+    """The same graph without Inductor: one CUDA graph on the GPU, the replay backend on the CPU."""
+    if cuda:
+        _, fn = generate(gm)
+        return record(fn, example_inputs, **opts)
+    return compile_replay(gm)
+
+
+class _Unfused:
+    """A step whose in-process Inductor compile failed: the unfused graph, said in explain()."""
+
+    def __init__(self, run, error: str):
+        self._run, self.error, self.compile_seconds = run, error, 0.0
+        self.stale = getattr(run, "stale", None)
+
+    def __call__(self, inputs):
+        return self._run(inputs)
+
+    def describe(self) -> str:
+        return f"Inductor compile failed, running the unfused graph: {self.error}"
+
+
 def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
     job = BackgroundCompile(lifted, inputs, _patches(cuda))
-    if cuda:
-        _, fn = generate(gm)
-        unfused = record(fn, example_inputs, **opts)
-    else:
-        unfused = compile_replay(gm)
+    unfused = _unfused(gm, example_inputs, cuda, opts)
     return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused)
 
 
 def prepare(reg) -> list[str]:
     """As for CUDA graphs on the GPU (capturable optimizers); the CPU uses ``trace_context``."""
     return make_capturable(reg)
-
-
-_OPT_MODULES = ("adam", "adamw", "rmsprop", "nadam", "radam", "adamax", "asgd")
 
 
 @contextlib.contextmanager
@@ -173,14 +199,19 @@ def trace_context(reg):
                     group["fused"] = False
                 widen |= on_cpu
     if widen:
-        import importlib
-        for name in _OPT_MODULES:
-            mod = importlib.import_module(f"torch.optim.{name}")
-            f = getattr(mod, "_get_capturable_supported_devices", None)
-            if f is not None:
-                saved_fns[mod] = f
-                setattr(mod, "_get_capturable_supported_devices",
-                        lambda *a, _f=f, **k: [*_f(*a, **k), "cpu"])
+        # Every loaded module that imported PyTorch's device check (torch.optim.adadelta, rprop,
+        # ... and third-party optimizers) holds its own reference: patch them all, not a list of
+        # known optimizers (a missing name was Adadelta's AssertionError mid-trace).
+        from torch.optim import optimizer as _opt_mod
+        orig = _opt_mod._get_capturable_supported_devices
+
+        def widened(*a, **k):
+            return [*orig(*a, **k), "cpu"]
+        for mod in list(sys.modules.values()):
+            # (through __dict__: a lazy module's __getattr__ could import things)
+            if getattr(mod, "__dict__", {}).get("_get_capturable_supported_devices") is orig:
+                saved_fns[mod] = orig
+                mod._get_capturable_supported_devices = widened
     try:
         yield
     finally:

@@ -52,7 +52,7 @@ def _refuse_unsupported(ddp, name: str) -> None:
         what, fix = "DDP's python reducer (compiled autograd)", "unset optimize_ddp='python_reducer'"
     if what is not None:
         raise CaptureError(f"the step's DistributedDataParallel model {name} uses {what}, which "
-                           "stepgraph does not capture; this call did not run",
+                           "stepgraph does not capture",
                            op="DistributedDataParallel", where="the step function",
                            fix=f"{fix}, or run the step eagerly (STEPGRAPH_DISABLE=1)")
 

@@ -43,6 +43,11 @@ class Problem:
     inside: str = ""
     plain: bool = False   # ``op`` is the whole sentence (not a host sync)
 
+    def __post_init__(self):
+        if self.inside and not self.plain:  # library code: a fix the user can apply in their own code
+            from .libraries import library_fix
+            self.fix = library_fix(self.inside, self.fix)
+
     def message(self) -> str:
         lib = f" (inside {self.inside})" if self.inside else ""
         if self.plain:

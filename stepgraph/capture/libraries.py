@@ -1,4 +1,6 @@
-"""Libraries that already know how to avoid host reads while a graph is traced: tell them.
+"""Library code the trace must meet as eager does, and fixes the user can apply for library code.
+
+Libraries that already know how to avoid host reads while a graph is traced: tell them.
 
 Hugging Face ``transformers`` asks ``is_tracing(tensor)`` before reading a mask on the host
 (``masking_utils``: ``if padding_mask.all(): skip the mask``) and builds the explicit mask
@@ -8,11 +10,18 @@ tensor the step computed (one with a proxy), in every loaded ``transformers`` mo
 imported it. The mask is then always built: the same values eager computes with padding; on
 an unpadded batch the explicit all-visible mask replaces ``is_causal`` (same attention, other
 kernel: fp tolerance, not bitwise).
+
+PyTorch's transformer fast paths (eval mode without grad) are skipped when ``has_torch_function``
+says a mode is active, and stepgraph's own modes are: the trace ran the slow path while eager
+ran ``_transformer_encoder_layer_fwd`` (~1e-7 apart). ``torch_fast_paths`` answers those checks
+as eager would. A padded batch turned into a nested tensor cannot be traced: refused with a fix.
 """
 from __future__ import annotations
 
 import contextlib
 import sys
+
+import torch
 
 
 @contextlib.contextmanager
@@ -37,8 +46,70 @@ def tracing_hints(is_traced):
             mod.is_tracing = orig
 
 
+_FAST_PATH_MODULES = ("torch.nn.modules.transformer", "torch.nn.modules.activation")
+
+
+def _overrides_torch_function(x) -> bool:
+    """A tensor subclass with its own ``__torch_function__`` (modes aside)."""
+    f = getattr(type(x), "__torch_function__", None)
+    return isinstance(x, torch.Tensor) and f is not None and f is not torch._C._disabled_torch_function_impl \
+        and getattr(f, "__func__", f) is not torch.Tensor.__torch_function__.__func__
+
+
 @contextlib.contextmanager
-def record_scheduler_steps(calls: list, problems: list, stepped: list):
+def torch_fast_paths(where):
+    """While tracing: transformer fast-path checks see no stepgraph modes (eager's choice of
+    kernels); nested-tensor conversion of a padded batch raises a ``CaptureError`` (``where()``
+    names the user's line)."""
+    from ..errors import CaptureError
+    ov = torch.overrides
+    saved = ov.has_torch_function, torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask
+
+    def has_torch_function(args):
+        if sys._getframe(1).f_globals.get("__name__") in _FAST_PATH_MODULES:
+            return any(_overrides_torch_function(a) for a in args)
+        return saved[0](args)
+
+    def nested_from_mask(*a, **k):
+        raise CaptureError(
+            "nn.TransformerEncoder's fast path (eval mode, no grad, a src_key_padding_mask) turns the padded "
+            "batch into a nested tensor, which stepgraph cannot trace; its padded positions come out as zeros",
+            op="torch._nested_tensor_from_mask", where=where(),
+            fix="build the encoder with nn.TransformerEncoder(..., enable_nested_tensor=False) (the fast path "
+                "then runs on the padded batch and is captured), or run the step under "
+                "torch.backends.mha.set_fastpath_enabled(False)")
+    ov.has_torch_function = has_torch_function
+    # Whether the padding is left-aligned is read from the mask's values; answering yes sends any
+    # batch that could take the nested path to the refusal above, never to a different path.
+    torch._nested_tensor_from_mask_left_aligned = lambda *a, **k: True
+    torch._nested_tensor_from_mask = nested_from_mask
+    try:
+        yield
+    finally:
+        ov.has_torch_function, torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask = saved
+
+
+# Host reads inside library code: what to change in the user's own code instead.
+_LIBRARY_FIXES = (
+    ("amp/grad_scaler.py", "GradScaler reads found_inf on the host for non-fused optimizers: use a fused "
+                           "optimizer (e.g. AdamW(..., fused=True)), whose step takes the scaler's tensors"),
+    ("nn/modules/transformer.py", "pass is_causal=True with a causal mask (encoder(x, mask=mask, is_causal=True), "
+                                  "also for nn.Transformer / TransformerEncoderLayer / TransformerDecoder): PyTorch "
+                                  "then does not compare the mask with a causal one on the host; or use "
+                                  "host_reads='guard' (the default), which guards that comparison"),
+)
+
+
+def library_fix(inside: str, fix: str) -> str:
+    """The fix for a problem found inside library code (``inside``: ``path:line``)."""
+    for marker, known in _LIBRARY_FIXES:
+        if marker in inside:
+            return known
+    return f"{fix} (the read is inside {inside}: if you cannot change that code, call it outside the step)"
+
+
+@contextlib.contextmanager
+def record_scheduler_steps(calls: list, problems: list, stepped: list, before_step=None):
     """LR schedulers stepped inside the step (Hugging Face's loop: ``optimizer.step();
     lr_scheduler.step()``) are Python code a replay would skip: record each call, to be made
     again after every replay. Valid when no optimizer steps after it in the same call (the new
@@ -51,6 +122,8 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list):
 
     def step(self, *a, **k):
         mark, where = len(stepped), user_frame()
+        if before_step is not None:
+            before_step(self)   # (a failed capture puts the scheduler back: rollback.py)
 
         def check():
             if len(stepped) > mark:

@@ -14,6 +14,7 @@ Problems are collected, the trace runs to its end (so state stays eager-equal), 
 """
 from __future__ import annotations
 
+import contextlib
 import traceback
 from dataclasses import dataclass, field
 
@@ -28,7 +29,9 @@ from .hostscalar import HostFloat, HyperFloat, HyperLog, current, _DataDependent
 from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
-from .libraries import record_scheduler_steps, tracing_hints
+from .compiled import inline_compiled
+from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
+from .rollback import CopyOnWrite, Rollback
 from .state import Slot, StateRegistry, paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
@@ -102,11 +105,7 @@ class _HostReadMode(TorchFunctionMode):
 
     def _problem(self, op, fix):
         stack = traceback.extract_stack()
-        inside = library_frame(stack)
-        if "amp/grad_scaler.py" in inside:
-            fix = ("GradScaler reads found_inf on the host for non-fused optimizers: use a fused "
-                   "optimizer (e.g. AdamW(..., fused=True)), whose step takes the scaler's tensors")
-        self.problems.append(Problem(op, user_frame(stack), fix, inside))
+        self.problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -283,8 +282,9 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
-               live_sources=(), host_reads: bool = True) -> TraceResult:
-    """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
+               live_sources=(), host_reads: bool = True, rollback: Rollback | None = None) -> TraceResult:
+    """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
+    ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -315,9 +315,11 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
-                math_patches(), \
-                record_scheduler_steps(box.setdefault("sched", []), problems, []), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
-                box.setdefault("rng", _RngStateRecorder(device == "cuda")):
+                math_patches(), torch_fast_paths(user_frame), \
+                record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
+                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
+                box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
+                CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext():
             try:
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
@@ -390,7 +392,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
     try:
         with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])), \
-                _one_fake_mode():
+                _one_fake_mode(), inline_compiled():
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
@@ -422,7 +424,6 @@ def _one_fake_mode():
     from torch._guards import TracingContext, tracing
     from torch._subclasses.fake_tensor import FakeTensorMode
     if TracingContext.try_get() is not None:
-        import contextlib
         return contextlib.nullcontext()
     return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
 

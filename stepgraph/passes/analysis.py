@@ -22,24 +22,25 @@ class GraphSummary:
 
 # Kernels that write their running statistics although their schema does not say so
 # (arguments 3 and 4, in training mode: argument 5).
-_UNANNOTATED_WRITES = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default}
+UNANNOTATED_WRITES = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default}
 if hasattr(torch.ops.aten, "miopen_batch_norm"):
-    _UNANNOTATED_WRITES.add(torch.ops.aten.miopen_batch_norm.default)
+    UNANNOTATED_WRITES.add(torch.ops.aten.miopen_batch_norm.default)
+
+
+def written_args(op, args, kwargs):
+    """The arguments ``op`` writes in place: its schema's ``a!`` ones, and BatchNorm's running
+    statistics (fx nodes for a graph node's arguments, tensors for a real call's)."""
+    if op in UNANNOTATED_WRITES and len(args) > 5 and args[5]:
+        yield from args[3:5]
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        val = args[i] if i < len(args) else kwargs.get(arg.name)
+        yield from (val if isinstance(val, (list, tuple)) else [val])
 
 
 def _written_args(node: fx.Node):
-    if node.target in _UNANNOTATED_WRITES and len(node.args) > 5 and node.args[5]:
-        for v in node.args[3:5]:
-            if isinstance(v, fx.Node):
-                yield v
-    schema = node.target._schema
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        val = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
-        for v in (val if isinstance(val, (list, tuple)) else [val]):
-            if isinstance(v, fx.Node):
-                yield v
+    return (v for v in written_args(node.target, node.args, node.kwargs) if isinstance(v, fx.Node))
 
 
 def summarize(gm: fx.GraphModule, name_of) -> GraphSummary:
@@ -70,7 +71,7 @@ def summarize(gm: fx.GraphModule, name_of) -> GraphSummary:
                 s.ops += 1
             if torch.Tag.nondeterministic_seeded in n.target.tags:
                 s.random_ops += 1
-            if n.target._schema.is_mutable:
+            if n.target._schema.is_mutable or n.target in UNANNOTATED_WRITES:
                 s.inplace_ops += 1
                 for w in _written_args(n):
                     root = _base(w)

@@ -1,0 +1,152 @@
+"""Put back what a capture changed when the trace stops midway, so the call can run eagerly.
+
+The trace runs the step on the user's real tensors. When tracing fails partway through for a
+reason of its own (the tracer, a torch internal, stepgraph, a refusal that cannot wait for the
+end of the step), parameters, grads, optimizer state, BatchNorm buffers and the random
+generators hold part of a step that eager would never leave. A ``Rollback`` taken before the
+trace undoes that, and the call then runs eagerly:
+
+* storages that existed before the trace are copied just before their first in-place write
+  (``CopyOnWrite``, a dispatch mode inside the trace): only what the step writes, once each;
+  copies of CUDA storages go to host memory, so the capture's GPU peak stays eager's;
+* ``.grad``/buffer/optimizer-state bindings, the optimizers' ``state`` dicts and
+  ``param_groups``, the inputs' ``.grad``, LR schedulers stepped inside the step;
+* the CPU (and CUDA) random generators' states.
+
+Other Python objects the step changed (a list it appends to, a counter) are not undone: that
+part of the step runs again in the eager call. An exception raised by the user's own code is
+not a failed capture: eager raises it at the same point, so it reaches the caller unchanged
+(one raised inside torch or another library may be the trace's doing: undone, and the eager
+run decides -- if eager raises too, the caller gets eager's exception).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from ..errors import _SKIP_PREFIXES, StepGraphError
+from ..passes.analysis import UNANNOTATED_WRITES, written_args
+
+
+def raised_by_user(e: BaseException) -> bool:
+    """The user's own exception (raised in their code, or Ctrl-C): not a failed capture."""
+    if not isinstance(e, Exception):
+        return True   # KeyboardInterrupt, SystemExit: wherever they land, eager gets them too
+    if isinstance(e, StepGraphError):
+        return False
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    if last is None:
+        return False
+    name = last.tb_frame.f_code.co_filename
+    # Raised inside torch, stepgraph (the tracer's modes, FX's generated "<eval...>" code) or
+    # another library: eager may or may not fail there too; the eager run after the undo decides.
+    return not (name.startswith("<") or os.path.abspath(name).startswith(_SKIP_PREFIXES))
+
+
+def _fake(t: torch.Tensor) -> bool:
+    """No real data: a FakeTensor (a fake mode inside the step) or a meta tensor."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) or t.is_meta
+
+
+@dataclass
+class Rollback:
+    optimizers: list
+    slots: list                     # (Slot, value before)
+    opt_state: list                 # (optimizer, param, its state dict, a shallow copy)
+    groups: list                    # (param group dict, a shallow copy)
+    input_grads: list               # (input tensor, its .grad before)
+    rng: torch.Tensor
+    cuda_rng: list | None
+    copies: dict = field(default_factory=dict)    # storage data_ptr -> (bytes view, saved bytes)
+    created: set = field(default_factory=set)     # data_ptrs of storages the trace allocated
+    objects: dict = field(default_factory=dict)   # id -> (object, copy of its __dict__)
+    lost: str | None = None         # why some write could not be copied (nothing is undone then)
+
+    @classmethod
+    def take(cls, reg, leaves) -> "Rollback":
+        opt_state = [(opt, p, st, dict(st)) for _, opt in reg.optimizers for p, st in opt.state.items()]
+        groups = [(g, dict(g)) for _, opt in reg.optimizers for g in opt.param_groups]
+        inputs = [(t, t.grad) for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        return cls([opt for _, opt in reg.optimizers], [(s, s.get()) for s in reg.slots()], opt_state, groups,
+                   inputs, torch.get_rng_state(), cuda)
+
+    def keep_object(self, obj) -> None:
+        """A Python object the step is about to change (an LR scheduler): its attributes now."""
+        self.objects.setdefault(id(obj), (obj, dict(obj.__dict__)))
+
+    def save(self, t: torch.Tensor) -> None:
+        """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
+        if self.lost is not None or _fake(t):
+            return
+        try:
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if st.nbytes() == 0 or key in self.created or key in self.copies:
+                return
+            with _disable_current_modes(), torch._C.DisableTorchFunction():
+                whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)  # every byte, all views
+                self.copies[key] = (whole, whole.to("cpu", copy=True))
+        except Exception as e:  # noqa: BLE001 - an OOM, a tensor without storage: then undo nothing
+            self.lost = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.copies.clear()
+
+    def undo(self) -> bool:
+        """Put everything back; False (and nothing undone) when a write could not be copied."""
+        if self.lost is not None:
+            return False
+        with _disable_current_modes(), torch._C.DisableTorchFunction():
+            for whole, saved in self.copies.values():
+                whole.copy_(saved)
+        for s, v in self.slots:
+            s.set(v)
+        had = {(id(opt), id(p)) for opt, p, _, _ in self.opt_state}
+        for opt in self.optimizers:   # state the trace created (a first step) goes again
+            for p in [p for p in opt.state if (id(opt), id(p)) not in had]:
+                del opt.state[p]
+        for opt, p, st, copy in self.opt_state:
+            st.clear()
+            st.update(copy)
+            opt.state[p] = st
+        for group, copy in self.groups:
+            group.clear()
+            group.update(copy)
+        for t, g in self.input_grads:
+            t.grad = g
+        for obj, attrs in self.objects.values():
+            obj.__dict__.clear()
+            obj.__dict__.update(attrs)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        return True
+
+
+class CopyOnWrite(TorchDispatchMode):
+    """In the trace: save each pre-existing storage before an op first writes it."""
+
+    def __init__(self, rollback: Rollback):
+        super().__init__()
+        self.rb = rollback
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.is_mutable or func in UNANNOTATED_WRITES:
+            for v in written_args(func, args, kwargs):
+                if isinstance(v, torch.Tensor):
+                    self.rb.save(v)
+        out = func(*args, **kwargs)
+        outs = out if isinstance(out, (tuple, list)) and len(func._schema.returns) > 1 else (out,)
+        for ret, o in zip(func._schema.returns, outs):
+            if ret.alias_info is None:   # a new allocation, not a view of or write into an input
+                for t in pytree.tree_leaves(o):
+                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and not _fake(t):
+                        self.rb.created.add(t.untyped_storage().data_ptr())
+        return out

@@ -1,0 +1,190 @@
+"""A capture that fails -- at any point, for any reason of stepgraph's or torch's -- leaves what
+the eager call leaves: parameters, grads, optimizer state, BatchNorm buffers, the LR scheduler,
+the random generator's state and the returned value. (Faults raised by the user's own code:
+tests/test_faults.py.)
+
+Failures are injected inside the trace right after a given aten op ran (so part of the step's
+writes already happened: BatchNorm's running stats, a dropout draw, part of the backward, the
+gradient clipping, the first parameter's Adam update), as a torch-internal error and as a
+stepgraph refusal, and after the trace in a graph pass and in the backend's compile. Each call
+runs a stepgraph step and its eager twin from the same seed; both are compared after every call.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+from stepgraph import CaptureError
+from stepgraph.capture import trace as trace_mod
+
+OPS = ["aten.native_batch_norm.default", "aten.bernoulli_.float", "aten.native_batch_norm_backward.default",
+       "aten._foreach_mul_.Tensor", "aten.addcdiv_.default"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _make(m, opt, sched):
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 0.5)
+        opt.step()
+        sched.step()
+        return loss
+    return step
+
+
+class Pair:
+    def __init__(self, **compile_kw):
+        torch.manual_seed(0)
+        self.m = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 4))
+        self.m2 = copy.deepcopy(self.m)
+        self.opt, self.opt2 = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (self.m, self.m2))
+        self.sched, self.sched2 = (torch.optim.lr_scheduler.StepLR(o, 2, 0.5) for o in (self.opt, self.opt2))
+        self.step = stepgraph.compile(_make(self.m, self.opt, self.sched), **compile_kw)
+        self.eager = _make(self.m2, self.opt2, self.sched2)
+        self.k = 0
+
+    def __call__(self):
+        """One call of both from the same seed; returns stepgraph's result (or exception)."""
+        self.k += 1
+        g = torch.Generator().manual_seed(self.k)
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        torch.manual_seed(self.k)
+        try:
+            got = self.step(x, y)
+        except CaptureError as e:
+            got = e
+        rng = torch.get_rng_state()
+        torch.manual_seed(self.k)
+        want = self.eager(x, y)
+        assert torch.equal(rng, torch.get_rng_state()), f"call {self.k}: RNG state differs from eager's"
+        if not isinstance(got, Exception):
+            assert torch.equal(got, want), f"call {self.k}: returned {got}, eager {want}"
+        for (n, a), b in zip(self.m.state_dict().items(), self.m2.state_dict().values()):
+            assert torch.equal(a, b), f"call {self.k}: {n} differs from eager"   # params and BN buffers
+        for (n, p), q in zip(self.m.named_parameters(), self.m2.parameters()):
+            assert torch.equal(p.grad, q.grad), f"call {self.k}: {n}.grad differs"
+            st, st2 = self.opt.state[p], self.opt2.state[q]
+            assert st.keys() == st2.keys() and all(torch.equal(st[k], st2[k]) for k in st), f"call {self.k}: {n} state"
+        assert self.sched.state_dict() == self.sched2.state_dict(), f"call {self.k}: scheduler differs"
+        assert self.opt.param_groups[0]["lr"] == self.opt2.param_groups[0]["lr"]
+        return got
+
+
+@pytest.fixture
+def fail_after_op(monkeypatch):
+    """``arm(op, raise_)``: the trace's next ``op`` runs, then ``raise_()`` is called (once)."""
+    armed = {}
+    orig = trace_mod._DispatchCheckMode.__torch_dispatch__
+
+    def dispatch(self, func, types, args=(), kwargs=None):
+        out = orig(self, func, types, args, kwargs)
+        if armed and str(func) == armed["op"]:
+            armed.pop("op")
+            armed.pop("raise_")()
+        return out
+    monkeypatch.setattr(trace_mod._DispatchCheckMode, "__torch_dispatch__", dispatch)
+    return lambda op, raise_: armed.update(op=op, raise_=raise_)
+
+
+def _torch_internal_error():
+    torch._check(False, lambda: "injected failure inside the tracer")   # raised in torch's own frame
+
+
+def _refusal():
+    raise CaptureError("injected refusal", op="injected", fix="none")
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_internal_failure_mid_trace_returns_eager_result_and_runs_eagerly(op, fail_after_op):
+    p = Pair()
+    p()
+    fail_after_op(op, _torch_internal_error)
+    with pytest.warns(UserWarning, match="could not be captured: RuntimeError while capturing it"):
+        got = p()   # the capturing call: rolled back, run eagerly, eager's result
+    assert isinstance(got, torch.Tensor)
+    for _ in range(3):
+        p()
+    s = p.step.stats
+    assert (s.captures, s.failed_captures, s.eager_calls) == (0, 1, 5), s
+
+
+@pytest.mark.parametrize("op", OPS[::2])
+def test_refusal_mid_trace_raises_after_the_eager_call(op, fail_after_op):
+    p = Pair()
+    p()
+    fail_after_op(op, _refusal)
+    err = p()
+    assert isinstance(err, CaptureError) and "injected refusal" in str(err)
+    for _ in range(4):   # the next call captures (nothing refuses now) and replays follow
+        p()
+    s = p.step.stats
+    assert (s.captures, s.replays, s.failed_captures) == (1, 3, 1), s
+
+
+def test_refusal_mid_trace_with_on_capture_error_eager_returns_eager_result(fail_after_op):
+    p = Pair(on_capture_error="eager")
+    p()
+    fail_after_op("aten.addcdiv_.default", _refusal)
+    with pytest.warns(UserWarning, match="on_capture_error='eager'"):
+        assert isinstance(p(), torch.Tensor)
+    for _ in range(2):
+        p()
+    assert p.step.stats.eager_calls == 4
+
+
+@pytest.mark.parametrize("where", ["cleanup", "place_guards", "backend"])
+def test_failure_after_the_trace_returns_the_call_result(where, monkeypatch):
+    """A graph pass or the backend's compile fails: the call ran to its end (state is eager's);
+    its result comes back, warned, and the step runs eagerly from then on."""
+    import dataclasses
+
+    from stepgraph import runtime
+    from stepgraph.backends import replay
+
+    def boom(*a, **k):
+        return {}["injected"]   # a KeyError inside stepgraph, as a bug would raise
+    if where == "backend":
+        monkeypatch.setattr(replay, "BACKEND", dataclasses.replace(replay.BACKEND, compile=boom))
+    else:
+        monkeypatch.setattr(runtime, where, boom)
+    p = Pair()
+    p()
+    with pytest.warns(UserWarning, match="could not be captured: KeyError"):
+        assert isinstance(p(), torch.Tensor)
+    monkeypatch.undo()
+    for _ in range(3):
+        p()
+    assert (p.step.stats.captures, p.step.stats.eager_calls) == (0, 4), p.step.stats   # (the failed call was the trace)
+
+
+def test_user_exception_mid_trace_is_not_undone():
+    """The user's own exception inside the step (here from a forward hook) is not a failed
+    capture: it reaches the caller as the very object raised, with what ran before it, as eager."""
+    p = Pair()
+    p()
+    boom = ValueError("user code failed")
+    fired = []
+
+    def hook(mod, args, out):
+        if not fired:
+            fired.append(1)
+            raise boom
+    h = p.m[1].register_forward_hook(hook)
+    with pytest.raises(ValueError) as e:
+        p.step(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    assert e.value is boom and fired == [1]
+    h.remove()
