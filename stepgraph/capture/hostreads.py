@@ -199,3 +199,36 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     sites = [f.site for f in log.reads
              if any(id(r) not in skip and not isinstance(r, types.FrameType) for r in gc.get_referrers(f))]
     return list(dict.fromkeys(sites))
+
+
+def random_guards(gm) -> list:
+    """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
+    Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
+    so each call would miss the guard and capture again until ``max_captures``, then run
+    eagerly. Refused at the first capture instead. A *decision* (a bool: ``if torch.rand(()) <
+    p``) takes few values and stays guarded."""
+    from .effects import Problem
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
+            continue
+        seen, todo, draw = set(), list(n.all_input_nodes), None
+        while todo and draw is None:
+            a = todo.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            t = a.target
+            if isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags:
+                draw = t
+            todo.extend(a.all_input_nodes)
+        if draw is None:
+            continue
+        site, what = n.args[2], n.args[3]
+        out.append(Problem(
+            f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
+            "every call, so no graph captured for one value could be replayed", site,
+            "build what the random draw selects outside the step and pass it as arguments (e.g. "
+            "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
+            "indexing (data[ix]) so no value is read on the host", plain=True))
+    return out

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import CaptureError, library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
-from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
+from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, random_guards, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .libraries import record_scheduler_steps, tracing_hints
@@ -358,6 +358,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
+    problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads)
