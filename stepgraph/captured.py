@@ -7,6 +7,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .capture.trace import TraceResult
+from .capture.tracked import checks_hold
 from .errors import StepGraphError
 from .passes import GraphSummary
 
@@ -45,6 +46,14 @@ class CapturedStep:
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
     siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
     gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
+    checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
+
+    def checks_hold(self, leaves, args) -> bool:
+        return not self.checks or checks_hold(self.checks, leaves, args)
+
+    def check_miss(self, leaves, args) -> str:
+        memo: dict = {}
+        return next((c.miss(leaves, args) for c in self.checks if not c.holds(leaves, args, memo)), "")
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""

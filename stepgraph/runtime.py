@@ -119,7 +119,7 @@ class StepFunction:
                     hit = quick == self._last_quick
                 except Exception:  # a tensor compared by value: not the same object
                     hit = False
-                if hit and (last.stale is None or last.stale() is None):
+                if hit and (last.stale is None or last.stale() is None) and last.checks_hold(list(args), args):
                     out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
                     if miss is None:
                         return out  # (a miss was undone: go on to the full lookup)
@@ -158,14 +158,19 @@ class StepFunction:
         """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
         if entry.gave_up:
             return self._eager(args, kwargs)
+        miss = None
         for e in [entry] + entry.siblings:
-            out, miss = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
-            if miss is None:
+            if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
+                miss = miss or e.check_miss(sig.leaves, args)
+                continue
+            out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
+            if m is None:
                 self._remember(e, args, kwargs)
                 return out
+            miss = m
         if len(self._order) >= self.max_captures:
             entry.gave_up = True
-            msg = (f"stepgraph: {self.__name__}: a value read on the host keeps changing ({miss}); "
+            msg = (f"stepgraph: {self.__name__}: a value the graphs depend on keeps changing ({miss}); "
                    f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
                    "from now on. Return the value from the step and decide outside it, or raise "
                    "max_captures if it takes few values")
@@ -279,6 +284,8 @@ class StepFunction:
             if notes:
                 reason += f" ({'; '.join(notes)}: no further recaptures for it)"
                 sig = self._guards.signature(args, kwargs)
+        if self._guards.pin_objects(args):
+            sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
         self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
@@ -297,12 +304,13 @@ class StepFunction:
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                 live = self._guards.live if backend.name == "replay" else ()
+                track = self._guards.tracking(args, kwargs)   # numbers checked only where used
                 py_before = self._guards.py.key(args)
                 sizes_before = container_sizes(self._guards.py, args)
                 tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                 live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                 live_sources=[h for h in live if not isinstance(h, tuple)],
-                                host_reads=self.host_reads == "guard")
+                                host_reads=self.host_reads == "guard", track=track)
             done = (tr.result,)
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
@@ -315,9 +323,11 @@ class StepFunction:
                 # The step branched on a live value: this graph depends on it, so guard it again.
                 self._baked_hypers |= tr.baked_hypers
                 self._guards.live -= tr.baked_hypers
+                self._guards.keyed |= {h for h in tr.baked_hypers if not isinstance(h, tuple)}  # untracked
                 sig = self._guards.signature(args, kwargs)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
+            checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
             plan = place_guards(gm, device, self._reg.name_of)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
@@ -380,7 +390,7 @@ class StepFunction:
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records], plan)
+                              for r in ddp_records], plan, checks=checks)
         if sibling_of is not None:
             sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
         else:

@@ -9,12 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import operator
+import re
 
 import torch
 import torch.utils._pytree as pytree
 
 from .hostscalar import LIVE_HYPERS
-from .pyvalues import PyValues, find_sources, module_sources
+from .pyvalues import _MISSING, PyValues, find_sources, module_sources
+from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .state import StateRegistry, registration_epoch
 
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
@@ -48,6 +50,8 @@ def _hyper_value(v):
 def _leaf_value(v):
     if isinstance(v, torch.Tensor):
         return tensor_meta(v)
+    if number(v):
+        return ("number",)  # its value and type: checked per graph, where used (tracked.py)
     if isinstance(v, float) and v != v:
         return ("value", float, "nan")  # nan != nan: key it by name, or it never matches
     try:
@@ -83,6 +87,7 @@ class Guards:
         self._grad = operator.attrgetter("grad")
         self.live: set = set()   # (optimizer index, group index, key) or Source read live by the graphs
         self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
+        self.keyed: set = set()  # sources a graph baked without tracking them: keyed by value
 
     def find_python_values(self, fn, args) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
@@ -93,10 +98,25 @@ class Guards:
         self.py.sources += module_sources(self.reg.all_modules, names)
 
     def _py_key(self, args) -> tuple:
-        live = self.live
-        if not live:
-            return self.py.key(args)
-        return tuple("<live>" if s in live else s.value(args) for s in self.py.sources)
+        live, skip = self.live, self.live | self.keyed
+        return tuple("<live>" if s in live else key_of(s, s.read_or(args, _MISSING), args, skip)
+                     for s in self.py.sources)
+
+    def tracking(self, args, kwargs) -> TrackPlan:
+        """The numbers a capture of this call tracks (trackplan.py)."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
+        return plan(self.py.sources, leaves, labels, args, self.live | self.keyed)
+
+    def pin_objects(self, args) -> bool:
+        """Objects that hold more than numbers and strings (a meter holding tensors) are keyed by
+        identity from now on, even when a fresh one holds only numbers: a meter that starts at
+        ``sum = 0`` and holds a tensor after its first update would otherwise change key twice.
+        True when the key changed."""
+        new = {s for s in self.py.sources if s.from_step and s not in self.keyed
+               and not number(v := s.read_or(args)) and plain_object(v) and record_key(v) is None}
+        self.keyed |= new
+        return bool(new)
 
     def quick_key(self, args, kwargs) -> tuple:
         """A cheap key compared by ``==`` with the last replayed call's (never hashed).
@@ -109,7 +129,7 @@ class Guards:
         reg = self.reg
         ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
-                    if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+                    if isinstance(a, torch.Tensor) else (type(a), None if number(a) else a) for a in args)
         return (
             ins,
             len(set(map(id, args))),  # aliasing: the same tensor passed twice
@@ -306,6 +326,8 @@ def _describe_leaf(x) -> str:
         return f"tensor {_short(x[1])}{list(x[3])}"
     if x[0] == "value":
         return _short(x[2])
+    if x[0] == "number":
+        return "a Python number"
     return f"{x[1].__name__} object"
 
 

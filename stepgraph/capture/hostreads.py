@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import user_frame
-from .hostscalar import HostFloat, _plain, _tracer, current, node_arg, record_item
+from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
 
 
 class GuardMiss(Exception):
@@ -79,6 +79,7 @@ class ReadFloat(HostFloat):
 
     __slots__ = ("site", "log")
     derive_rank = 1  # ``lr * loss.item()`` is a read value (guarded where Python branches on it)
+    number_use_by_node = True
 
     def __new__(cls, value, node, site, log):
         self = HostFloat.__new__(cls, value, node)
@@ -116,7 +117,7 @@ class ReadFloat(HostFloat):
 
 def _guarded(op, label):
     def method(self, *others):
-        plain = [_plain(o) if isinstance(o, HostFloat) else o for o in others]
+        plain = [_plain(o) if _tracked(o) or isinstance(o, HostFloat) else o for o in others]
         result = op(_plain(self), *plain)
         tracer = _tracer()
         if current(self, tracer):

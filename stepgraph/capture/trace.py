@@ -29,6 +29,9 @@ from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, random_guar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .libraries import record_scheduler_steps, tracing_hints
+from .sinks import TrackMode, scrub, sinks, unwrap_result
+from .trackplan import TrackPlan, swap_in, swap_out
+from .tracked import UseLog
 from .state import Slot, StateRegistry, paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
@@ -57,6 +60,8 @@ class TraceResult:
     problems: list[Problem] = field(default_factory=list)
     scheduler_steps: list = field(default_factory=list)  # (scheduler, args, kwargs, _) to call after a replay
     reads: ReadLog | None = None         # host reads: value guards, printed values (hostreads.py)
+    uses: UseLog | None = None           # what the step did with tracked numbers (tracked.py)
+    track: TrackPlan | None = None       # which numbers were tracked (trackplan.py)
 
 
 class _HostReadMode(TorchFunctionMode):
@@ -246,7 +251,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
-               live_sources=(), host_reads: bool = True) -> TraceResult:
+               live_sources=(), host_reads: bool = True, track: TrackPlan | None = None) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -262,7 +267,11 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
+        uses = box.setdefault("uses", UseLog())
+        for r in (track.leaves if track else ()):
+            flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)
+        swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
         for src in live_sources:  # Python floats read live (pyvalues.py)
@@ -280,8 +289,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
                 math_patches(), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, []), hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
-                box.setdefault("rng", _RngStateRecorder(device == "cuda")):
+                box.setdefault("rng", _RngStateRecorder(device == "cuda")), sinks(uses), TrackMode(uses):
             try:
+                swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
                 stack = traceback.extract_stack(e.__traceback__.tb_frame)
@@ -297,6 +307,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
+                swap_out(swapped, a)
+        out = unwrap_result(out, uses)
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -357,11 +369,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
+        if "uses" in box:
+            scrub(box["uses"])  # no proxy stays in the user's objects
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", set()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads)
+                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track)
 
 
 def _output_reads(gm, out_leaves: list) -> list:
