@@ -210,3 +210,25 @@ def test_host_reads_error_keeps_refusing():
     t(*batch(0))
     with pytest.raises(stepgraph.CaptureError, match="item"):
         t.step(*batch(1))
+
+
+PHASE = 0.0
+
+
+def test_math_functions_of_read_and_live_values_stay_live():
+    # math.sqrt / math.cos read a float subclass's bits directly: they were baked at capture.
+    def body(m, o, x, y):
+        o.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        scale = math.sqrt(loss.item()) * math.cos(PHASE)   # a read value and a live global
+        for p in m.parameters():
+            p.grad.mul_(scale)
+        o.step()
+        return loss
+    global PHASE
+    t = Twin(body)
+    for k in range(6):
+        PHASE = 0.1 * k
+        t(*batch(k))
+    assert (t.stats.captures, t.stats.replays) == (1, 4), t.stats

@@ -165,13 +165,23 @@ def guard_lost(floats, log: ReadLog) -> None:
 _MATH_PREDICATES = ("isnan", "isfinite", "isinf")
 
 
+# math's float functions read a float subclass's bits directly too: ``math.sqrt(loss.item())``
+# or ``math.cos(math.pi * t)`` (a live float) handed the graph a plain number, baked at capture.
+_MATH_FLOATS = ("sqrt", "exp", "expm1", "log", "log2", "log10", "log1p", "cos", "sin", "tan", "acos",
+                "asin", "atan", "atan2", "cosh", "sinh", "tanh", "acosh", "asinh", "atanh", "pow", "fabs",
+                "copysign", "hypot", "erf", "erfc", "gamma", "lgamma", "degrees", "radians", "fmod",
+                "remainder")
+
+
 class math_patches:
-    """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates."""
+    """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates, and
+    math's float functions of traced floats (and tracked numbers) are recorded, not baked."""
 
     def __enter__(self):
-        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES]
+        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES + _MATH_FLOATS
+                      if hasattr(math, name)]
         for name, orig in self.saved:
-            setattr(math, name, _math_guarded(orig))
+            setattr(math, name, _math_guarded(orig) if name in _MATH_PREDICATES else _math_live(orig))
         return self
 
     def __exit__(self, *exc):
@@ -190,6 +200,29 @@ def _math_guarded(orig):
         return result
     pred.__name__ = orig.__name__
     return pred
+
+
+def _math_live(orig):
+    def fn(*args):
+        from .tracked import Op, _PROXIES, plain
+        tracer = _tracer()
+        live = [x for x in args if current(x, tracer)]
+        value = orig(*(float(plain(x)) if _tracked(x) else _plain(x) if live and isinstance(x, HostFloat)
+                       else x for x in args))
+        proxies = [x for x in args if type(x) in _PROXIES]
+        if not live:
+            if proxies and all(x._log.active for x in proxies):   # a tracked number: still tracked
+                return proxies[0]._log.derive(value, Op(orig, tuple(x._e if type(x) in _PROXIES else x
+                                                                    for x in args)))
+            return value
+        node = tracer.create_node("call_function", orig, tuple(node_arg(x, tracer) for x in args), {})
+        by_node = all(x.number_use_by_node for x in live)
+        for x in proxies:
+            x._log.node_use(x, [node]) if by_node else x._use()
+        return max(live, key=lambda x: x.derive_rank)._derive(value, node)
+    fn.__name__ = orig.__name__
+    fn.__wrapped__ = orig
+    return fn
 
 
 def stored_reads(log: ReadLog, allowed: list) -> list[str]:
