@@ -7,7 +7,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .capture.trace import TraceResult
-from .capture.tracked import checks_hold
+from .capture.numchecks import checks_hold
 from .errors import StepGraphError
 from .passes import GraphSummary
 

@@ -1,7 +1,7 @@
 """``StepFunction.explain()``: what was captured, as text (ops, state by source, guards)."""
 from __future__ import annotations
 
-from .capture.tracked import describe, roots_of
+from .capture.numchecks import describe, roots_of
 
 
 def _names(xs, limit=12) -> str:

@@ -204,7 +204,8 @@ def _math_guarded(orig):
 
 def _math_live(orig):
     def fn(*args):
-        from .tracked import Op, _PROXIES, plain
+        from .numchecks import Op
+        from .tracked import _PROXIES, plain
         tracer = _tracer()
         live = [x for x in args if current(x, tracer)]
         value = orig(*(float(plain(x)) if _tracked(x) else _plain(x) if live and isinstance(x, HostFloat)

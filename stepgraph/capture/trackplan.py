@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from .hostscalar import HostFloat, _tracer, current
-from .tracked import _PROXIES, Root
+from .numchecks import Root
+from .tracked import _PROXIES
 
 _VALUES = (str, bytes, bool, type(None), enum.Enum)
 _MAX_ATTRS = 64
