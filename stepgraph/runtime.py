@@ -17,6 +17,7 @@ import torch
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
+from .capture.pyvalues import PyValues
 from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
@@ -83,6 +84,8 @@ class StepFunction:
             self._eager_only = False
             self._prepared: list[str] = []
             self._hook_notes: list[str] = []
+            self._dropped = self._rescan = False  # a weakly held model/optimizer died (_state_dropped)
+            self._busy = _Busy()        # calls running (a dropped model is forgotten between them)
             had_graphs = bool(getattr(self, "_pool", None))
             self._pool = None
             self.stats = Stats()
@@ -99,7 +102,7 @@ class StepFunction:
         return [e.graph for e in self._order]
 
     def __call__(self, *args, **kwargs):
-        with self._lock:
+        with self._lock, self._busy:
             self._calls += 1
             if self._agree.aborted:
                 raise StepGraphError(self._agree.aborted_message())
@@ -108,8 +111,14 @@ class StepFunction:
             if self._reg is None:
                 names = arg_names(self.fn)
                 self._reg = discover(self.fn, self._extra_state, args, kwargs, names)
+                self._reg.on_death = self._state_dropped
                 self._guards = Guards(self._reg, names)
                 self._guards.find_python_values(self.fn, args)
+            elif self._dropped or self._rescan:
+                if self._dropped:
+                    self._forget_dropped()
+                self._guards.find_python_values(self.fn, args)
+                self._rescan = False
             if self._reg.device_hypers:
                 absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
             last = self._last
@@ -242,6 +251,32 @@ class StepFunction:
         return f"<stepgraph.StepFunction {self.__name__} backend={self.backend} graphs={len(self._order)}>"
 
     # ---- internals ---------------------------------------------------------------------
+    def _state_dropped(self) -> None:
+        """A model or optimizer passed as an argument was freed by its user (a weak reference's
+        callback): free the graphs now unless a call is running (then at the next call)."""
+        self._dropped = True
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._busy.n:
+                    self._forget_dropped()
+            finally:
+                self._lock.release()
+
+    def _forget_dropped(self) -> None:
+        # Every graph goes: they hold the dropped state's tensors, and the guards' layout
+        # (train/eval flags, hyper-parameters of all state seen) changes without it.
+        self._dropped = False
+        self._reg.prune()
+        self._entries.clear()
+        self._order.clear()
+        self._last = self._last_quick = None
+        self._warm_done = 0   # the next model warms up (an optimizer makes its state) as the first did
+        self._guards.live.clear()
+        self._guards.keyed.clear()
+        self._baked_hypers.clear()
+        self._guards.py = PyValues()   # sources found through the dropped state: read again
+        self._rescan = True
+
     def _drop(self, entry) -> None:
         self._entries.pop(entry.key, None)
         for e in [entry] + entry.siblings:
@@ -408,6 +443,17 @@ class StepFunction:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return plain_floats(tr.result)
+
+
+class _Busy:
+    """Counts the calls running (``with self._lock, self._busy``: no extra frame for warnings)."""
+    n = 0
+
+    def __enter__(self):
+        self.n += 1
+
+    def __exit__(self, *exc):
+        self.n -= 1
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

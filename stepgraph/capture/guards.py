@@ -19,6 +19,7 @@ from .pyvalues import _MISSING, PyValues, find_sources, module_sources
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .state import StateRegistry, registration_epoch
 
+_STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer)
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
 
 
@@ -52,6 +53,10 @@ def _leaf_value(v):
         return tensor_meta(v)
     if number(v):
         return ("number",)  # its value and type: checked per graph, where used (tracked.py)
+    if isinstance(v, _STATE_TYPES):
+        # By identity, without holding it: a dropped model frees its graphs (runtime._prune)
+        # before another object can reuse its id.
+        return ("object", type(v), id(v))
     if isinstance(v, float) and v != v:
         return ("value", float, "nan")  # nan != nan: key it by name, or it never matches
     try:
@@ -129,7 +134,9 @@ class Guards:
         reg = self.reg
         ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
-                    if isinstance(a, torch.Tensor) else (type(a), None if number(a) else a) for a in args)
+                    if isinstance(a, torch.Tensor) else (type(a), None if number(a) else
+                                                           id(a) if isinstance(a, _STATE_TYPES) else a)
+                    for a in args)
         return (
             ins,
             len(set(map(id, args))),  # aliasing: the same tensor passed twice
@@ -328,7 +335,7 @@ def _describe_leaf(x) -> str:
         return _short(x[2])
     if x[0] == "number":
         return "a Python number"
-    return f"{x[1].__name__} object"
+    return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 else "")
 
 
 def arg_names(fn) -> list[str]:
