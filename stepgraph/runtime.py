@@ -17,11 +17,12 @@ import torch
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
-from .capture.pyvalues import PyValues
+from .dropped import Busy, DroppedState
 from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
-from .capture.state import StateRegistry, adopt_arguments, discover, install_registration_hooks
+from .capture.state import StateRegistry, adopt_arguments, discover
+from .capture.watch import install_registration_hooks
 from .capture.effects import resolve_bindings
 from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
@@ -36,7 +37,7 @@ from .passes import cleanup, summarize
 log = logging.getLogger("stepgraph")
 
 
-class StepFunction:
+class StepFunction(DroppedState):
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
     def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
@@ -85,7 +86,7 @@ class StepFunction:
             self._prepared: list[str] = []
             self._hook_notes: list[str] = []
             self._dropped = self._rescan = False  # a weakly held model/optimizer died (_state_dropped)
-            self._busy = _Busy()        # calls running (a dropped model is forgotten between them)
+            self._busy = Busy()         # calls running (a dropped model is forgotten between them)
             had_graphs = bool(getattr(self, "_pool", None))
             self._pool = None
             self.stats = Stats()
@@ -205,22 +206,8 @@ class StepFunction:
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
         the step: the quick guard (the replay fast path), the full signature (the miss path),
         and the CUDA backend's input-address check. For benchmarks and explain()."""
-        import statistics
-
-        def med(f):
-            ts = []
-            for _ in range(repeat):
-                t = time.perf_counter()
-                f()
-                ts.append(time.perf_counter() - t)
-            return statistics.median(ts) * 1e6
-        if self._guards is None:
-            return {}
-        out = {"quick_guard": med(lambda: self._guards.quick_key(args, kwargs) == self._last_quick),
-               "full_signature": med(lambda: self._guards.signature(args, kwargs))}
-        if self._last is not None and self._last.stale is not None:
-            out["state_address_check"] = med(self._last.stale)
-        return out
+        from .explain import overhead_us
+        return overhead_us(self, args, kwargs, repeat)
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until background Inductor compiles are done and switch to them now (e.g. before
@@ -251,32 +238,6 @@ class StepFunction:
         return f"<stepgraph.StepFunction {self.__name__} backend={self.backend} graphs={len(self._order)}>"
 
     # ---- internals ---------------------------------------------------------------------
-    def _state_dropped(self) -> None:
-        """A model or optimizer passed as an argument was freed by its user (a weak reference's
-        callback): free the graphs now unless a call is running (then at the next call)."""
-        self._dropped = True
-        if self._lock.acquire(blocking=False):
-            try:
-                if not self._busy.n:
-                    self._forget_dropped()
-            finally:
-                self._lock.release()
-
-    def _forget_dropped(self) -> None:
-        # Every graph goes: they hold the dropped state's tensors, and the guards' layout
-        # (train/eval flags, hyper-parameters of all state seen) changes without it.
-        self._dropped = False
-        self._reg.prune()
-        self._entries.clear()
-        self._order.clear()
-        self._last = self._last_quick = None
-        self._warm_done = 0   # the next model warms up (an optimizer makes its state) as the first did
-        self._guards.live.clear()
-        self._guards.keyed.clear()
-        self._baked_hypers.clear()
-        self._guards.py = PyValues()   # sources found through the dropped state: read again
-        self._rescan = True
-
     def _drop(self, entry) -> None:
         self._entries.pop(entry.key, None)
         for e in [entry] + entry.siblings:
@@ -443,17 +404,6 @@ class StepFunction:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return plain_floats(tr.result)
-
-
-class _Busy:
-    """Counts the calls running (``with self._lock, self._busy``: no extra frame for warnings)."""
-    n = 0
-
-    def __enter__(self):
-        self.n += 1
-
-    def __exit__(self, *exc):
-        self.n -= 1
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

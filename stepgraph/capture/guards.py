@@ -17,7 +17,8 @@ import torch.utils._pytree as pytree
 from .hostscalar import LIVE_HYPERS
 from .pyvalues import _MISSING, PyValues, find_sources, module_sources
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
-from .state import StateRegistry, registration_epoch
+from .state import StateRegistry
+from .watch import registration_epoch
 
 _STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer)
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")

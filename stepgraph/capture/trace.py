@@ -32,7 +32,8 @@ from .libraries import record_scheduler_steps, tracing_hints
 from .sinks import TrackMode, scrub, sinks, unwrap_result
 from .trackplan import TrackPlan, swap_in, swap_out
 from .tracked import UseLog
-from .state import Slot, StateRegistry, paused_registration_epoch
+from .state import Slot, StateRegistry
+from .watch import paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
 _HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
