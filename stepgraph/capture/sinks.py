@@ -215,19 +215,21 @@ def unwrap_result(result, log):
 def scrub(log) -> None:
     """Replace proxies the step stored in Python objects (a meter's ``val``, a list) by plain
     numbers: after the trace nothing outside stepgraph should hold one."""
-    if not log.proxies:
+    # Held only by log.proxies (+ the loop variable and getrefcount's argument): not escaped.
+    out = [p for p in log.proxies if sys.getrefcount(p) > 3]
+    log.proxies.clear()
+    if not out:
         return
-    ids = {id(p) for p in log.proxies}
-    for r in gc.get_referrers(*log.proxies):
+    ids = {id(p) for p in out}
+    for r in gc.get_referrers(*out):
         if isinstance(r, dict):
             for k, v in list(r.items()):
                 if id(v) in ids:
                     r[k] = v._v
-        elif isinstance(r, list) and r is not log.proxies:
+        elif isinstance(r, list) and r is not out:
             for i, v in enumerate(r):
                 if id(v) in ids:
                     r[i] = v._v
         elif isinstance(r, types.CellType):
             if id(r.cell_contents) in ids:
                 r.cell_contents = r.cell_contents._v
-    log.proxies.clear()
