@@ -104,7 +104,8 @@ class Guards:
         self.py.sources += module_sources(self.reg.all_modules, names)
 
     def _py_key(self, args) -> tuple:
-        live, skip = self.live, self.live | self.keyed
+        live = self.live
+        skip = live | self.keyed if self.keyed else live
         return tuple("<live>" if s in live else key_of(s, s.read_or(args, _MISSING), args, skip)
                      for s in self.py.sources)
 

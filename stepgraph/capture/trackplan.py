@@ -21,6 +21,7 @@ from torch import nn
 
 from .hostscalar import HostFloat, _tracer, current
 from .numchecks import Root
+from .pyvalues import _MISSING, guard_value
 from .tracked import _PROXIES
 
 _VALUES = (str, bytes, bool, type(None), enum.Enum)
@@ -132,14 +133,20 @@ def plan(sources, leaves, leaf_labels, args, exclude) -> TrackPlan:
 
 
 def key_of(s, v, args, exclude):
-    """The cache-key part of one source (``Source.value`` for the untracked ones)."""
-    k = kind_of(s, v, args, exclude)
-    if k == "number":
-        return ("number",)
-    if k == "record":
-        return record_key(v)
-    return s.value(args)
+    """The cache-key part of one source, ``v`` its value now (as ``Source.value`` for the
+    untracked ones; computed once: this runs on every call)."""
+    if s.from_step and not s.identity_only and s not in exclude:
+        if number(v) and writable(s, args):
+            return _NUMBER
+        rk = record_key(v)
+        if rk is not None:
+            return rk
+    if v is _MISSING:
+        return _MISSING
+    return ("object", id(v)) if s.identity_only else guard_value(v)
 
+
+_NUMBER = ("number",)
 
 
 def swap_in(track: TrackPlan, uses, args) -> list:
