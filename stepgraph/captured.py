@@ -7,6 +7,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .capture.trace import TraceResult
+from .capture.numchecks import checks_hold
 from .errors import StepGraphError
 from .passes import GraphSummary
 
@@ -46,6 +47,14 @@ class CapturedStep:
     siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
     gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
     device_scalars: object = None  # passes.device_scalars.DeviceScalars: live floats fed as a tensor
+    checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
+
+    def checks_hold(self, leaves, args) -> bool:
+        return not self.checks or checks_hold(self.checks, leaves, args)
+
+    def check_miss(self, leaves, args) -> str:
+        memo: dict = {}
+        return next((c.miss(leaves, args) for c in self.checks if not c.holds(leaves, args, memo)), "")
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""

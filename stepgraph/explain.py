@@ -1,6 +1,8 @@
 """``StepFunction.explain()``: what was captured, as text (ops, state by source, guards)."""
 from __future__ import annotations
 
+from .capture.numchecks import describe, roots_of
+
 
 def _names(xs, limit=12) -> str:
     xs = list(xs)
@@ -81,6 +83,14 @@ def explain(self) -> str:
         if segs:
             lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
+        if e.checks:
+            lines.append("    Python numbers checked before each replay: " + _names(
+                [f"{describe(c.expr)} == {c.expected!r}" for c in e.checks], 6))
+        if tr.track is not None:
+            used = {id(r) for c in e.checks for r in roots_of(c.expr)}
+            free = [r.label for r in tr.track.roots() if id(r) not in used]
+            if free:
+                lines.append(f"    Python numbers read but not used by the graph (no guard): {_names(free, 6)}")
         reads = [x for x in (tr.reads.reads if tr.reads is not None else [])]
         if reads:
             lines.append(f"    values read live at each replay: {_names(list(dict.fromkeys(r.site for r in reads)), 4)}")

@@ -17,10 +17,12 @@ import torch
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
+from .dropped import Busy, DroppedState
 from .check import checked_call
 from .capture.hooks import registered_hooks, warn_side_effects
 from .capture import distributed
-from .capture.state import StateRegistry, adopt_arguments, discover, install_registration_hooks
+from .capture.state import StateRegistry, adopt_arguments, discover
+from .capture.watch import install_registration_hooks
 from .capture.effects import resolve_bindings
 from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
@@ -39,7 +41,7 @@ from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scal
 log = logging.getLogger("stepgraph")
 
 
-class StepFunction:
+class StepFunction(DroppedState):
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
     def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
@@ -89,6 +91,8 @@ class StepFunction:
             self._eager_only = False
             self._prepared: list[str] = []
             self._hook_notes: list[str] = []
+            self._dropped = self._rescan = False  # a weakly held model/optimizer died (_state_dropped)
+            self._busy = Busy()         # calls running (a dropped model is forgotten between them)
             had_graphs = bool(getattr(self, "_pool", None))
             self._pool = None
             self.stats = Stats()
@@ -110,7 +114,7 @@ class StepFunction:
         return tuple(self._order)
 
     def __call__(self, *args, **kwargs):
-        with self._lock:
+        with self._lock, self._busy:
             self._calls += 1
             if self._agree.aborted:
                 raise StepGraphError(self._agree.aborted_message())
@@ -119,8 +123,14 @@ class StepFunction:
             if self._reg is None:
                 names = arg_names(self.fn)
                 self._reg = discover(self.fn, self._extra_state, args, kwargs, names)
+                self._reg.on_death = self._state_dropped
                 self._guards = Guards(self._reg, names)
                 self._guards.find_python_values(self.fn, args)
+            elif self._dropped or self._rescan:
+                if self._dropped:
+                    self._forget_dropped()
+                self._guards.find_python_values(self.fn, args)
+                self._rescan = False
             if self._reg.device_hypers:
                 absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
             last = self._last
@@ -130,7 +140,7 @@ class StepFunction:
                     hit = quick == self._last_quick
                 except Exception:  # a tensor compared by value: not the same object
                     hit = False
-                if hit and (last.stale is None or last.stale() is None):
+                if hit and (last.stale is None or last.stale() is None) and last.checks_hold(list(args), args):
                     out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
                     if miss is None:
                         return out  # (a miss was undone: go on to the full lookup)
@@ -170,14 +180,19 @@ class StepFunction:
         """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
         if entry.gave_up:
             return self._eager(args, kwargs)
+        miss = None
         for e in [entry] + entry.siblings:
-            out, miss = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
-            if miss is None:
+            if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
+                miss = miss or e.check_miss(sig.leaves, args)
+                continue
+            out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
+            if m is None:
                 self._remember(e, args, kwargs)
                 return out
+            miss = m
         if len(self._order) >= self.max_captures:
             entry.gave_up = True
-            msg = (f"stepgraph: {self.__name__}: a value read on the host keeps changing ({miss}); "
+            msg = (f"stepgraph: {self.__name__}: a value the graphs depend on keeps changing ({miss}); "
                    f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
                    "from now on. Return the value from the step and decide outside it, or raise "
                    "max_captures if it takes few values")
@@ -302,6 +317,8 @@ class StepFunction:
                 if notes:
                     reason += f" ({'; '.join(notes)}: no further recaptures for it)"
                     sig = self._guards.signature(args, kwargs)
+        if self._guards.pin_objects(args):
+            sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
         self._reg.refresh_names()
         self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
@@ -336,13 +353,15 @@ class StepFunction:
             try:
                 with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                     live = self._guards.live
+                    track = self._guards.tracking(args, kwargs)   # numbers checked only where used
                     py_before = self._guards.py.key(args)
                     frozen = self._guards.frozen_key(args, kwargs)
                     sizes_before = container_sizes(self._guards.py, args)
                     tr = trace_step(self.fn, args, kwargs, self._reg, device,
                                     live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                     live_sources=[h for h in live if not isinstance(h, tuple)],
-                                    host_reads=self.host_reads == "guard", rollback=rollback)
+                                    host_reads=self.host_reads == "guard", rollback=rollback,
+                                    track=track)
             except BaseException as e:
                 done = after_failed_trace(e, rollback, lambda: self._eager(args, kwargs))
                 raise
@@ -362,6 +381,7 @@ class StepFunction:
                 # (or only the comparison it made: ``if momentum != 0``).
                 self._baked_hypers |= tr.baked_hypers
                 self._guards.live -= tr.baked_hypers
+                self._guards.keyed |= {h for h in tr.baked_hypers if not isinstance(h, tuple)}  # untracked
                 added = self._guards.add_predicates(preds)
                 if added:
                     # Graphs captured before answer to keys with more comparisons now: any answer.
@@ -372,6 +392,7 @@ class StepFunction:
                 sig = self._guards.rebake(sig, frozen, tr.baked_hypers)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
+            checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
             plan = place_guards(gm, device, self._reg.name_of)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
@@ -434,7 +455,8 @@ class StepFunction:
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records], plan, device_scalars=scalars)
+                              for r in ddp_records], plan, device_scalars=scalars,
+                             checks=checks)
         if sibling_of is not None:
             sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
         else:

@@ -242,3 +242,23 @@ def test_math_sqrt_of_a_live_float_stays_live():
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q)
     assert sg.stats.captures == 1, sg.stats.recaptures
+PHASE = 0.0
+
+
+def test_math_functions_of_read_and_live_values_stay_live():
+    # math.sqrt / math.cos read a float subclass's bits directly: they were baked at capture.
+    def body(m, o, x, y):
+        o.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        scale = math.sqrt(loss.item()) * math.cos(PHASE)   # a read value and a live global
+        for p in m.parameters():
+            p.grad.mul_(scale)
+        o.step()
+        return loss
+    global PHASE
+    t = Twin(body)
+    for k in range(6):
+        PHASE = 0.1 * k
+        t(*batch(k))
+    assert (t.stats.captures, t.stats.replays) == (1, 4), t.stats

@@ -9,14 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import operator
+import re
 
 import torch
 import torch.utils._pytree as pytree
 
 from .hostscalar import LIVE_HYPERS, predicate_results
-from .pyvalues import PyValues, find_sources, module_sources
-from .state import StateRegistry, registration_epoch
+from .pyvalues import _MISSING, PyValues, find_sources, module_sources
+from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
+from .state import StateRegistry
+from .watch import registration_epoch
 
+_STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer)
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
 
 
@@ -48,6 +52,12 @@ def _hyper_value(v):
 def _leaf_value(v):
     if isinstance(v, torch.Tensor):
         return tensor_meta(v)
+    if number(v):
+        return ("number",)  # its value and type: checked per graph, where used (tracked.py)
+    if isinstance(v, _STATE_TYPES):
+        # By identity, without holding it: a dropped model frees its graphs (runtime._prune)
+        # before another object can reuse its id.
+        return ("object", type(v), id(v))
     if isinstance(v, float) and v != v:
         return ("value", float, "nan")  # nan != nan: key it by name, or it never matches
     try:
@@ -84,6 +94,7 @@ class Guards:
         self.live: set = set()   # (optimizer index, group index, key) or Source read live by the graphs
         self.preds: dict = {}    # live value -> ((path, op, constant), ...) the graphs branched on
         self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
+        self.keyed: set = set()  # sources a graph baked without tracking them: keyed by value
 
     def find_python_values(self, fn, args) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
@@ -95,14 +106,30 @@ class Guards:
 
     def _py_key(self, args) -> tuple:
         live = self.live
-        if not live:
-            return self.py.key(args)
-        return tuple(self._marker(s, s.value(args)) if s in live else s.value(args) for s in self.py.sources)
+        skip = live | self.keyed if self.keyed else live
+        return tuple(self._marker(s, s.read_or(args, _MISSING)) if s in live
+                     else key_of(s, s.read_or(args, _MISSING), args, skip) for s in self.py.sources)
 
     def _marker(self, h, value):
         """A live value's part of a signature: only what the graphs decided from it."""
         p = self.preds.get(h)
         return "<live>" if not p else ("<live>", predicate_results(value, p))
+
+    def tracking(self, args, kwargs) -> TrackPlan:
+        """The numbers a capture of this call tracks (trackplan.py)."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
+        return plan(self.py.sources, leaves, labels, args, self.live | self.keyed)
+
+    def pin_objects(self, args) -> bool:
+        """Objects that hold more than numbers and strings (a meter holding tensors) are keyed by
+        identity from now on, even when a fresh one holds only numbers: a meter that starts at
+        ``sum = 0`` and holds a tensor after its first update would otherwise change key twice.
+        True when the key changed."""
+        new = {s for s in self.py.sources if s.from_step and s not in self.keyed
+               and not number(v := s.read_or(args)) and plain_object(v) and record_key(v) is None}
+        self.keyed |= new
+        return bool(new)
 
     def quick_key(self, args, kwargs) -> tuple:
         """A cheap key compared by ``==`` with the last replayed call's (never hashed).
@@ -115,7 +142,9 @@ class Guards:
         reg = self.reg
         ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
-                    if isinstance(a, torch.Tensor) else (type(a), a) for a in args)
+                    if isinstance(a, torch.Tensor) else (type(a), None if number(a) else
+                                                           id(a) if isinstance(a, _STATE_TYPES) else a)
+                    for a in args)
         return (
             ins,
             len(set(map(id, args))),  # aliasing: the same tensor passed twice
@@ -200,11 +229,13 @@ class Guards:
         """The signature key with nothing read live (every value as it is now): taken before a
         capture, so that values the capture ends up baking are guarded as they were *before*
         the call (the call itself changes grads, counters, ...)."""
+        # (every source keyed by value: a source the capture bakes is keyed so from then on)
         saved, self.live = self.live, set()
+        saved_keyed, self.keyed = self.keyed, self.keyed | set(self.py.sources)
         try:
             return self.signature(args, kwargs).key
         finally:
-            self.live = saved
+            self.live, self.keyed = saved, saved_keyed
 
     def rebake(self, sig: "Signature", frozen: tuple, baked) -> "Signature":
         """``sig`` with the live markers of ``baked`` replaced by their values in ``frozen``, and
@@ -398,7 +429,9 @@ def _describe_leaf(x) -> str:
         return f"tensor {_short(x[1])}{list(x[3])}"
     if x[0] == "value":
         return _short(x[2])
-    return f"{x[1].__name__} object"
+    if x[0] == "number":
+        return "a Python number"
+    return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 else "")
 
 
 def arg_names(fn) -> list[str]:

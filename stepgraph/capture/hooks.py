@@ -12,7 +12,7 @@ import dis
 import functools
 import os
 
-from .state import GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS
+from .watch import GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS
 
 _EFFECT_CALLS = {"append", "extend", "insert", "add", "update", "pop", "remove", "clear", "write",
                  "print", "info", "debug", "warning", "warn", "error", "log", "put", "setdefault"}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import user_frame
-from .hostscalar import HostFloat, _plain, _tracer, current, node_arg, record_item
+from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
 
 
 class GuardMiss(Exception):
@@ -79,6 +79,7 @@ class ReadFloat(HostFloat):
 
     __slots__ = ("site", "log")
     derive_rank = 1  # ``lr * loss.item()`` is a read value (guarded where Python branches on it)
+    number_use_by_node = True
 
     def __new__(cls, value, node, site, log):
         self = HostFloat.__new__(cls, value, node)
@@ -116,7 +117,7 @@ class ReadFloat(HostFloat):
 
 def _guarded(op, label):
     def method(self, *others):
-        plain = [_plain(o) if isinstance(o, HostFloat) else o for o in others]
+        plain = [_plain(o) if _tracked(o) or isinstance(o, HostFloat) else o for o in others]
         result = op(_plain(self), *plain)
         tracer = _tracer()
         if current(self, tracer):
@@ -164,19 +165,21 @@ def guard_lost(floats, log: ReadLog) -> None:
 _MATH_PREDICATES = ("isnan", "isfinite", "isinf")
 
 
-# Without a patch ``math.sqrt(lr)`` of a live float returns a plain float: the graph would bake
-# one value of something it reads live everywhere else. These stay live (recorded, recomputed).
-_MATH_FUNCTIONS = ("sqrt", "exp", "expm1", "log", "log1p", "log2", "log10", "pow", "cos", "sin",
-                   "tan", "tanh", "atan", "fabs", "copysign")
+# math's float functions read a float subclass's bits directly too: ``math.sqrt(loss.item())``
+# or ``math.cos(math.pi * t)`` (a live float) handed the graph a plain number, baked at capture.
+_MATH_FLOATS = ("sqrt", "exp", "expm1", "log", "log2", "log10", "log1p", "cos", "sin", "tan", "acos",
+                "asin", "atan", "atan2", "cosh", "sinh", "tanh", "acosh", "asinh", "atanh", "pow", "fabs",
+                "copysign", "hypot", "erf", "erfc", "gamma", "lgamma", "degrees", "radians", "fmod",
+                "remainder")
 
 
 class math_patches:
     """While tracing: ``math.isnan(x)`` etc. on a ReadFloat become guarded predicates, and
-    ``math.sqrt(x)`` etc. of any tracked float (a read, a live hyper-parameter, a step
-    counter) a live float recomputed at each replay."""
+    math's float functions of traced floats (and tracked numbers) are recorded, not baked."""
 
     def __enter__(self):
-        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES + _MATH_FUNCTIONS]
+        self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES + _MATH_FLOATS
+                      if hasattr(math, name)]
         for name, orig in self.saved:
             setattr(math, name, _math_guarded(orig) if name in _MATH_PREDICATES else _math_live(orig))
         return self
@@ -201,14 +204,25 @@ def _math_guarded(orig):
 
 def _math_live(orig):
     def fn(*args):
-        value = orig(*(_plain(a) if isinstance(a, HostFloat) else a for a in args))
+        from .numchecks import Op
+        from .tracked import _PROXIES, plain
         tracer = _tracer()
-        live = [a for a in args if current(a, tracer)]
-        if not live or not isinstance(value, float):
+        live = [x for x in args if current(x, tracer)]
+        value = orig(*(float(plain(x)) if _tracked(x) else _plain(x) if live and isinstance(x, HostFloat)
+                       else x for x in args))
+        proxies = [x for x in args if type(x) in _PROXIES]
+        if not live:
+            if proxies and all(x._log.active for x in proxies):   # a tracked number: still tracked
+                return proxies[0]._log.derive(value, Op(orig, tuple(x._e if type(x) in _PROXIES else x
+                                                                    for x in args)))
             return value
-        node = tracer.create_node("call_function", orig, tuple(node_arg(a, tracer) for a in args), {})
+        node = tracer.create_node("call_function", orig, tuple(node_arg(x, tracer) for x in args), {})
+        by_node = all(x.number_use_by_node for x in live)
+        for x in proxies:
+            x._log.node_use(x, [node]) if by_node else x._use()
         return max(live, key=lambda x: x.derive_rank)._derive(value, node)
     fn.__name__ = orig.__name__
+    fn.__wrapped__ = orig
     return fn
 
 
@@ -220,3 +234,36 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     sites = [f.site for f in log.reads
              if any(id(r) not in skip and not isinstance(r, types.FrameType) for r in gc.get_referrers(f))]
     return list(dict.fromkeys(sites))
+
+
+def random_guards(gm) -> list:
+    """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
+    Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
+    so each call would miss the guard and capture again until ``max_captures``, then run
+    eagerly. Refused at the first capture instead. A *decision* (a bool: ``if torch.rand(()) <
+    p``) takes few values and stays guarded."""
+    from .effects import Problem
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
+            continue
+        seen, todo, draw = set(), list(n.all_input_nodes), None
+        while todo and draw is None:
+            a = todo.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            t = a.target
+            if isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags:
+                draw = t
+            todo.extend(a.all_input_nodes)
+        if draw is None:
+            continue
+        site, what = n.args[2], n.args[3]
+        out.append(Problem(
+            f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
+            "every call, so no graph captured for one value could be replayed", site,
+            "build what the random draw selects outside the step and pass it as arguments (e.g. "
+            "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
+            "indexing (data[ix]) so no value is read on the host", plain=True))
+    return out

@@ -30,14 +30,28 @@ class HostFloat(float):
         return (float, (_plain(self),))
 
     derive_rank = 0  # in ``a + b``, the operand of higher rank decides what the result tracks
+    # A tracked Python number (tracked.py) combined with this float is used only if the node
+    # survives -- trusted for values read from tensors (ReadFloat) only: a live float that C
+    # code reads directly (``math.cos(math.pi * epoch)``) leaves its node dead but its value
+    # baked, so there the number is used as is.
+    number_use_by_node = False
 
     def _derive(self, value, node):
         """The result of arithmetic on this float (subclasses keep what they track)."""
         return HostFloat(value, node)
 
 
+def _tracked(x) -> bool:
+    """A number tracked while tracing (tracked.py); asked of the type, never of the proxy."""
+    return getattr(type(x), "_sg_tracked", False)
+
+
 def _plain(x):
-    """The value as a plain float; never ``float(x)``, which a subclass may track."""
+    """The value as a plain float; never ``float(x)``, which a subclass may track. A tracked
+    number handed out plain is used by value."""
+    if _tracked(x):
+        x._use()
+        return float(x._v)
     return float.__float__(x) if isinstance(x, float) else float(x)
 
 
@@ -49,7 +63,7 @@ def _tracer():
 
 def current(x, tracer) -> bool:
     """A HostFloat of the graph being traced now (not one a past trace left in user state)."""
-    return isinstance(x, HostFloat) and tracer is not None and x.node.graph is tracer.graph
+    return issubclass(type(x), HostFloat) and tracer is not None and x.node.graph is tracer.graph
 
 
 def node_arg(x, tracer):
@@ -57,20 +71,26 @@ def node_arg(x, tracer):
     its value (a plain float for a HostFloat an older trace left behind)."""
     if current(x, tracer):
         return x.node
+    if _tracked(x):
+        return x._v   # a constant of the node: its use is decided by the node (see _binary)
     return _plain(x) if isinstance(x, HostFloat) else x
 
 
 def _binary(op, swap=False):
     def method(self, other):
-        if not isinstance(other, (int, float)) or isinstance(other, bool):
+        if not _tracked(other) and (not isinstance(other, (int, float)) or isinstance(other, bool)):
             return NotImplemented
         a, b = (other, self) if swap else (self, other)
-        value = op(_plain(a), _plain(b))
         tracer = _tracer()
         live = [x for x in (a, b) if current(x, tracer)]
         if not live:  # used after the trace (plain float semantics) or left by an older one
-            return value
+            return op(_plain(a), _plain(b))
+        value = op(*(float(x._v) if _tracked(x) else _plain(x) for x in (a, b)))
         node = tracer.create_node("call_function", op, (node_arg(a, tracer), node_arg(b, tracer)), {})
+        by_node = all(x.number_use_by_node for x in live)
+        for x in (a, b):
+            if _tracked(x):   # ``meter.sum + loss.item()``: used only if the node survives
+                x._log.node_use(x, [node]) if by_node else x._use()
         return max(live, key=lambda x: x.derive_rank)._derive(value, node)
     return method
 
@@ -104,7 +124,7 @@ def _refuse(name):
 
     def method(self, *a):
         if not current(self, _tracer()):  # after its trace it is a plain float
-            return plain(_plain(self), *a)
+            return plain(_plain(self), *(_plain(x) if _tracked(x) else x for x in a))
         raise _DataDependentBranch(name)
     return method
 
@@ -220,7 +240,7 @@ def _recording(name):
             preds.add((self.hyper, self.path, name, a[0]))  # guard the answer, not the value
         else:
             self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
-        return op(_plain(self), *a)
+        return op(_plain(self), *(_plain(x) if _tracked(x) else x for x in a))
     return method
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dis
 import os
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -98,6 +99,11 @@ class Source:
             s += f".{k}" if kind == "attr" else f"[{k!r}]"
         return ("global " + s) if self.kind == "global" and not self.path else s
 
+    def __post_init__(self):
+        # A model or optimizer is named weakly: a source must not keep a dropped one alive.
+        if self.kind == "object" and isinstance(self.root, (nn.Module, torch.optim.Optimizer)):
+            self.root = weakref.ref(self.root)
+
     def _root_value(self, args):
         if self.kind == "global":
             d = self.root
@@ -110,6 +116,11 @@ class Source:
             return self.root.cell_contents
         if self.kind == "arg":
             return args[self.root]
+        if isinstance(self.root, weakref.ref):
+            v = self.root()
+            if v is None:
+                raise LookupError(f"{self.name} was dropped")
+            return v
         return self.root
 
     def read(self, args=()):

@@ -15,99 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-# Bumped by torch's global registration hooks whenever any module gets a parameter, buffer or
-# submodule assigned: an O(1) guard that notices ``model.fc.weight = nn.Parameter(...)``.
-_EPOCH = [0]
-
-
-_PAUSED = [0]
-# Only modules some step function uses count: building an unrelated module (a loss object,
-# an eval model) must not invalidate every captured step.
-_WATCHED: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
-
-
-# id -> weakref: a WeakSet would compare tensors with == (elementwise) on lookup.
-_WATCHED_PARAMS: dict = {}
-_HOOK_EPOCH = [0]
-
-
-def watch(modules, params=()) -> None:
-    _WATCHED.update(modules)
-    for p in params:
-        if id(p) not in _WATCHED_PARAMS:
-            _WATCHED_PARAMS[id(p)] = weakref.ref(p, lambda _r, k=id(p): _WATCHED_PARAMS.pop(k, None))
-
-
-def _counting(register):
-    """Wrap a Tensor hook-registration method so the hooks on parameters some step uses keep a
-    net fingerprint (sum of live handle ids): an O(1) per-call guard instead of reading every
-    parameter's hook dicts. A hook added and removed within one step leaves it unchanged; a
-    hook left behind, removed or replaced changes it."""
-    def wrapper(self, hook, *a, **k):
-        handle = register(self, hook, *a, **k)
-        if isinstance(self, nn.Module):
-            watched = self in _WATCHED
-        else:
-            ref = _WATCHED_PARAMS.get(id(self))
-            watched = ref is not None and ref() is self
-        if watched:
-            _HOOK_EPOCH[0] += handle.id
-            remove = handle.remove
-            live = [True]
-
-            def counted_remove(*ra, **rk):
-                if live[0]:
-                    live[0] = False
-                    _HOOK_EPOCH[0] -= handle.id
-                return remove(*ra, **rk)
-            handle.remove = counted_remove
-        return handle
-    wrapper.__wrapped__ = register
-    wrapper.__doc__ = register.__doc__
-    return wrapper
-
-
-def _bump(module, *_a):
-    # While stepgraph traces, make_fx's scratch root module registers every constant it
-    # meets: that is not user state, and would otherwise invalidate the graph just made.
-    if not _PAUSED[0] and module in _WATCHED:
-        _EPOCH[0] += 1
-
-
-class paused_registration_epoch:
-    def __enter__(self):
-        _PAUSED[0] += 1
-
-    def __exit__(self, *exc):
-        _PAUSED[0] -= 1
-
-
-_HOOKS_INSTALLED = []
-# The hook dicts a module carries, and torch's global (every-module) ones: read by the hook
-# guards here and by the side-effect scan in hooks.py.
-MODULE_HOOK_ATTRS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-GLOBAL_HOOK_ATTRS = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-                     "_global_backward_pre_hooks")
-_MODULE_HOOK_METHODS = ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
-                        "register_full_backward_pre_hook", "register_backward_hook")
-
-
-def install_registration_hooks() -> None:
-    if _HOOKS_INSTALLED:
-        return
-    from torch.nn.modules import module as _m
-    for name in ("register_hook", "register_post_accumulate_grad_hook"):
-        setattr(torch.Tensor, name, _counting(getattr(torch.Tensor, name)))
-    for name in _MODULE_HOOK_METHODS:
-        setattr(nn.Module, name, _counting(getattr(nn.Module, name)))
-    _m.register_module_parameter_registration_hook(_bump)
-    _m.register_module_buffer_registration_hook(_bump)
-    _m.register_module_module_registration_hook(_bump)
-    _HOOKS_INSTALLED.append(True)
-
-
-def registration_epoch() -> int:
-    return _EPOCH[0]
+from .watch import _HOOK_EPOCH, GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS, watch
 
 
 @dataclass
@@ -136,20 +44,89 @@ class Slot:
             self.owner[self.key] = value
 
 
+class _Strong:
+    """Holds an object as a weak reference would (``h()``), but strongly."""
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __call__(self):
+        return self.obj
+
+
+def _held(pairs) -> list:
+    return [(n, o) for n, h in pairs for o in (h(),) if o is not None]
+
+
 @dataclass
 class StateRegistry:
-    modules: list = field(default_factory=list)        # (name, Module)
-    optimizers: list = field(default_factory=list)     # (name, Optimizer)
     names: dict = field(default_factory=dict)          # id(tensor) -> source
     params: list = field(default_factory=list)         # (source, Parameter), unique
-    all_modules: list = field(default_factory=list)    # every submodule, for train/eval guards
     grad_params: list = field(default_factory=list)    # params that require grad, in params order
     module_hook_dicts: list = field(default_factory=list)  # the step's modules' hook OrderedDicts
     pre_hooked: list = field(default_factory=list)     # params that had hooks when first watched
     _seen: set = field(default_factory=set)
     pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
-    ddp: list = field(default_factory=list)            # DistributedDataParallel modules (source, module)
     device_hypers: list = field(default_factory=list)  # (group, key, tensors) held on the GPU
+    # Models and optimizers found only through the call's arguments are held weakly: when the
+    # user drops them, ``on_death`` lets the step free its graphs (which hold their tensors).
+    weak_ids: set = field(default_factory=set)
+    on_death: object = None
+    _mods: list = field(default_factory=list)          # (name, holder) of modules
+    _opts: list = field(default_factory=list)          # (name, holder) of optimizers
+    _all: list = field(default_factory=list)           # (None, holder) of every submodule
+    _ddp: list = field(default_factory=list)           # (name, holder) of DistributedDataParallel modules
+    _all_plain: list | None = None                     # all_modules when none is held weakly
+
+    def _hold(self, obj):
+        if id(obj) in self.weak_ids:
+            return weakref.ref(obj, self._died)
+        return _Strong(obj)
+
+    def _died(self, _ref) -> None:
+        if self.on_death is not None:
+            self.on_death()
+
+    @property
+    def modules(self) -> list:          # (name, Module)
+        return _held(self._mods)
+
+    @modules.setter
+    def modules(self, value) -> None:
+        self._mods = [(n, self._hold(m)) for n, m in value]
+
+    @property
+    def optimizers(self) -> list:       # (name, Optimizer)
+        return _held(self._opts)
+
+    @optimizers.setter
+    def optimizers(self, value) -> None:
+        self._opts = [(n, self._hold(o)) for n, o in value]
+
+    @property
+    def all_modules(self) -> list:      # every submodule, for train/eval guards
+        return self._all_plain if self._all_plain is not None else [m for _, m in _held(self._all)]
+
+    @property
+    def ddp(self) -> list:              # DistributedDataParallel modules (source, module)
+        return _held(self._ddp)
+
+    def alive(self) -> bool:
+        """False once a weakly held model or optimizer was dropped by its user."""
+        return all(h() is not None for _, h in self._mods + self._opts)
+
+    def prune(self) -> None:
+        """Forget dropped models and optimizers and everything found through them."""
+        self._mods = [(n, h) for n, h in self._mods if h() is not None]
+        self._opts = [(n, h) for n, h in self._opts if h() is not None]
+        self.weak_ids = {id(h()) for _, h in self._mods + self._opts if isinstance(h, weakref.ref)}
+        self.refresh_names()
+        live = {id(p) for _, p in self.params} | {id(m) for m in self.all_modules}
+        self._seen &= live
+        self.pre_hooked = [p for p in self.pre_hooked if id(p) in live]
+        groups = {id(g) for _, o in self.optimizers for g in o.param_groups}
+        self.device_hypers = [h for h in self.device_hypers if id(h[0]) in groups]
 
     def name_of(self, t) -> str | None:
         return self.names.get(id(t))
@@ -158,13 +135,13 @@ class StateRegistry:
         """Re-read every source (cheap); run before each capture since state may be new."""
         self.names.clear()
         self.params.clear()
-        self.all_modules.clear()
+        subs = []
         seen_mod = set()
         for mname, mod in self.modules:
             for sub in mod.modules():
                 if id(sub) not in seen_mod:
                     seen_mod.add(id(sub))
-                    self.all_modules.append(sub)
+                    subs.append(sub)
             for pname, p in mod.named_parameters(remove_duplicate=True):
                 if id(p) not in self.names:
                     self.names[id(p)] = f"{mname}.{pname}"
@@ -187,13 +164,15 @@ class StateRegistry:
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        self._all = [(None, self._hold(m)) for m in subs]
+        self._all_plain = subs if not any(id(m) in self.weak_ids for m in subs) else None
         ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
-        self.ddp = [(mname + (f".{sub}" if sub else ""), m) for mname, mod in self.modules
-                    for sub, m in mod.named_modules() if isinstance(m, ddp_type)]
+        self._ddp = [(mname + (f".{sub}" if sub else ""), self._hold(m)) for mname, mod in self.modules
+                     for sub, m in mod.named_modules() if isinstance(m, ddp_type)]
         from torch.nn.modules import module as _m
         # Hooks registered on watched modules are counted by their handles (``_counting``); only
         # modules that already had hooks when first seen, and the global hook dicts, are read.
-        for m in self.all_modules:
+        for m in subs:
             if id(m) not in self._seen:
                 self._seen.add(id(m))
                 dicts = [getattr(m, a) for a in MODULE_HOOK_ATTRS if isinstance(getattr(m, a, None), dict)]
@@ -202,7 +181,7 @@ class StateRegistry:
         self.module_hook_dicts = list(self.pre_hooked_dicts)
         self.module_hook_dicts += [getattr(_m, a) for a in GLOBAL_HOOK_ATTRS
                                    if isinstance(getattr(_m, a, None), dict)]
-        watch(self.all_modules, [p for _, p in self.params])
+        watch(subs, [p for _, p in self.params])
         # Hooks registered before stepgraph watched these params have uncounted handles: read
         # those params' hook dicts directly (usually none, so this costs nothing).
         # Decided once per parameter (when first seen), so the key keeps its shape afterwards.
@@ -305,7 +284,7 @@ def _arg_objects(args, kwargs, arg_names=()) -> list:
     return out
 
 
-def _found_to_registry(found: dict, reg: "StateRegistry") -> bool:
+def _found_to_registry(found: dict, reg: "StateRegistry", weak=()) -> bool:
     """Put newly found modules/optimizers into ``reg``; True when anything was added."""
     have = {id(m) for _, m in reg.modules} | {id(o) for _, o in reg.optimizers}
     inside = {id(s) for _, m in reg.modules for s in m.modules()}
@@ -316,6 +295,7 @@ def _found_to_registry(found: dict, reg: "StateRegistry") -> bool:
     new_opts = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer) and id(o) not in have]
     if not new_mods and not new_opts:
         return False
+    reg.weak_ids |= {id(o) for _, o in new_mods + new_opts if id(o) in weak}
     # A found module that contains an already known one takes its place (longer names).
     new_inside = {id(s) for _, m in new_mods for s in m.modules()}
     reg.modules = [(n, m) for n, m in reg.modules if id(m) not in new_inside] + new_mods
@@ -332,11 +312,16 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
     for i, obj in enumerate(extra):
         _consider(f"state[{i}]" if not isinstance(obj, tuple) else obj[0],
                   obj if not isinstance(obj, tuple) else obj[1], found, 0)
+    held = set(found)   # what the user's state= or the step's code reaches: held strongly
     for name, obj in _arg_objects(args, kwargs, arg_names):
         _consider(name, obj, found, 0)
-    _walk_function(fn, found)
+    via_code: dict = {}
+    _walk_function(fn, via_code)
+    held |= set(via_code)
+    for k, v in via_code.items():
+        found.setdefault(k, v)
     reg = StateRegistry()
-    if not _found_to_registry(found, reg):
+    if not _found_to_registry(found, reg, weak=set(found) - held):
         reg.refresh_names()  # (an empty registry still reads the global hook dicts)
     return reg
 
@@ -348,4 +333,4 @@ def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:
     for name, obj in _arg_objects(args, kwargs, arg_names):
         if not isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
             _consider(name, obj, found, 0)
-    return bool(found) and _found_to_registry(found, reg)
+    return bool(found) and _found_to_registry(found, reg, weak=set(found))

@@ -26,13 +26,17 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import CaptureError, library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, HyperLog, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
-from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, read_scalar
+from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, random_guards, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rollback import CopyOnWrite, Rollback
-from .state import Slot, StateRegistry, paused_registration_epoch
+from .sinks import TrackMode, scrub, sinks, unwrap_result
+from .trackplan import TrackPlan, swap_in, swap_out
+from .tracked import UseLog
+from .state import Slot, StateRegistry
+from .watch import paused_registration_epoch
 
 _DEVICE_MOVES = {_T.cpu, _T.to}
 _HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
@@ -60,6 +64,8 @@ class TraceResult:
     problems: list[Problem] = field(default_factory=list)
     scheduler_steps: list = field(default_factory=list)  # (scheduler, args, kwargs, _) to call after a replay
     reads: ReadLog | None = None         # host reads: value guards, printed values (hostreads.py)
+    uses: UseLog | None = None           # what the step did with tracked numbers (tracked.py)
+    track: TrackPlan | None = None       # which numbers were tracked (trackplan.py)
 
 
 _TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
@@ -282,9 +288,11 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
-               live_sources=(), host_reads: bool = True, rollback: Rollback | None = None) -> TraceResult:
+               live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
+               track: TrackPlan | None = None) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
-    ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails."""
+    ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
+    ``track`` (trackplan.py): the Python numbers whose uses are tracked."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -299,7 +307,11 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
+        uses = box.setdefault("uses", UseLog())
+        for r in (track.leaves if track else ()):
+            flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)
+        swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
         for src in live_sources:  # Python floats read live (pyvalues.py)
@@ -319,8 +331,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
-                CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext():
+                CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
+                sinks(uses), TrackMode(uses):
             try:
+                swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
                 stack = traceback.extract_stack(e.__traceback__.tb_frame)
@@ -336,6 +350,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
+                swap_out(swapped, a)
+        out = unwrap_result(out, uses)
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -396,10 +412,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
+        if "uses" in box:
+            scrub(box["uses"])  # no proxy stays in the user's objects
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
+    problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads)
+                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track)
 
 
 def _output_reads(gm, out_leaves: list) -> list:

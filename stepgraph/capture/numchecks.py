@@ -1,0 +1,100 @@
+"""Checks a captured graph keeps on the Python numbers it used (tracked.py): an expression of
+the numbers' roots (``epoch % every == 0``) and the value it had at capture, evaluated before
+each replay."""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Root:
+    """Where a tracked number comes from: a leaf of the call's arguments, a Source (pyvalues)
+    or an attribute of the object a Source reads (a meter's ``count``)."""
+    kind: str          # "leaf" | "source" | "attr"
+    ref: object        # leaf index | Source | (Source, attribute name)
+    label: str
+
+    def read(self, leaves, args):
+        from .tracked import plain
+        if self.kind == "leaf":
+            return plain(leaves[self.ref])
+        if self.kind == "source":
+            return plain(self.ref.read(args))
+        src, name = self.ref
+        return plain(vars(src.read(args))[name])
+
+
+class Op:
+    """``fn(*args)`` where args are Roots, Ops or constants."""
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+
+_SYMBOLS = {operator.add: "+", operator.sub: "-", operator.mul: "*", operator.truediv: "/",
+            operator.floordiv: "//", operator.mod: "%", operator.pow: "**", operator.lshift: "<<",
+            operator.rshift: ">>", operator.and_: "&", operator.or_: "|", operator.xor: "^",
+            operator.lt: "<", operator.le: "<=", operator.gt: ">", operator.ge: ">=",
+            operator.eq: "==", operator.ne: "!="}
+
+
+def describe(e) -> str:
+    if isinstance(e, Root):
+        return e.label
+    if isinstance(e, Op):
+        sym = _SYMBOLS.get(e.fn)
+        if sym is not None:
+            a, b = (describe(x) for x in e.args)
+            return f"{a} {sym} {b}"
+        name = {operator.truth: "bool", operator.neg: "-", id: "id", type: "type"}.get(e.fn, getattr(e.fn, "__name__", "f"))
+        return f"{name}({', '.join(describe(x) for x in e.args)})"
+    return repr(e)
+
+
+def evaluate(e, leaves, args, memo: dict):
+    if isinstance(e, Root):
+        if id(e) not in memo:
+            memo[id(e)] = e.read(leaves, args)
+        return memo[id(e)]
+    if isinstance(e, Op):
+        return e.fn(*(evaluate(a, leaves, args, memo) for a in e.args))
+    return e
+
+
+def _same(a, b) -> bool:
+    return type(a) is type(b) and (a == b or (a != a and b != b))
+
+
+@dataclass(eq=False)
+class Check:
+    """What a captured graph assumed about tracked numbers: ``expr`` evaluates to ``expected``."""
+    expr: object
+    expected: object
+    where: str = ""
+    decided: bool = False   # a decision (bool) rather than a value the graph took
+
+    def holds(self, leaves, args, memo) -> bool:
+        try:
+            return _same(evaluate(self.expr, leaves, args, memo), self.expected)
+        except Exception:  # noqa: BLE001 - a missing attribute or a failing op is a miss
+            return False
+
+    def miss(self, leaves, args) -> str:
+        try:
+            now = repr(evaluate(self.expr, leaves, args, {}))
+        except Exception as e:  # noqa: BLE001
+            now = f"<{type(e).__name__}>"
+        return f"{describe(self.expr)} {self.expected!r} -> {now}" + (f" (at {self.where})" if self.where else "")
+
+
+def roots_of(e) -> list:
+    if isinstance(e, Root):
+        return [e]
+    return [r for a in e.args for r in roots_of(a)] if isinstance(e, Op) else []
+
+
+def checks_hold(checks, leaves, args) -> bool:
+    memo: dict = {}
+    return all(c.holds(leaves, args, memo) for c in checks)

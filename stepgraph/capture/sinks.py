@@ -1,0 +1,235 @@
+"""Where tracked numbers go while the step is traced (tracked.py): printed, or into the graph.
+
+* Printing and logging are not uses. ``print(epoch)`` formats inside ``print`` (``in_sink``).
+  ``print(f"Epoch {epoch:04d}")`` and ``print('{:04d}'.format(epoch + 1))`` format *before*
+  the call: the bytecode after the formatting instruction is followed (:func:`format_target`)
+  through string building only (f-string pieces, ``+``) to the call that takes the text; the
+  format counts as printing only if that very call turns out to be ``print`` or a logging
+  method (``_sink`` records its caller's frame and instruction). Text used any other way (a
+  dict key, ``getattr``) makes the number used.
+* :class:`TrackMode` hands torch functions plain numbers. A number that becomes the scalar
+  operand of an elementwise op (``meter.sum + val * n``) is used only if that op survives
+  dead-code elimination; anything else a torch function takes is used.
+"""
+from __future__ import annotations
+
+import builtins
+import dis
+import gc
+import logging
+import sys
+import threading
+import types
+
+import torch
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.overrides import TorchFunctionMode
+
+from .tracked import _PROXIES, plain
+
+_STATE = threading.local()   # .depth: inside print/logging on this thread; .log: the active UseLog
+
+
+def in_sink() -> bool:
+    return getattr(_STATE, "depth", 0) > 0
+
+
+# ---- following a formatted string through the bytecode -----------------------------------
+_CODE: dict = {}   # code -> (instructions, offsets)
+
+
+def _instructions(code):
+    got = _CODE.get(code)
+    if got is None:
+        ins = list(dis.get_instructions(code))
+        got = _CODE[code] = (ins, [i.offset for i in ins])
+    return got
+
+
+def _at(code, lasti) -> int:
+    """Index of the instruction running at ``lasti`` (a call into Python leaves f_lasti on the
+    call's last inline cache, past its offset)."""
+    import bisect
+    _, offsets = _instructions(code)
+    return max(0, bisect.bisect_right(offsets, lasti) - 1)
+
+
+_LOADS = {"LOAD_CONST", "LOAD_FAST", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_NAME", "LOAD_CLASSDEREF",
+          "LOAD_FAST_CHECK", "PUSH_NULL"}
+_NOOPS = {"PRECALL", "KW_NAMES", "NOP", "EXTENDED_ARG", "CACHE", "RESUME"}
+
+
+def _stack(i) -> tuple[int, int] | None:
+    """(values popped, values pushed) of the instructions a string-building line uses."""
+    op = i.opname
+    if op in _LOADS:
+        return 0, 1
+    if op in _NOOPS:
+        return 0, 0
+    if op == "LOAD_GLOBAL":
+        return 0, 1 + (i.arg & 1)
+    if op == "LOAD_ATTR":
+        return 1, 1
+    if op == "LOAD_METHOD":
+        return 1, 2
+    if op == "CALL":
+        return i.arg + 2, 1
+    if op == "FORMAT_VALUE":
+        return 1 + bool(i.arg & 4), 1
+    if op in ("BUILD_STRING", "BUILD_TUPLE", "BUILD_LIST"):
+        return i.arg, 1
+    if op in ("BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR"):
+        return 2, 1
+    if op.startswith("UNARY_"):
+        return 1, 1
+    return None
+
+
+_STRING_OPS = {"FORMAT_VALUE", "BUILD_STRING"}
+_ADD = (0, 13)   # BINARY_OP +, +=
+
+
+def format_target(code, lasti) -> int | None:
+    """Offset of the call whose argument the string made at ``lasti`` becomes, through string
+    building only; None when it goes anywhere else (or the bytecode is not understood)."""
+    ins, _ = _instructions(code)
+    i = _at(code, lasti)
+    if ins[i].opname not in ("FORMAT_VALUE", "CALL", "BINARY_OP"):
+        return None
+    k = 0   # the string's depth below the top of the stack
+    for j in ins[i + 1:]:
+        eff = _stack(j)
+        if eff is None:
+            return None
+        pops, pushes = eff
+        if k < pops:   # this instruction takes the string
+            if j.opname in _STRING_OPS or (j.opname == "BINARY_OP" and j.arg in _ADD):
+                k = 0
+                continue
+            if j.opname == "CALL" and k < j.arg:
+                return j.offset
+            return None
+        k += pushes - pops
+    return None
+
+
+def _sink(orig):
+    def sink(*args, **kwargs):
+        log = getattr(_STATE, "log", None)
+        if log is not None:
+            f = sys._getframe(1)
+            ins, _ = _instructions(f.f_code)
+            log.confirm(f, ins[_at(f.f_code, f.f_lasti)].offset)
+        _STATE.depth = getattr(_STATE, "depth", 0) + 1
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            _STATE.depth -= 1
+    sink.__wrapped__ = orig
+    return sink
+
+
+_LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
+
+
+class sinks:
+    """While tracing: ``print`` and logging calls mark what they format as printing."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.saved = [(builtins, "print", builtins.print)]
+        self.saved += [(owner, name, getattr(owner, name)) for owner in (logging.Logger, logging)
+                       for name in _LOG_METHODS if hasattr(owner, name)]
+        for owner, name, orig in self.saved:
+            setattr(owner, name, _sink(orig))
+        self.outer, _STATE.log = getattr(_STATE, "log", None), self.log
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, orig in self.saved:
+            setattr(owner, name, orig)
+        _STATE.log = self.outer
+
+
+# ---- torch functions ---------------------------------------------------------------------
+_T = torch.Tensor
+_ELEMENTWISE = {_T.__add__, _T.__radd__, _T.__iadd__, _T.__sub__, _T.__rsub__, _T.__isub__, _T.__mul__,
+                _T.__rmul__, _T.__imul__, _T.__truediv__, _T.__rtruediv__, _T.__itruediv__, _T.add, _T.add_,
+                _T.sub, _T.sub_, _T.mul, _T.mul_, _T.div, _T.div_, torch.add, torch.sub, torch.mul, torch.div}
+
+
+class TrackMode(TorchFunctionMode):
+    """Innermost while tracing: torch functions never see a proxy."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        found = [x for x in pytree.tree_leaves((args, kwargs)) if type(x) in _PROXIES]
+        if not found:
+            return func(*args, **kwargs)
+        args, kwargs = pytree.tree_map(plain, (args, kwargs))
+        mode = get_proxy_mode()
+        if func in _ELEMENTWISE and mode is not None and self.log.active:
+            # A scalar operand: the output's shape is the tensor's; the number only matters if
+            # the op's result does (a meter's ``sum + x`` that nothing reads is dead).
+            graph = mode.tracer.graph
+            last = graph._root.prev
+            out = func(*args, **kwargs)
+            nodes, n = [], last.next
+            while n is not graph._root:
+                nodes.append(n)
+                n = n.next
+            if nodes and isinstance(out, torch.Tensor):
+                for p in found:
+                    self.log.node_use(p, nodes)
+                return out
+            for p in found:
+                p._use(force=True)
+            return out
+        for p in found:
+            p._use(force=True)
+        return func(*args, **kwargs)
+
+
+def unwrap_result(result, log):
+    """A returned number is used (a replay hands back the capture's value): plain, checked."""
+    leaves, spec = pytree.tree_flatten(result)
+    if not any(type(x) in _PROXIES for x in leaves):
+        return result
+    out = []
+    for x in leaves:
+        if type(x) in _PROXIES:
+            log.used(x._e, x._v, "returned from the step")
+            x = x._v
+            log.returned.add(id(x))
+        out.append(x)
+    return pytree.tree_unflatten(out, spec)
+
+
+def scrub(log) -> None:
+    """Replace proxies the step stored in Python objects (a meter's ``val``, a list) by plain
+    numbers: after the trace nothing outside stepgraph should hold one."""
+    # Held only by log.proxies (+ the loop variable and getrefcount's argument): not escaped.
+    out = [p for p in log.proxies if sys.getrefcount(p) > 3]
+    log.proxies.clear()
+    if not out:
+        return
+    ids = {id(p) for p in out}
+    for r in gc.get_referrers(*out):
+        if isinstance(r, dict):
+            for k, v in list(r.items()):
+                if id(v) in ids:
+                    r[k] = v._v
+        elif isinstance(r, list) and r is not out:
+            for i, v in enumerate(r):
+                if id(v) in ids:
+                    r[i] = v._v
+        elif isinstance(r, types.CellType):
+            if id(r.cell_contents) in ids:
+                r.cell_contents = r.cell_contents._v

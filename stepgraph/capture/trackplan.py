@@ -1,0 +1,189 @@
+"""Which Python numbers a capture tracks (tracked.py) instead of keying the cache by them.
+
+A number is tracked when the trace can stand a proxy in its place and put the value back:
+an int/float argument leaf; a number the step's own code loads from a global, a closure cell,
+a dict item or a plain instance/class attribute (``state['num_updates']``, ``args.clip``); and
+the numeric attributes of a **record** -- a plain object (an ``AverageMeter`` made anew each
+epoch) whose attributes are numbers, strings, bools, None and enums only. The cache key keeps
+the place ("a number") and, for a record, its class, attribute names and non-numeric values;
+the numbers are checked per graph, only where that graph used them. An object holding
+tensors keeps its identity guard: the graph may read or write them in place (a meter's
+``sum += acc`` on a tensor), so another object needs another graph. Anything else keeps
+its guard (by value, or by identity).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .hostscalar import HostFloat, _tracer, current
+from .numchecks import Root
+from .pyvalues import _MISSING, guard_value
+from .tracked import _PROXIES
+
+_VALUES = (str, bytes, bool, type(None), enum.Enum)
+_MAX_ATTRS = 64
+
+
+def number(v) -> bool:
+    """A plain int/float (not bool, not an IntEnum or numpy scalar), or one stepgraph made."""
+    t = type(v)
+    return t is int or t is float or t in _PROXIES or issubclass(t, HostFloat)
+
+
+def plain_object(v) -> bool:
+    t = type(v)
+    return (t.__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict)
+            and t.__getattribute__ is object.__getattribute__ and t.__setattr__ is object.__setattr__
+            and getattr(t, "__getattr__", None) is None
+            and not isinstance(v, (nn.Module, torch.optim.Optimizer, torch.Tensor, type)))
+
+
+def record_key(v):
+    """The key of a record (None when ``v`` is not one): class, attribute names, the
+    non-numeric values."""
+    if not plain_object(v) or len(vars(v)) > _MAX_ATTRS:
+        return None
+    out = []
+    for k, x in vars(v).items():
+        if number(x):
+            out.append((k, "number"))   # (its type too is checked where used: tracked._class)
+        elif isinstance(x, _VALUES):
+            out.append((k, type(x), x))
+        else:
+            return None
+    return ("record", type(v), tuple(out))
+
+
+def _parent(s, args):
+    v = s._root_value(args)
+    for kind, k in s.path[:-1]:
+        v = getattr(v, k) if kind == "attr" else v[k]
+    return v
+
+
+def writable(s, args) -> bool:
+    """The trace can put a proxy where the step's code reads ``s`` (and put it back)."""
+    if not s.path:
+        return s.kind in ("global", "cell")
+    try:
+        parent = _parent(s, args)
+    except Exception:  # noqa: BLE001
+        return False
+    kind, k = s.path[-1]
+    if kind == "item":
+        return type(parent) is dict
+    if isinstance(parent, type):
+        return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
+    return plain_object(parent) and k in vars(parent)
+
+
+def write(s, value, args) -> None:
+    if not s.path:
+        s.write(value, args)
+        return
+    parent = _parent(s, args)
+    kind, k = s.path[-1]
+    if kind == "item" or not isinstance(parent, type):
+        (parent if kind == "item" else vars(parent))[k] = value
+    else:
+        setattr(parent, k, value)
+
+
+def kind_of(s, v, args, exclude) -> str | None:
+    """"number", "record" or None (keyed as before) for one source and its value now;
+    ``exclude``: sources read live, or baked by a graph that did not track them."""
+    if not s.from_step or s.identity_only or s in exclude:
+        return None
+    if number(v) and writable(s, args):
+        return "number"
+    if record_key(v) is not None:
+        return "record"
+    return None
+
+
+@dataclass
+class TrackPlan:
+    """What one capture replaces by proxies."""
+    leaves: list = field(default_factory=list)    # Root("leaf", index)
+    sources: list = field(default_factory=list)   # Root("source", Source)
+    records: list = field(default_factory=list)   # (Source, [Root("attr", (Source, name))])
+
+    def roots(self) -> list:
+        return self.leaves + self.sources + [r for _, attrs in self.records for r in attrs]
+
+
+def plan(sources, leaves, leaf_labels, args, exclude) -> TrackPlan:
+    p = TrackPlan()
+    for i, x in enumerate(leaves):
+        if number(x):
+            p.leaves.append(Root("leaf", i, leaf_labels[i] if i < len(leaf_labels) else f"input {i}"))
+    for s in sources:
+        v = s.read_or(args)
+        k = kind_of(s, v, args, exclude)
+        if k == "number":
+            p.sources.append(Root("source", s, s.describe()))
+        elif k == "record":
+            p.records.append((s, [Root("attr", (s, name), f"{s.describe()}.{name}")
+                                  for name, x in vars(v).items() if number(x)]))
+    return p
+
+
+def key_of(s, v, args, exclude):
+    """The cache-key part of one source, ``v`` its value now (as ``Source.value`` for the
+    untracked ones; computed once: this runs on every call)."""
+    if s.from_step and not s.identity_only and s not in exclude:
+        if number(v) and writable(s, args):
+            return _NUMBER
+        rk = record_key(v)
+        if rk is not None:
+            return rk
+    if v is _MISSING:
+        return _MISSING
+    return ("object", id(v)) if s.identity_only else guard_value(v)
+
+
+_NUMBER = ("number",)
+
+
+def swap_in(track: TrackPlan, uses, args) -> list:
+    """Put a proxy where the step reads each tracked source and record attribute; returns what
+    :func:`swap_out` puts back."""
+    swapped = []
+    try:
+        for r in track.sources:
+            v = r.ref.read(args)
+            p = uses.wrap(v, r)
+            write(r.ref, p, args)
+            swapped.append((r, None, v, p))
+        for s, attrs in track.records:
+            d = vars(s.read(args))
+            for r in attrs:
+                v = d.get(r.ref[1])
+                if number(v) and type(v) not in _PROXIES and not current(v, _tracer()):  # (not a live float)
+                    d[r.ref[1]] = p = uses.wrap(v, r)
+                    swapped.append((r, d, v, p))
+    except BaseException:
+        swap_out(swapped, args)
+        raise
+    return swapped
+
+
+def swap_out(swapped: list, args) -> None:
+    """Put the values back, unless the step assigned new ones (then those stay, as plain
+    numbers): what eager leaves. Runs even when the step raised."""
+    for r, d, v, p in reversed(swapped):
+        try:
+            if d is None:
+                cur = r.ref.read(args)
+                if cur is p or type(cur) in _PROXIES:
+                    write(r.ref, v if cur is p else cur._v, args)
+            else:
+                cur = d.get(r.ref[1])
+                if cur is p or type(cur) in _PROXIES:
+                    d[r.ref[1]] = v if cur is p else cur._v
+        except Exception:  # noqa: BLE001 - the step deleted or replaced the container
+            pass

@@ -1,0 +1,46 @@
+"""Models and optimizers passed to a step as arguments are held weakly (capture/state.py): when
+their user drops one, the step frees its graphs, which held its tensors."""
+from __future__ import annotations
+
+from .capture.pyvalues import PyValues
+
+
+class Busy:
+    """Counts the calls running (``with self._lock, self._busy``: no extra frame for warnings)."""
+    n = 0
+
+    def __enter__(self):
+        self.n += 1
+
+    def __exit__(self, *exc):
+        self.n -= 1
+
+
+class DroppedState:
+    """StepFunction's part: what a dropped model's weak reference callback does."""
+
+    def _state_dropped(self) -> None:
+        """A model or optimizer passed as an argument was freed by its user (a weak reference's
+        callback): free the graphs now unless a call is running (then at the next call)."""
+        self._dropped = True
+        if self._lock.acquire(blocking=False):
+            try:
+                if not self._busy.n:
+                    self._forget_dropped()
+            finally:
+                self._lock.release()
+
+    def _forget_dropped(self) -> None:
+        # Every graph goes: they hold the dropped state's tensors, and the guards' layout
+        # (train/eval flags, hyper-parameters of all state seen) changes without it.
+        self._dropped = False
+        self._reg.prune()
+        self._entries.clear()
+        self._order.clear()
+        self._last = self._last_quick = None
+        self._warm_done = 0   # the next model warms up (an optimizer makes its state) as the first did
+        self._guards.live.clear()
+        self._guards.keyed.clear()
+        self._baked_hypers.clear()
+        self._guards.py = PyValues()   # sources found through the dropped state: read again
+        self._rescan = True

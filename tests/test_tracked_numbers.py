@@ -1,0 +1,214 @@
+"""Python numbers a step reads are guarded only where the captured computation uses them
+(capture/tracked.py): an ``epoch`` argument that is only printed, a meter made anew each epoch
+that only logs, a global step counter passed along and ignored -- no recapture. Where the
+number is used (arithmetic into the loss, a list index, ``math.cos``, a string used as a key,
+a returned value, a branch) the graph keeps a check and a new value recaptures. Every call is
+compared bitwise with eager PyTorch on a twin model."""
+import copy
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+log = logging.getLogger("test_tracked_numbers")
+
+
+def batch(k):
+    g = torch.Generator().manual_seed(900 + k)
+    return torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+
+
+class Twin:
+    """``body(model, opt, x, y, *extra)`` compiled on one model, eager on its twin."""
+
+    def __init__(self, body, model=None):
+        torch.manual_seed(0)
+        self.m1 = model or nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        self.m2 = copy.deepcopy(self.m1)
+        self.o1 = torch.optim.SGD(self.m1.parameters(), lr=0.1, momentum=0.9)
+        self.o2 = torch.optim.SGD(self.m2.parameters(), lr=0.1, momentum=0.9)
+        self.body = body
+        self.step = stepgraph.compile(lambda x, y, *extra: body(self.m1, self.o1, x, y, *extra))
+
+    def __call__(self, k, *extra, eager_extra=None):
+        got = self.step(*batch(k), *extra)
+        want = self.body(self.m2, self.o2, *batch(k), *(extra if eager_extra is None else eager_extra))
+        for a, b in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else (a == b and type(a) is type(b))), (k, a, b)
+        for p, q in zip(self.m1.parameters(), self.m2.parameters()):
+            assert torch.equal(p, q), k
+        return got
+
+    @property
+    def stats(self):
+        return self.step.stats
+
+
+def sgd(m, o, x, y, scale=1):
+    loss = F.cross_entropy(m(x), y) * scale
+    loss.backward()
+    o.step()
+    o.zero_grad()
+    return loss
+
+
+def test_an_epoch_argument_only_printed_or_logged_never_recaptures(capsys):
+    def body(m, o, x, y, epoch):
+        loss = sgd(m, o, x, y)
+        print('Epoch: {:04d}'.format(epoch + 1), f"epoch {epoch:03d} ({epoch / 10:.1f})")
+        print("epoch", epoch)
+        log.info("epoch %d", epoch)
+        return loss
+    t = Twin(body)
+    for e in range(6):
+        t(e, e)
+    assert (t.stats.captures, t.stats.replays, t.stats.recaptures) == (1, 4, []), t.stats
+    assert "Epoch: 0002" in capsys.readouterr().out   # (the capture printed, as before)
+    assert "not used by the graph (no guard): extra" in t.step.explain(), t.step.explain()
+
+
+def test_an_argument_used_in_the_loss_recaptures_with_the_expression():
+    t = Twin(lambda m, o, x, y, epoch: sgd(m, o, x, y, scale=epoch + 1))
+    for e in [1, 2, 2, 3, 2]:
+        t(e, e)   # 2 captured, 2 replayed, 3 captured, 2 replays its graph
+    assert t.stats.captures == 2 and t.stats.replays == 2, t.stats
+    assert " + 1 3 -> 4 (at " in t.stats.recaptures[0], t.stats.recaptures
+
+
+def test_a_number_reaching_c_code_directly_is_used():
+    # A list index, range(), math.cos: C code that an int subclass would slip through unseen.
+    scales = [0.5, 1.0, 2.0]
+
+    def body(m, o, x, y, i, n):
+        s = scales[i % 3] * math.cos(math.pi * i / 8)
+        for _ in range(n):
+            s = s * 1.5
+        return sgd(m, o, x, y, scale=s)
+    t = Twin(body)
+    for k, (i, n) in enumerate([(0, 1), (1, 1), (1, 1), (2, 1), (2, 2), (2, 2), (1, 1)]):
+        t(k, i, n)
+    assert t.stats.captures == 3 and t.stats.replays == 3, t.stats
+
+
+def test_text_made_from_a_number_and_used_as_a_key_is_used():
+    heads = nn.ModuleDict({"h0": nn.Linear(8, 4), "h1": nn.Linear(8, 4)})
+
+    def body(m, o, x, y, task):
+        name = f"h{task}"
+        loss = F.cross_entropy(m[name](x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    t = Twin(body, model=heads)
+    for k, task in enumerate([0, 1, 0, 1, 0, 1, 1, 0]):
+        t(k, task)
+    # Captures: task 1; task 0 (the optimizer state grew); task 1 again (its check failed).
+    assert t.stats.captures == 3 and t.stats.replays == 4, t.stats
+    assert " 0 -> 1 (at " in t.stats.recaptures[1], t.stats.recaptures
+
+
+def test_a_branch_on_the_epoch_keeps_one_graph_per_outcome(capsys):
+    def body(m, o, x, y, epoch, every):
+        loss = sgd(m, o, x, y)
+        if epoch % every == 0:
+            print(f"epoch {epoch}: {loss.item():.3f}")
+        return loss
+    t = Twin(body)
+    for e in range(1, 13):
+        t(e, e, 4)
+    assert (t.stats.captures, t.stats.replays) == (2, 9), t.stats
+    assert len(t.stats.recaptures) == 1 and "== 0 False -> True" in t.stats.recaptures[0], t.stats.recaptures
+
+
+def test_a_returned_number_is_used():
+    t = Twin(lambda m, o, x, y, epoch: (sgd(m, o, x, y), epoch * 2))
+    for e in range(4):
+        assert t(e, e)[1] == 2 * e
+    assert t.stats.captures == 3, t.stats
+
+
+def test_isinstance_of_a_number_is_checked():
+    def body(m, o, x, y, s):
+        return sgd(m, o, x, y, scale=2.0 if isinstance(s, float) else 1.0)
+    t = Twin(body)
+    for k, s in enumerate([1, 2, 3.0, 4.0, 5]):
+        t(k, s)
+    assert t.stats.captures == 2 and t.stats.replays == 2, t.stats
+
+
+COUNTER = 0
+WEIGHT = 1
+
+
+def _global_step(m, o, x, y):
+    loss = sgd(m, o, x, y, scale=WEIGHT)
+    log.info("global step %s", COUNTER)   # only logged
+    return loss
+
+
+def test_a_global_only_logged_is_free_and_a_global_used_recaptures():
+    global COUNTER, WEIGHT
+    t = Twin(lambda m, o, x, y: _global_step(m, o, x, y))
+    for k in range(6):
+        COUNTER += 7
+        WEIGHT = 1 if k < 4 else 3
+        t(k)
+    assert t.stats.captures == 2 and t.stats.replays == 3, t.stats
+    assert "WEIGHT 1 -> 3" in t.stats.recaptures[0], t.stats.recaptures
+
+
+class Meter:
+    def __init__(self):
+        self.name, self.val, self.sum, self.count = "loss", 0, 0, 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+
+
+def test_a_meter_made_each_epoch_that_only_logs_needs_no_recapture():
+    meters = {}
+
+    def body(m, o, x, y):
+        loss = sgd(m, o, x, y)
+        meters["loss"].update(loss.item(), x.shape[0])
+        return loss
+    t = Twin(body)
+    for k in range(8):
+        if k % 3 == 0:
+            meters["loss"] = Meter()
+        t(k)
+    assert (t.stats.captures, t.stats.replays) == (1, 6), t.stats
+    assert type(meters["loss"].count) is int and type(meters["loss"].sum) is float  # no proxy left
+
+
+def test_a_meter_value_used_in_the_loss_is_checked():
+    meters = {}
+
+    def body(m, o, x, y):
+        return sgd(m, o, x, y, scale=1.0 / meters["cfg"].count)
+    t = Twin(body)
+    for k in range(6):
+        if k % 2 == 0:
+            meters["cfg"] = Meter()
+            meters["cfg"].count = 1 + k // 4
+        t(k)
+    assert t.stats.captures == 2 and t.stats.replays == 3, t.stats
+    assert "meters['cfg'].count" in t.stats.recaptures[0], t.stats.recaptures
+
+
+def test_a_number_stored_by_the_step_is_left_plain():
+    seen = {}
+
+    def body(m, o, x, y, epoch):
+        seen["epoch"], seen["next"] = epoch, [epoch + 1]
+        return sgd(m, o, x, y)
+    t = Twin(body)
+    t(0, 0), t(1, 1)
+    assert type(seen["epoch"]) is int and type(seen["next"][0]) is int, seen
