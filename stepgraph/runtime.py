@@ -268,6 +268,11 @@ class StepFunction(DroppedState):
         else:
             self._last = self._last_quick = None
 
+    def _scheduled(self, h) -> bool:
+        """An lr an LR scheduler drives (it marks the optimizer's step): it will change."""
+        return isinstance(h, tuple) and h[2] == "lr" and \
+            hasattr(self._reg.optimizers[h[0]][1].step, "_wrapped_by_lr_sched")
+
     def _device_scalars(self, gm, device, sig, frozen):
         """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
         bake them and guard their values again (a change then recaptures, with its reason)."""
@@ -335,7 +340,7 @@ class StepFunction(DroppedState):
             # an lr it made a device tensor is no float any more.)
             now = self._guards.candidate_values(args)
             new = [h for h, v in now.items() if h not in self._guards.live and h not in self._baked_hypers
-                   and h in self._seen_floats and self._seen_floats[h] != v]
+                   and (h in self._seen_floats and self._seen_floats[h] != v or self._scheduled(h))]
             self._seen_floats = now
             if new:
                 self._guards.live.update(new)

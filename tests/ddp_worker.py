@@ -80,7 +80,7 @@ def run_parity(name, model_fn, opt_fn, step_fn, make_batch, calls=6, backend="au
             # capturable path), so the comparison is kernel for kernel.
             from stepgraph.backends.cudagraph import make_capturable
             from stepgraph.capture.state import StateRegistry
-            make_capturable(StateRegistry(optimizers=[("opt", ob)]))
+            make_capturable(StateRegistry.of_optimizers([("opt", ob)]))
         la, lb = sg(*batch), eager(*batch)
         losses.append(abs(la.item() - lb.item()))
     return {"max_diff": max_diff(a, oa, b, ob), "loss_diff": max(losses), "captures": sg.stats.captures,

@@ -69,7 +69,7 @@ def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int 
 
         def eager(*batch, _inner=eager):
             if not twin_prepared[0] and step.stats.captures:
-                make_capturable(StateRegistry(optimizers=[("opt", opt2)]))
+                make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
                 twin_prepared[0] = True
             return _inner(*batch)
     rep = ParityReport(steps)

@@ -69,7 +69,7 @@ def _run(make_step, net_kw=None, opt_kw=None, seeded=False, expect_backend="cuda
             torch.manual_seed(k)
         a = sg(*_batch(k), _flag(k))
         if k == 1:
-            make_capturable(StateRegistry(optimizers=[("opt2", opt2)]))
+            make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
         if seeded:
             torch.manual_seed(k)
         b = eager(*_batch(k), _flag(k))
@@ -150,7 +150,7 @@ def test_lr_schedulers_do_not_recapture():
         for k in range(STEPS):
             sg(*_batch(k))
             if k == 1:
-                make_capturable(StateRegistry(optimizers=[("opt2", opt2)]))
+                make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
             eager(*_batch(k))
             s1.step()
             s2.step()
@@ -175,7 +175,7 @@ def test_onecycle_cycling_betas_is_captured_once(opt_name):
     for k in range(steps):
         a = sg(*_batch(k))
         if k == 1:
-            make_capturable(StateRegistry(optimizers=[("opt2", opt2)]))
+            make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
         b = eager(*_batch(k))
         worst = max(worst, ((a - b).abs() / b.abs()).item())
         s1.step()
@@ -208,7 +208,7 @@ def _zoo_gpu(feat, build, make_opt, batches, step_fn, rtol):
     worst = 0.0
     for k, b in enumerate(batches):
         if k == 1:
-            make_capturable(StateRegistry(optimizers=[("o2", o2)]))
+            make_capturable(StateRegistry.of_optimizers([("o2", o2)]))
         worst = max(worst, rel_err(sg(*b), eager(*b)))
     for x, y in zip(list(m1.parameters()) + list(m1.buffers()), list(m2.parameters()) + list(m2.buffers())):
         worst = max(worst, rel_err(x, y))

@@ -270,6 +270,7 @@ def test_inductor_hyper_parameters_a_loop_changes_compile_once(sched, monkeypatc
     for p, q in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     assert sg.stats.captures == 1, sg.stats.recaptures
+    assert sg.stats.compile_seconds > 0, sg.explain()  # fused, not the unfused fallback
     assert "into one device tensor" in sg.explain()
 
 

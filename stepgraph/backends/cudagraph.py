@@ -165,6 +165,8 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
         for v in val if isinstance(val, (list, tuple)) else [val]:
             if isinstance(v, torch.Tensor) and v.device.type == "cuda":
                 devices.add(v.device.index)
+                if v.layout != torch.strided and "sparse" not in problems_out:
+                    problems_out.append("sparse")
     if len(devices) > 1:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 
@@ -200,6 +202,11 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
                 "with preserve_rng_state=False")
     problems: list = []
     check_graph(gm, problems)
+    if "sparse" in problems:
+        raise NeedsReplay(
+            "the step computes with sparse CUDA tensors: cuSPARSE's kernels synchronise with the host "
+            "and cannot be recorded into a CUDA graph", op="sparse tensor op", where="the step",
+            fix="use backend='replay' (backend='auto' does so), or a dense adjacency matrix")
     if "host-scalar" in problems or host_scalar_ops:
         raise NeedsHostScalars(
             "the step cannot be recorded as a CUDA graph: an optimizer reads its step counter on "
@@ -213,6 +220,37 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
                            fix="keep every tensor of the step on one GPU (move CPU tensors to the "
                                "device before the step, return values instead of reading them), "
                                "or use backend='replay'")
+
+
+def repair_generators() -> None:
+    """After a capture that failed (an op that cannot be recorded), CUDA's generators are left
+    in capture mode and every later random op raises "Offset increment outside graph capture"
+    -- in the user's eager code too. An empty capture ends that mode properly."""
+    try:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side_stream()):
+            pass
+        del g
+    except Exception:  # noqa: BLE001 - best effort; the original error is what the user sees
+        log.debug("stepgraph: generator repair after a failed capture failed", exc_info=True)
+
+
+class recording:
+    """``with recording(): <torch.cuda.graph capture>``: a failed capture becomes NeedsReplay
+    (backend ``auto`` then runs the graph on ``replay``), with the generators repaired."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, typ, exc, tb):
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, NeedsReplay):
+            return False
+        repair_generators()
+        raise NeedsReplay(f"recording the step into a CUDA graph failed: {type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}",
+                          op="CUDA graph capture", where="the step",
+                          fix="use backend='replay' (backend='auto' does so)") from exc
 
 
 def _clear_cublas_workspaces() -> None:
@@ -241,7 +279,7 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
         # Drop them before recording, as torch's cudagraph trees do: the caller's comes back on
         # its next eager matmul, and the capture allocates its own inside the graph's pool.
         _clear_cublas_workspaces()
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        with recording(), torch.cuda.graph(graph, pool=pool, stream=side):
             outs = fn(*static)
     finally:
         torch._C._set_grad_enabled(prev)

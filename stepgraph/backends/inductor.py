@@ -90,9 +90,13 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
     # A fake mode with a ShapeEnv, as the background worker has: without one, compile_fx's
     # own fake mode cannot run a host scalar's ``.item()`` (Adagrad's CPU step counter:
     # DataDependentOutputException), which the ShapeEnv turns into an unbacked symbol.
+    # Only then: its fresh ShapeEnv does not know the symbols of other graphs' metadata
+    # (a graph with live scalars failed with "KeyError: s26" under it).
+    reads = any(n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default
+                for n in gm.graph.nodes)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with tracing(TracingContext(fake_mode)):
+        with tracing(TracingContext(fake_mode)) if reads else contextlib.nullcontext():
             return compile_fx(gm, inputs, config_patches=_patches(cuda))
     finally:
         torch._C._set_grad_enabled(prev)

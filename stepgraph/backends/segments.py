@@ -26,8 +26,8 @@ import torch
 from torch import fx
 
 from ..capture.hostreads import host_guard
-from .cudagraph import (NeedsReplay, _clear_cublas_workspaces, _drop_idle_rng_state_calls, refuse_uncapturable,
-                        side_stream)
+from .cudagraph import (NeedsReplay, _clear_cublas_workspaces, _drop_idle_rng_state_calls, check_graph, recording,
+                        refuse_uncapturable, side_stream)
 from .replay import generate
 
 _READ = torch.ops.aten._local_scalar_dense.default
@@ -131,7 +131,7 @@ def _record(fn, args, pool):
     torch._C._set_grad_enabled(False)
     try:
         _clear_cublas_workspaces()
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        with recording(), torch.cuda.graph(graph, pool=pool, stream=side):
             outs = fn(*args)
     finally:
         torch._C._set_grad_enabled(prev)
@@ -143,6 +143,10 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
                       clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0,
                       rng_state_calls=0, **_):
     """The step as CUDA-graph segments between its host reads; the per-call runner."""
+    problems: list = []
+    check_graph(gm, problems)
+    if "sparse" in problems:
+        refuse_uncapturable(gm)  # (raises its NeedsReplay)
     if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
         refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)
     if rng_state_calls and not _drop_idle_rng_state_calls(gm):

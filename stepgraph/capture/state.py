@@ -79,6 +79,13 @@ class StateRegistry:
     _ddp: list = field(default_factory=list)           # (name, holder) of DistributedDataParallel modules
     _all_plain: list | None = None                     # all_modules when none is held weakly
 
+    @classmethod
+    def of_optimizers(cls, optimizers) -> "StateRegistry":
+        """A registry of just these ``(name, optimizer)`` pairs (tests' eager twins)."""
+        reg = cls()
+        reg.optimizers = list(optimizers)
+        return reg
+
     def _hold(self, obj):
         if id(obj) in self.weak_ids:
             return weakref.ref(obj, self._died)

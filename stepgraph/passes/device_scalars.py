@@ -108,18 +108,37 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
     suffix = "_" if inplace else ""
     two = len(args) == 2
     if base in ("add", "sub", "_foreach_add", "_foreach_sub") and host(kw.get("alpha")) and two \
-            and not any(host(a) for a in args):
+            and not any(host(a) for a in args) and set(kw) == {"alpha"}:
         if dry:
             return
-        alpha = kw.pop("alpha")  # a (+|-) alpha * b  ->  a (+|-) (b * alpha)
-        if base.startswith("_foreach"):
-            scaled = call(aten._foreach_mul.Tensor, (args[1], s(alpha)))
-            n.target = getattr(aten, base + suffix).List
+        # a + alpha * b is one fused multiply-add in the kernel; addcmul(a, b, alpha_t) (value 1)
+        # is the same single rounding with alpha read from the device (bitwise, fp32).
+        alpha = s(kw["alpha"])
+        if base.endswith("sub"):
+            alpha = call(aten.neg.default, (alpha,))
+        _per_element(g, n, lambda a, b: call(getattr(aten, "addcmul" + suffix).default, (a, b, alpha)),
+                     args[0], args[1], foreach=base.startswith("_foreach"))
+        return
+    if base in ("addcdiv", "addcmul", "_foreach_addcdiv", "_foreach_addcmul") \
+            and host(kw.get("value", args[3] if len(args) == 4 else None)) \
+            and not any(host(a) for a in args[:3]):
+        if dry:
+            return
+        value = s(kw["value"] if "value" in kw else args[3])
+        a, b, c = args[:3]
+        foreach = base.startswith("_foreach")
+        if base.endswith("cdiv") or foreach:
+            # a + value * (b op c), the quotient/product rounded first: addcmul(a, b op c, value_t)
+            op = aten.div.Tensor if base.endswith("cdiv") else aten.mul.Tensor
+            _per_element(g, n, lambda x, y, z: call(getattr(aten, "addcmul" + suffix).default,
+                                                     (x, call(op, (y, z)), value)), a, b, c, foreach=foreach)
         else:
-            scaled = call(aten.mul.Tensor, (args[1], s(alpha)))
-            n.target = getattr(aten, base + suffix).Tensor
-        n.args, n.kwargs = (args[0], scaled), kw
-    elif base in ("add", "mul", "div", "sub", "_foreach_add", "_foreach_mul", "_foreach_div") and two \
+            # a + (value * b) * c: addcmul(a, b * value_t, c)
+            _per_element(g, n, lambda x, y, z: call(getattr(aten, "addcmul" + suffix).default,
+                                                     (x, call(aten.mul.Tensor, (y, value)), z)), a, b, c,
+                         foreach=False)
+        return
+    if base in ("add", "mul", "div", "sub", "_foreach_add", "_foreach_mul", "_foreach_div") and two \
             and host(args[1]) and not host(args[0]) and not host(kw.get("alpha")):
         if dry:
             return
@@ -129,22 +148,6 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
             return
         neg = call(aten.neg.default, (s(args[1]),))
         n.args, n.target = (args[0], neg), getattr(aten, "_foreach_add" + suffix).Tensor
-    elif base in ("addcdiv", "addcmul", "_foreach_addcdiv", "_foreach_addcmul") \
-            and host(kw.get("value", args[3] if len(args) == 4 else None)) \
-            and not any(host(a) for a in args[:3]):
-        if dry:
-            return
-        value = kw.pop("value") if "value" in kw else args.pop()  # a + value * (b op c) -> a + (b op c) * value
-        op = "div" if base.endswith("cdiv") else "mul"
-        if base.startswith("_foreach"):
-            inner = call(getattr(aten, f"_foreach_{op}").List, (args[1], args[2]))
-            scaled = call(aten._foreach_mul.Tensor, (inner, s(value)))
-            n.target = getattr(aten, "_foreach_add" + suffix).List
-        else:
-            inner = call(getattr(aten, op).Tensor, (args[1], args[2]))
-            scaled = call(aten.mul.Tensor, (inner, s(value)))
-            n.target = getattr(aten, "add" + suffix).Tensor
-        n.args, n.kwargs = (args[0], scaled), kw
     elif base == "lerp" and len(args) == 3 and host(args[2]) and not kw:
         if dry:
             return
@@ -170,6 +173,24 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
         n.args, n.target = (args[0], s(args[1])), (aten.fill_.Tensor if inplace else aten.fill.Tensor)
     else:
         raise Unsupported(f"{t} takes a live float")
+
+
+def _per_element(g: fx.Graph, n: fx.Node, make, *lists, foreach: bool) -> None:
+    """Replace ``n`` by ``make(*items)`` (a foreach op: one node per element of its lists, its
+    ``getitem`` users rewired; an in-place one returns its first list)."""
+    if not foreach:
+        new = make(*lists)
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
+        return
+    outs = [make(*items) for items in zip(*lists)]
+    for u in list(n.users):
+        if u.op == "call_function" and u.target is operator.getitem:
+            u.replace_all_uses_with(outs[u.args[1]])
+            g.erase_node(u)
+    if n.users:
+        raise Unsupported(f"{n.target}'s result is used as a list")
+    g.erase_node(n)
 
 
 def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
