@@ -35,7 +35,7 @@ def _step(case, opt, kernel, dtype):
     return step
 
 
-def _run(kernel, dtype, dropout, backend, steps=6):
+def _run(kernel, dtype, dropout, backend, steps=6, expect_backend=None, warn_ok=False):
     if kernel in ("flash", "cudnn") and dtype == "fp32":
         pytest.skip(f"{kernel} attention has no fp32 kernel")
     torch.manual_seed(0)
@@ -51,7 +51,8 @@ def _run(kernel, dtype, dropout, backend, steps=6):
     gen_state = torch.cuda.get_rng_state()
     losses = []
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a fallback warning fails the test
+        if not warn_ok:
+            warnings.simplefilter("error")  # a fallback warning fails the test
         for i in range(steps):
             batch = case.make_batch(100 + i)
             torch.cuda.set_rng_state(gen_state)
@@ -64,7 +65,7 @@ def _run(kernel, dtype, dropout, backend, steps=6):
             gen_state = gen_after
             losses.append(out.item())
             worst = max(worst, rel_err(out.float(), ref.float()))
-            if backend == "inductor" and i == 2:
+            if backend == "inductor" and i == 2 and not warn_ok:
                 assert sg.wait_compiled(), sg.explain()
     for p, q in zip(case.model.parameters(), twin.model.parameters()):
         worst = max(worst, rel_err(p, q))
@@ -89,6 +90,13 @@ def test_sdpa_is_recorded_into_the_cuda_graph(kernel, dtype, dropout):
 def test_sdpa_fuses_with_inductor(kernel, dtype, dropout):
     """Inductor's random numbers are not eager's (as with torch.compile): with dropout only the
     recording is checked, without it parity."""
+    if kernel == "cudnn":
+        # Inductor's fusion of cuDNN attention was measured 0.26 from eager (H100, torch 2.11):
+        # stepgraph runs that step as the unfused CUDA graph instead, warned.
+        with pytest.warns(UserWarning, match="cuDNN attention"):
+            worst, _ = _run(kernel, dtype, dropout, "inductor", expect_backend="inductor", warn_ok=True)
+        assert worst <= 1e-3, worst
+        return
     worst, _ = _run(kernel, dtype, dropout, "inductor")
     print(f"inductor {kernel}/{dtype}/dropout={dropout}: worst rel err {worst:.2e}")
     if not dropout:

@@ -69,14 +69,24 @@ def _stack(i) -> tuple[int, int] | None:
         return 0, 0
     if op == "LOAD_GLOBAL":
         return 0, 1 + (i.arg & 1)
-    if op == "LOAD_ATTR":
-        return 1, 1
+    if op == "LOAD_ATTR":  # (3.12+: the low bit of its arg marks a method load, as LOAD_METHOD)
+        return 1, 1 + (bool(i.arg & 1) if _PY312 else 0)
     if op == "LOAD_METHOD":
         return 1, 2
     if op == "CALL":
         return i.arg + 2, 1
+    if op == "CALL_KW":   # 3.13: the keyword names tuple on top
+        return i.arg + 3, 1
+    if op == "LOAD_FAST_LOAD_FAST":
+        return 0, 2
     if op == "FORMAT_VALUE":
         return 1 + bool(i.arg & 4), 1
+    if op in ("FORMAT_SIMPLE", "CONVERT_VALUE", "CALL_INTRINSIC_1"):
+        return 1, 1
+    if op == "FORMAT_WITH_SPEC":
+        return 2, 1
+    if op == "BINARY_SLICE":
+        return 3, 1
     if op in ("BUILD_STRING", "BUILD_TUPLE", "BUILD_LIST"):
         return i.arg, 1
     if op in ("BINARY_OP", "COMPARE_OP", "BINARY_SUBSCR"):
@@ -86,7 +96,8 @@ def _stack(i) -> tuple[int, int] | None:
     return None
 
 
-_STRING_OPS = {"FORMAT_VALUE", "BUILD_STRING"}
+_STRING_OPS = {"FORMAT_VALUE", "BUILD_STRING", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CONVERT_VALUE"}
+_PY312 = sys.version_info >= (3, 12)
 _ADD = (0, 13)   # BINARY_OP +, +=
 
 
@@ -95,7 +106,7 @@ def format_target(code, lasti) -> int | None:
     building only; None when it goes anywhere else (or the bytecode is not understood)."""
     ins, _ = _instructions(code)
     i = _at(code, lasti)
-    if ins[i].opname not in ("FORMAT_VALUE", "CALL", "BINARY_OP"):
+    if ins[i].opname not in ("FORMAT_VALUE", "FORMAT_SIMPLE", "FORMAT_WITH_SPEC", "CALL", "CALL_KW", "BINARY_OP"):
         return None
     k = 0   # the string's depth below the top of the stack
     for j in ins[i + 1:]:
@@ -107,7 +118,7 @@ def format_target(code, lasti) -> int | None:
             if j.opname in _STRING_OPS or (j.opname == "BINARY_OP" and j.arg in _ADD):
                 k = 0
                 continue
-            if j.opname == "CALL" and k < j.arg:
+            if (j.opname == "CALL" and k < j.arg) or (j.opname == "CALL_KW" and 1 <= k <= j.arg):
                 return j.offset
             return None
         k += pushes - pops
