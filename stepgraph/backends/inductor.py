@@ -119,7 +119,6 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
         refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
     unsafe = _unsafe_to_fuse(gm)
     if unsafe is not None and cuda:
-        import warnings
         msg = (f"stepgraph: Inductor is not used for this step: {unsafe}; it runs as one unfused CUDA "
                "graph (backend='cudagraph'), with eager's results")
         warnings.warn(msg, stacklevel=4)
