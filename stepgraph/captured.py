@@ -100,3 +100,23 @@ def plain_floats(result):
     if not any(isinstance(v, HostFloat) for v in leaves):
         return result
     return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else v for v in leaves], spec)
+
+
+def reason_kind(reason: str) -> str:
+    """A recapture reason without its values: 'arg 0 (x) shape [4, 8] -> [5, 8]' -> 'arg (x) shape'."""
+    import re
+    head = reason.split(" -> ")[0].split(":")[0]
+    return " ".join(w for w in re.sub(r"\[[^\]]*\]|'[^']*'|[-+]?\d[\w.+-]*", " ", head).split())[:80]
+
+
+def log_recapture(step, reason: str, seconds: float) -> None:
+    """The first recapture of each kind is shown by default (logging's last-resort handler prints
+    WARNING to stderr): a varying batch shape must not be invisible. Later ones: INFO."""
+    import logging
+    kind = reason_kind(reason)
+    level = logging.INFO if kind in step._recapture_kinds else logging.WARNING
+    step._recapture_kinds.add(kind)
+    logging.getLogger("stepgraph").log(
+        level, "stepgraph: %s recaptured (graph %d of max_captures=%d, %.2fs): %s%s", step.__name__,
+        len(step._order), step.max_captures, seconds, reason,
+        "" if level == logging.INFO else " [later recaptures of this kind are logged at INFO]")

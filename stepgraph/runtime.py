@@ -19,7 +19,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .dropped import Busy, DroppedState
 from .check import checked_call
-from .capture.hooks import registered_hooks, warn_side_effects
+from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
@@ -28,15 +28,15 @@ from .capture.trace import discover_stepping_optimizers, raise_problems, trace_s
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.hostreads import GuardMiss
 from .passes.guards import place_guards
-from .captured import CapturedStep, Stats, plain_floats
-from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, make_hyper_tensor, refuse_uncapturable
+from .captured import CapturedStep, Stats, log_recapture, plain_floats
+from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, refuse_uncapturable
 from .errors import StepGraphError
 from .failures import after_failed_trace, capture_failed
 from .capture.rollback import Rollback
 from .capture.compiled import note_compiled_parts
 from .capture.libraries import untraceable_modules
 from .passes import cleanup, summarize
-from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scalars
+from .livefloats import LiveFloats
 
 log = logging.getLogger("stepgraph")
 
@@ -82,8 +82,7 @@ class StepFunction(DroppedState):
             self._guards: Guards | None = None  # (a reset also forgets live hyper-parameters)
             self._calls = 0
             self._warm_done = 0
-            self._baked_hypers: set = set()
-            self._seen_floats: dict = {}  # live candidates' values at the last warm-up or capture
+            self._live: LiveFloats | None = None  # which floats captures read live (livefloats.py)
             self._recapture_kinds: set = set()  # reasons already shown at WARNING
             self._last: CapturedStep | None = None
             self._last_quick = None
@@ -126,6 +125,7 @@ class StepFunction(DroppedState):
                 self._reg.on_death = self._state_dropped
                 self._guards = Guards(self._reg, names)
                 self._guards.find_python_values(self.fn, args)
+                self._live = LiveFloats(self._guards, self._reg, self.__name__)
             elif self._dropped or self._rescan:
                 if self._dropped:
                     self._forget_dropped()
@@ -159,7 +159,7 @@ class StepFunction(DroppedState):
                 if self.backend == "inductor" and config.get("inductor_background"):
                     from .backends.background import prestart
                     prestart()  # the compile process starts up while warm-up and tracing run
-                self._seen_floats = self._guards.candidate_values(args)
+                self._live.seen_at_warmup(args)
                 with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
                     out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
@@ -268,33 +268,6 @@ class StepFunction(DroppedState):
         else:
             self._last = self._last_quick = None
 
-    def _scheduled(self, h) -> bool:
-        """An lr an LR scheduler drives (it marks the optimizer's step): it will change."""
-        return isinstance(h, tuple) and h[2] == "lr" and \
-            hasattr(self._reg.optimizers[h[0]][1].step, "_wrapped_by_lr_sched")
-
-    def _device_scalars(self, gm, device, sig, frozen):
-        """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
-        bake them and guard their values again (a change then recaptures, with its reason)."""
-        while True:
-            try:
-                return to_device_scalars(gm, device), sig
-            except Unsupported as e:
-                labels = {h.target.live_label for h in e.roots}
-                gone = {h for h in self._guards.live if self._guards.live_label(h) in labels}
-                if not gone:  # not known which: bake them all
-                    gone, e.roots = set(self._guards.live), None
-                baked = bake_host_floats(gm, e.roots)
-                sig = self._guards.rebake(sig, frozen, gone)
-                self._baked_hypers |= gone
-                self._guards.live -= gone
-                note = (f"{', '.join(baked) or 'a live float'} cannot be fed to the graph as a tensor "
-                        f"({e}): baked and guarded, a new value recaptures")
-                log.warning("stepgraph: %s: %s", self.__name__, note)
-                self._prepared.append(note)
-                if not self._guards.live:
-                    return None, sig
-
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
@@ -304,24 +277,10 @@ class StepFunction(DroppedState):
             reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
         device = _device_of(sig.leaves, self._reg)
         backend = backends.pick(self.backend, device)
-        if backend.name == "replay":
-            # Floats a schedule may change (float lr/betas, the step's own float globals) are
-            # read live from the first capture on; one that only became a float later, from here.
-            new = [h for h in self._guards.live_candidates(args)
-                   if h not in self._guards.live and h not in self._baked_hypers]
-            if new:
-                self._guards.live.update(new)
-                if reason is not None:
-                    reason += " (now read live at each replay: no further recaptures for it)"
-                sig = self._guards.signature(args, kwargs)
-        else:
-            if self._order and device == "cuda":
-                from .capture.hostscalar import LIVE_HYPERS
-                notes = [n for h in self._guards.changed_hypers(self._order[-1].key, sig.key) if h[2] in LIVE_HYPERS
-                         for n in [make_hyper_tensor(self._reg, *h)] if n]
-                if notes:
-                    reason += f" ({'; '.join(notes)}: no further recaptures for it)"
-                    sig = self._guards.signature(args, kwargs)
+        reason, resign = self._live.before_prepare(backend.name, device, args, reason,
+                                                   self._order[-1].key if self._order else None, sig.key)
+        if resign:
+            sig = self._guards.signature(args, kwargs)
         if self._guards.pin_objects(args):
             sig = self._guards.signature(args, kwargs)
         t0 = time.perf_counter()
@@ -333,20 +292,9 @@ class StepFunction(DroppedState):
                 self._prepared += changed
                 log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
                 sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
-        if backend.name != "replay":
-            # A graph bakes scalars: a float that changed since the last call (a schedule, an lr
-            # assigned every iteration) is fed in as a device tensor (passes/device_scalars.py);
-            # one that did not stays baked, bitwise eager, until it changes. (After ``prepare``:
-            # an lr it made a device tensor is no float any more.)
-            now = self._guards.candidate_values(args)
-            new = [h for h, v in now.items() if h not in self._guards.live and h not in self._baked_hypers
-                   and (h in self._seen_floats and self._seen_floats[h] != v or self._scheduled(h))]
-            self._seen_floats = now
-            if new:
-                self._guards.live.update(new)
-                if reason is not None:
-                    reason += " (now read live at each call: no further recaptures for it)"
-                sig = self._guards.signature(args, kwargs)
+        reason, resign = self._live.after_prepare(backend.name, args, reason)
+        if resign:
+            sig = self._guards.signature(args, kwargs)
         try:
             done = None  # (result,) once this call has run to its end
             refusal = untraceable_modules(self._reg, device)
@@ -380,21 +328,7 @@ class StepFunction(DroppedState):
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
             read_notes = read_side_effects(tr, self.__name__)
             distributed.refuse_direct_collectives(tr.graph_module)
-            preds = getattr(tr.baked_hypers, "predicates", ())
-            if tr.baked_hypers or preds:
-                # The step branched on a live value: this graph depends on it, so guard it again
-                # (or only the comparison it made: ``if momentum != 0``).
-                self._baked_hypers |= tr.baked_hypers
-                self._guards.live -= tr.baked_hypers
-                self._guards.keyed |= {h for h in tr.baked_hypers if not isinstance(h, tuple)}  # untracked
-                added = self._guards.add_predicates(preds)
-                if added:
-                    # Graphs captured before answer to keys with more comparisons now: any answer.
-                    for key, e in list(self._entries.items()):
-                        del self._entries[key]
-                        for k in self._guards.rekey(key, added):
-                            self._entries.setdefault(k, e)
-                sig = self._guards.rebake(sig, frozen, tr.baked_hypers)
+            sig = self._live.after_trace(tr, sig, frozen, self._entries)
             gm = cleanup(tr.graph_module)
             tr.graph_module = gm
             checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
@@ -416,7 +350,9 @@ class StepFunction(DroppedState):
                 if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
                     refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
                 if not backend.runs_host_reads and self._guards.live:
-                    scalars, sig = self._device_scalars(gm, device, sig, frozen)
+                    scalars, sig = self._live.to_device(gm, device, sig, frozen)
+                    self._prepared += self._live.notes
+                    self._live.notes.clear()
                     if scalars is not None:
                         example.append(scalars.pack())
                 if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
@@ -447,15 +383,7 @@ class StepFunction(DroppedState):
         seconds = time.perf_counter() - t0
         self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes \
             + read_notes
-        left = [src for src, t, fn in tr.state_hooks
-                if any(h is fn for d in (t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None))
-                       if d for h in d.values())]
-        if left:
-            msg = (f"stepgraph: {self.__name__} registers hooks on {', '.join(dict.fromkeys(left))} and leaves "
-                   "them registered: in eager they stack up call after call, so every call will "
-                   "recapture; register them once outside the step, or remove them before it returns")
-            warnings.warn(msg, stacklevel=3)
-            self._hook_notes.append(msg)
+        self._hook_notes += hooks_left_registered(tr, self.__name__)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
                              sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
@@ -475,25 +403,11 @@ class StepFunction(DroppedState):
         self._last = self._last_quick = None
         if reason is not None:
             self.stats.recaptures.append(reason)
-            # The first recapture of each kind is shown by default (logging's last-resort handler
-            # prints WARNING to stderr): a varying batch shape must not be invisible.
-            kind = _reason_kind(reason)
-            level = logging.INFO if kind in self._recapture_kinds else logging.WARNING
-            self._recapture_kinds.add(kind)
-            log.log(level, "stepgraph: %s recaptured (graph %d of max_captures=%d, %.2fs): %s%s", self.__name__,
-                    len(self._order), self.max_captures, seconds, reason,
-                    "" if level == logging.INFO else " [later recaptures of this kind are logged at INFO]")
+            log_recapture(self, reason, seconds)
         else:
             log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
                      summary.ops, seconds, backend.name)
         return plain_floats(tr.result)
-
-
-def _reason_kind(reason: str) -> str:
-    """A recapture reason without its values: 'arg 0 (x) shape [4, 8] -> [5, 8]' -> 'arg (x) shape'."""
-    import re
-    head = reason.split(" -> ")[0].split(":")[0]
-    return " ".join(w for w in re.sub(r"\[[^\]]*\]|'[^']*'|[-+]?\d[\w.+-]*", " ", head).split())[:80]
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:

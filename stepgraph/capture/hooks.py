@@ -92,3 +92,18 @@ def warn_side_effects(hooks, step_name: str):
                       "warm-up and capture, not on replays (their tensor effects are captured):\n  "
                       + "\n  ".join(lines), stacklevel=4)
     return lines
+
+
+def hooks_left_registered(tr, name: str) -> list[str]:
+    """Tensor hooks the step registers and leaves registered: warned (every call recaptures)."""
+    import warnings
+    left = [src for src, t, fn in tr.state_hooks
+            if any(h is fn for d in (t._backward_hooks, getattr(t, "_post_accumulate_grad_hooks", None))
+                   if d for h in d.values())]
+    if not left:
+        return []
+    msg = (f"stepgraph: {name} registers hooks on {', '.join(dict.fromkeys(left))} and leaves "
+           "them registered: in eager they stack up call after call, so every call will "
+           "recapture; register them once outside the step, or remove them before it returns")
+    warnings.warn(msg, stacklevel=4)
+    return [msg]

@@ -1,0 +1,117 @@
+"""Which Python floats a capture reads live instead of baking, per backend.
+
+Lifecycle, per :class:`~stepgraph.runtime.StepFunction`:
+
+* warm-up call: :meth:`LiveFloats.seen_at_warmup` notes every candidate's value (float
+  hyper-parameters of each param group, float globals/cells/attributes the step's code reads);
+* each capture: :meth:`LiveFloats.choose` picks what is live for it --
+  on ``replay`` every candidate from the first capture (a live read is a dict or attribute read
+  per replay, with eager's own Python arithmetic: bitwise); on a device graph (``cudagraph``,
+  ``inductor``) only what changed since the last call or what an LR scheduler drives: those are
+  fed in as one device tensor (:meth:`to_device`, passes/device_scalars.py), the others stay
+  baked, bitwise eager, until they change (then one recapture makes them live);
+* after the trace: :meth:`after_trace` -- a value the step branched on is guarded again (or only
+  the comparison it made, ``if momentum != 0``), and graphs captured before are re-keyed.
+"""
+from __future__ import annotations
+
+import logging
+
+from .backends.cudagraph import make_hyper_tensor
+from .capture.hostscalar import LIVE_HYPERS
+from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scalars
+
+log = logging.getLogger("stepgraph")
+
+
+class LiveFloats:
+    def __init__(self, guards, reg, name: str):
+        self.guards, self.reg, self.name = guards, reg, name
+        self.baked: set = set()   # live candidates a capture had to bake: guarded by value for good
+        self.seen: dict = {}      # candidates' values at the last warm-up or device capture
+        self.notes: list = []     # for explain(): what could not be fed to a device graph
+
+    def seen_at_warmup(self, args) -> None:
+        self.seen = self.guards.candidate_values(args)
+
+    def _scheduled(self, h) -> bool:
+        """An lr an LR scheduler drives (it marks the optimizer's step): it will change."""
+        return isinstance(h, tuple) and h[2] == "lr" and \
+            hasattr(self.reg.optimizers[h[0]][1].step, "_wrapped_by_lr_sched")
+
+    def before_prepare(self, backend_name: str, device: str, args, reason, last_key, key):
+        """Live choices made before the backend's ``prepare``; returns (reason, re-sign?)."""
+        g = self.guards
+        if backend_name == "replay":
+            new = [h for h in g.live_candidates(args) if h not in g.live and h not in self.baked]
+            if new:
+                g.live.update(new)
+                if reason is not None:
+                    reason += " (now read live at each replay: no further recaptures for it)"
+            return reason, bool(new)
+        if last_key is not None and device == "cuda":
+            notes = [n for h in g.changed_hypers(last_key, key) if h[2] in LIVE_HYPERS
+                     for n in [make_hyper_tensor(self.reg, *h)] if n]
+            if notes:
+                reason += f" ({'; '.join(notes)}: no further recaptures for it)"
+                return reason, True
+        return reason, False
+
+    def after_prepare(self, backend_name: str, args, reason):
+        """A graph bakes scalars: floats that changed since the last call (or an lr a scheduler
+        drives) become live for device graphs. After ``prepare``: an lr it made a device tensor
+        is no float any more. Returns (reason, re-sign?)."""
+        if backend_name == "replay":
+            return reason, False
+        g = self.guards
+        now = g.candidate_values(args)
+        new = [h for h, v in now.items() if h not in g.live and h not in self.baked
+               and (h in self.seen and self.seen[h] != v or self._scheduled(h))]
+        self.seen = now
+        if new:
+            g.live.update(new)
+            if reason is not None:
+                reason += " (now read live at each call: no further recaptures for it)"
+        return reason, bool(new)
+
+    def after_trace(self, tr, sig, frozen, entries: dict):
+        """What the trace decided from live values; returns the signature to key the graph by."""
+        preds = getattr(tr.baked_hypers, "predicates", ())
+        if not (tr.baked_hypers or preds):
+            return sig
+        g = self.guards
+        self.baked |= tr.baked_hypers
+        g.live -= tr.baked_hypers
+        g.keyed |= {h for h in tr.baked_hypers if not isinstance(h, tuple)}  # untracked from now on
+        added = g.add_predicates(preds)
+        if added:
+            # Graphs captured before answer to keys with more comparisons now: any answer.
+            for key, e in list(entries.items()):
+                del entries[key]
+                for k in g.rekey(key, added):
+                    entries.setdefault(k, e)
+        return g.rebake(sig, frozen, tr.baked_hypers)
+
+    def to_device(self, gm, device, sig, frozen):
+        """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
+        bake them and guard their values again (a change then recaptures, with its reason).
+        Returns (DeviceScalars or None, signature)."""
+        g = self.guards
+        while True:
+            try:
+                return to_device_scalars(gm, device), sig
+            except Unsupported as e:
+                labels = {h.target.live_label for h in e.roots}
+                gone = {h for h in g.live if g.live_label(h) in labels}
+                if not gone:  # not known which: bake them all
+                    gone, e.roots = set(g.live), None
+                baked = bake_host_floats(gm, e.roots)
+                sig = g.rebake(sig, frozen, gone)
+                self.baked |= gone
+                g.live -= gone
+                note = (f"{', '.join(baked) or 'a live float'} cannot be fed to the graph as a tensor "
+                        f"({e}): baked and guarded, a new value recaptures")
+                log.warning("stepgraph: %s: %s", self.name, note)
+                self.notes.append(note)
+                if not g.live:
+                    return None, sig
