@@ -322,7 +322,8 @@ class StepFunction(DroppedState):
                 rollback = None   # its copies of the state: not kept past the trace
             done = (tr.result,)
             raise_problems(tr.problems)
-            refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args))
+            refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args),
+                                       scheduled=bool(tr.scheduler_steps))
             append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
                                         self.__name__)
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)

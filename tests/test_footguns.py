@@ -18,14 +18,13 @@
     replays could not accumulate into a different tensor each call (test_bad_input.py).
 (j) On the GPU, optimizers switch to PyTorch's capturable form (device step counters, a device
     tensor ``lr``): numerics are PyTorch's capturable path, not its default (test_cuda.py).
-(k) On the CPU a float ``lr`` or Adam's ``betas`` is read live from param_groups at each replay
-    from the first capture (a scheduler never recaptures, eager-exact); other float
-    hyper-parameters (SGD's momentum, weight_decay) recapture per distinct value up to
-    max_captures. On the GPU lr is a device tensor for Adam/AdamW/fused optimizers (never
-    recaptures); capturable Adam/AdamW's cycling betas[0] (OneCycleLR) recaptures once, then is a
-    device tensor filled in place, with Adam's single-tensor form (foreach reads tensor betas on
-    the host); fused Adam's betas and other float hyper-parameters recapture per value
-    (test_real_loops.py, test_cuda_loops.py).
+(k) (no longer a difference on the CPU) Every float hyper-parameter (lr, betas, momentum,
+    weight_decay, eps, ...) is read live at each replay from the first capture; where the
+    optimizer branches on one (``if momentum != 0``) only that answer is guarded. On the GPU a
+    float that changed since the previous call, or an lr an LR scheduler drives, is fed to the
+    graph as a device tensor; the ops taking it are rewritten to kernels rounding as the scalar
+    forms (SGD/Adadelta bitwise in fp32); with bf16/fp16 parameters the value is rounded to the
+    parameter dtype first (not eager's fp32 scalar) (test_guards.py, test_cuda_live.py).
 (l) Returned plain dataclasses are registered as torch pytree nodes; other objects that hold
     tensors the step computed are refused with a CaptureError (replays would return stale ones).
 (m) DistributedDataParallel steps are captured with their all-reduce, bitwise equal to eager DDP;
@@ -36,6 +35,12 @@
     process ends, or at the process group's timeout.
     ``find_unused_parameters=True``, comm hooks and direct ``dist.all_reduce`` calls are refused
     (test_distributed.py).
+(o) A Python number the step computes from an lr *after* a scheduler stepped inside the step
+    (``sched.step(); return lr * 2``) is the capture's value on every replay (warned at capture);
+    the lr itself, returned, is read live (test_pyvalues.py, test_o below).
+(p) On the GPU a step with host reads runs as CUDA-graph segments with one sync per read (as
+    eager); ``backend="inductor"`` does not fuse such steps (unfused CUDA graph, warned), nor
+    steps using cuDNN attention (measured 0.26 from eager when fused; test_cuda_sdpa.py).
 (n) ``backend="inductor"`` compiles in a child process while calls run the unfused graph
     (eager's kernels, bitwise), then switches to the fused graph (fp tolerance) at whichever call
     finds the compile done: the switch call depends on timing. ``step.wait_compiled()`` switches
@@ -279,3 +284,22 @@ def test_n_inductor_switches_from_unfused_to_fused_when_its_compile_is_done():
     for k in range(3, 6):
         torch.testing.assert_close(step(*case.make_batch(k)), eager(*case.make_batch(k)), rtol=1e-5, atol=1e-6)
     assert step._order[0].run.fused_at_call == 2  # this graph's 2nd replay ran fused
+
+
+def test_o_number_from_an_lr_a_scheduler_changed_inside_the_step_is_frozen_and_warned():
+    model, opt, _, _ = setup(opt_cls=torch.optim.SGD, lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+
+    def step(x, y):
+        loss = train(model, opt, x, y)
+        sched.step()
+        return loss.detach(), opt.param_groups[0]["lr"], opt.param_groups[0]["lr"] * 2
+
+    sg = stepgraph.compile(step)
+    with pytest.warns(UserWarning, match="returns Python number"):
+        sg(*batch(0))
+        sg(*batch(1))
+    _, lr, twice = sg(*batch(2))
+    assert lr == 0.1 * 0.5 ** 3            # live: this call's lr
+    assert twice == 2 * 0.1 * 0.5 ** 2     # frozen: the capture's
+    assert counts(sg) == (1, 1, 1), sg.stats.recaptures
