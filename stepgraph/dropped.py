@@ -41,6 +41,8 @@ class DroppedState:
         self._warm_done = 0   # the next model warms up (an optimizer makes its state) as the first did
         self._guards.live.clear()
         self._guards.keyed.clear()
-        self._baked_hypers.clear()
+        self._guards.preds.clear()
+        from .livefloats import LiveFloats
+        self._live = LiveFloats(self._guards, self._reg, self.__name__)   # (its baked values were the dropped state's)
         self._guards.py = PyValues()   # sources found through the dropped state: read again
         self._rescan = True

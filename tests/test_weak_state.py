@@ -4,6 +4,7 @@ freed at once, and a model passed later is captured afresh -- never replayed on 
 tensors, even when it reuses the dead object's address."""
 import copy
 import gc
+import sys
 import weakref
 
 import torch
@@ -46,8 +47,14 @@ def test_a_dropped_model_and_optimizer_are_freed_and_a_new_model_captures_fresh(
     run(sg, m, o, t, ot, range(4))
     assert sg.stats.captures == 1 and sg.stats.replays == 2
     refs = [weakref.ref(x) for x in (m, o, m[0].weight, m[1].running_mean, o.state[m[0].weight]["exp_avg"])]
-    del m, o
-    gc.collect()
+    raised = []   # an exception in the weakref callback is only printed ("Exception ignored")
+    hook, sys.unraisablehook = sys.unraisablehook, raised.append
+    try:
+        del m, o
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    assert not raised, [str(r.exc_value) for r in raised]
     assert all(r() is None for r in refs), [r() is not None for r in refs]
     assert sg.graphs == []
     m2, o2, t2, ot2 = fresh(1)
