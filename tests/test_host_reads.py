@@ -262,3 +262,65 @@ def test_math_functions_of_read_and_live_values_stay_live():
         PHASE = 0.1 * k
         t(*batch(k))
     assert (t.stats.captures, t.stats.replays) == (1, 4), t.stats
+
+
+def test_boolean_mask_shape_is_guarded_not_refused():
+    """``logits[y != -100]`` (a data-dependent shape) was refused with a CaptureError; now the
+    graph holds for the count the trace saw, a replay reads the shape (the op syncs in eager too)
+    and a new count captures a sibling graph: bitwise with eager for every count."""
+    import copy
+    import stepgraph
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.AdamW(m.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+
+    def make(model, opt):
+        def step(x, y):
+            keep = y != -100
+            loss = F.cross_entropy(model(x)[keep], y[keep])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    for i in range(10):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        y[: i % 3] = -100
+        assert torch.equal(sg(x, y), eager(x, y)), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert sg.stats.captures == 3 and sg.stats.replays == 6, sg.stats   # one graph per count
+    assert any("shape of aten.index.Tensor" in r for r in sg.stats.recaptures)
+
+
+def test_tolist_of_a_small_tensor_is_read_at_each_replay():
+    """``t.tolist()`` was refused; now each element is a host read: floats live (a returned list
+    is this call's), ints guarded by value (a new value captures a sibling)."""
+    import copy
+    import stepgraph
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        def step(x, y):
+            logits = model(x)
+            loss = F.cross_entropy(logits, y)
+            per_class = logits.detach().mean(0).tolist()
+            top = logits.detach().argmax(1)[:2].tolist()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), per_class, top
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    for i in range(8):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        (a, pa, ta), (b, pb, tb) = sg(x, y), eager(x, y)
+        assert torch.equal(a, b) and pa == pb and ta == tb, i
+        assert all(type(v) is float for v in pa) and all(type(v) is int for v in ta)
+    assert sg.stats.replays >= 1

@@ -161,6 +161,9 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
             problems_out.append("host-scalar")
+        if n.op == "call_function" and getattr(n.target, "__name__", "") == "tensor_shape" \
+                and "dynamic-shape" not in problems_out:
+            problems_out.append("dynamic-shape")   # (capture/trace.py: a data-dependent shape, guarded)
         val = n.meta.get("val")
         for v in val if isinstance(val, (list, tuple)) else [val]:
             if isinstance(v, torch.Tensor) and v.device.type == "cuda":
@@ -202,6 +205,13 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
                 "with preserve_rng_state=False")
     problems: list = []
     check_graph(gm, problems)
+    if "dynamic-shape" in problems:
+        raise NeedsReplay(
+            "the step has an op whose output shape depends on tensor values (nonzero, a boolean "
+            "mask, unique): it syncs with the host to allocate, which a CUDA graph cannot record",
+            op="data-dependent shape", where="the step",
+            fix="use backend='replay' (backend='auto' does so), or keep shapes static (torch.where, "
+                "multiplying by a mask)")
     if "sparse" in problems:
         raise NeedsReplay(
             "the step computes with sparse CUDA tensors: cuSPARSE's kernels synchronise with the host "

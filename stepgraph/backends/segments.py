@@ -145,7 +145,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
     """The step as CUDA-graph segments between its host reads; the per-call runner."""
     problems: list = []
     check_graph(gm, problems)
-    if "sparse" in problems:
+    if "sparse" in problems or "dynamic-shape" in problems:
         refuse_uncapturable(gm)  # (raises its NeedsReplay)
     if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
         refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)

@@ -161,14 +161,20 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
 
 
 @contextlib.contextmanager
-def _host_read_patches(problems: list):
+def _host_read_patches(problems: list, tolist=None):
     """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op, and hooks
     run by the autograd engine do not see torch-function modes: patch the methods themselves
-    for the trace so a read inside a backward hook is refused too."""
+    for the trace so a read inside a backward hook is refused too. ``tolist(t)``: how to read a
+    traced tensor's list instead (element by element, as host reads), or None to refuse."""
     saved = {}
 
     def wrap(name, orig):
         def method(self, *a, **k):
+            if name == "tolist" and tolist is not None and _is_traced(self) and not a and not k \
+                    and not getattr(_host_read_patches, "inside", False):
+                got = tolist(self)
+                if got is not NotImplemented:
+                    return got
             if _is_traced(self) and not getattr(_host_read_patches, "inside", False):
                 stack = traceback.extract_stack()
                 op, fix = _HOST_READS[orig]

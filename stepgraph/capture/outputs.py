@@ -56,7 +56,8 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
     """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
     paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
     guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
-    guarded |= {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}
+    read_guarded = {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}  # (host reads, by value)
+    guarded |= read_guarded
     checked = tr.uses.returned if tr.uses is not None else set()  # checks hold them (tracked.py)
     out, unsure = [], []
     for (kind, v), where in zip(tr.out_leaves, paths):
@@ -68,7 +69,8 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
         if group_hit is not None and isinstance(v, float):
             out.append(("live", group_reader(*group_hit)))
             continue
-        if not (isinstance(v, float) and id(v) in guarded) and id(v) not in checked and v not in py.literals:
+        if not (isinstance(v, float) and id(v) in guarded) and id(v) not in read_guarded \
+                and id(v) not in checked and v not in py.literals:
             unsure.append(f"output{where}={_show(guard_value(v))}")
         out.append((kind, float(v) if isinstance(v, float) else v))
     tr.out_leaves = out

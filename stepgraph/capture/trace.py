@@ -193,14 +193,51 @@ def _dynamic_problem(func, args) -> str | None:
     return None
 
 
+_TOLIST_MAX = 256   # elements: each is one host read (a graph node) at every replay
+
+
+def _tolist(t: torch.Tensor, reads: ReadLog):
+    """``t.tolist()`` of a tensor the step computed: each element read as ``.item()`` is (floats
+    live, ints and bools guarded by value), nested as ``tolist`` nests them. NotImplemented for
+    a large tensor (refused: one host read per element)."""
+    if t.numel() > _TOLIST_MAX:
+        return NotImplemented
+    tracer = get_proxy_mode().tracer
+    flat = t.reshape(-1)
+    items = [read_scalar(tracer, flat[i], _T.item, reads) for i in range(t.numel())]
+    if t.dim() == 0:
+        return items[0]
+    for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
+        items = [items[i:i + d] for i in range(0, len(items), d)]
+    return items
+
+
+def tensor_shape(t) -> tuple:
+    """Graph node: a tensor's shape, read on the host (what a data-dependent shape guard checks)."""
+    return tuple(t.shape)
+
+
 class _DispatchCheckMode(TorchDispatchMode):
-    def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None):
+    def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
+                 reads: ReadLog | None = None):
         super().__init__()
+        self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
         self.problems = problems
         self.cuda_step = cuda_step
         self.host_scalar_ops = 0
         self.known = known if known is not None else set()
         self.foreign_seen: set = set()
+
+    def _shape_guards(self, func, out) -> None:
+        from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+        tracer = get_proxy_mode().tracer
+        site = user_frame()
+        for t in pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer):
+                node = get_proxy_slot(t, tracer).proxy.node
+                shape = tracer.create_node("call_function", tensor_shape, (node,), {})
+                self.reads.guard(shape, tuple(t.shape), f"the shape of {func}'s output (it depends on "
+                                 "tensor values)", site)
 
     def _foreign_history(self, args, kwargs) -> None:
         """A tensor computed *before* the step, with autograd history (REINFORCE's saved
@@ -224,6 +261,12 @@ class _DispatchCheckMode(TorchDispatchMode):
         kwargs = kwargs or {}
         self._foreign_history(args, kwargs)
         found = _dynamic_problem(func, args)
+        if found is not None and self.reads is not None and torch.Tag.dynamic_output_shape in func.tags:
+            # nonzero, boolean masks, unique: this graph holds for the output shape the trace saw;
+            # a replay reads it on the host (as the op itself syncs, in eager too) and guards it.
+            out = func(*args, **kwargs)
+            self._shape_guards(func, out)
+            return out
         if found is not None:
             what, fix = found
             stack = traceback.extract_stack()
@@ -326,10 +369,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
-        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems), tracing_hints(_is_traced), \
+        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
-                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known)), \
+                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
                 sinks(uses), TrackMode(uses):
