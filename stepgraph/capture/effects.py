@@ -170,8 +170,11 @@ def _host_read_patches(problems: list, tolist=None):
 
     def wrap(name, orig):
         def method(self, *a, **k):
+            # (inside a backward hook, run by the autograd engine, torch-function modes do not
+            # see what Python does with the values: refused there, as .item() is)
             if name == "tolist" and tolist is not None and _is_traced(self) and not a and not k \
-                    and not getattr(_host_read_patches, "inside", False):
+                    and not getattr(_host_read_patches, "inside", False) \
+                    and torch._C._current_graph_task_id() == -1:
                 got = tolist(self)
                 if got is not NotImplemented:
                     return got
