@@ -1,0 +1,105 @@
+"""CUDA-graph segments (backends/segments.py) exercised on the CPU: each "CUDA graph" is
+emulated by re-running the segment into the static outputs a recording would own, so the
+splitting, the order of segments and host reads, the guard miss and the fixed values a
+segment takes are tested in CI (the real recording runs in tests/test_cuda_segments.py)."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+
+import stepgraph
+from stepgraph import backends
+from stepgraph.backends import cudagraph, segments
+
+
+class _EmulatedGraph:
+    def __init__(self, fn, args, outs):
+        self.fn, self.args, self.outs = fn, args, outs
+
+    def replay(self):
+        with torch.no_grad():
+            res = self.fn(*self.args)
+        for s, o in zip(self.outs, res):
+            if isinstance(s, torch.Tensor):
+                s.copy_(o)
+
+
+@pytest.fixture
+def emulated_cudagraph(monkeypatch):
+    state: list = []
+
+    def record(fn, args, pool):
+        # A recording runs nothing; here the segment runs once on copies of the state it
+        # writes, only for its output shapes (the state is put back).
+        with torch.no_grad():
+            saved = [(t, t.clone()) for t in state]
+            res = list(fn(*args))
+            for t, c in saved:
+                t.copy_(c)
+        outs = [torch.empty_like(o) if isinstance(o, torch.Tensor) else o for o in res]
+        return _EmulatedGraph(fn, args, outs), outs
+    monkeypatch.setattr(segments, "_record", record)
+    cpu = dataclasses.replace(cudagraph.BACKEND, device_types=("cpu", "cuda"))
+    orig = backends._registry
+    monkeypatch.setattr(backends, "_registry", lambda: {**orig(), "cudagraph": cpu})
+    return state
+
+
+def _pair():
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 2))
+    m2 = copy.deepcopy(m)
+    o, o2 = (torch.optim.SGD(x.parameters(), lr=0.1, momentum=0.9) for x in (m, m2))
+    return m, m2, o, o2
+
+
+def _skip_step(model, opt):
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        if not torch.isfinite(loss):
+            opt.zero_grad()
+            return {"loss": loss.item(), "skipped": True}
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return {"loss": loss.item(), "skipped": False}
+    return step
+
+
+def test_segments_between_host_reads_match_eager(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+    sg, eager = stepgraph.compile(_skip_step(m, o), backend="cudagraph"), _skip_step(m2, o2)
+    for i in range(7):
+        if i == 1:  # the state a segment writes, for the emulated recording to put back
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        if i == 4:
+            x[0, 0] = float("nan")
+        a, b = sg(x, y), eager(x, y)
+        assert a["skipped"] == b["skipped"] and (a["loss"] == b["loss"] or a["skipped"]), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    first = sg.captures[0]
+    assert first.backend == "cudagraph" and len(first.run.segments) == 2, sg.explain()
+    assert "CUDA graph segments: 2" in sg.explain()
+    assert sg.stats.captures == 2 and sum(sg.stats.guard_misses.values()) >= 1, sg.stats
+
+
+def test_a_read_only_returned_needs_one_segment(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        def step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.item()
+        return step
+    sg, eager = stepgraph.compile(make(m, o), backend="cudagraph"), make(m2, o2)
+    for i in range(5):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        assert sg(x, y) == eager(x, y), i
+    assert len(sg.captures[-1].run.segments) == 1
