@@ -56,6 +56,18 @@ class CapturedStep:
         memo: dict = {}
         return next((c.miss(leaves, args) for c in self.checks if not c.holds(leaves, args, memo)), "")
 
+    def number_effects(self, args, kwargs) -> None:
+        """Numbers the step assigned from tracked arithmetic (``completed_steps += 1``): computed
+        from the values before any is written, then written, as the step's Python did."""
+        effects = self.trace.number_effects
+        if not effects:
+            return
+        leaves = pytree.tree_leaves((args, kwargs))
+        memo: dict = {}
+        values = [e.value(leaves, args, memo) for e in effects]
+        for e, v in zip(effects, values):
+            e.write(v, args)
+
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
         leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))

@@ -208,7 +208,9 @@ class StepFunction(DroppedState):
         try:
             if len(self.stats.check_reports) < self.check:
                 return checked_call(self, entry, replay, args, kwargs, self.check_rtol), None
-            return replay(), None
+            out = replay()
+            entry.number_effects(args, kwargs)
+            return out, None
         except GuardMiss as miss:
             self.stats.replays -= 1
             self.stats.guard_misses[miss.site] = self.stats.guard_misses.get(miss.site, 0) + 1
@@ -323,7 +325,8 @@ class StepFunction(DroppedState):
             done = (tr.result,)
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args),
-                                       scheduled=bool(tr.scheduler_steps))
+                                       scheduled=bool(tr.scheduler_steps),
+                                       replayed=[e.source for e in tr.number_effects])
             append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
                                         self.__name__)
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)

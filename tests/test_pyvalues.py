@@ -273,3 +273,37 @@ def test_lr_returned_after_a_scheduler_step_inside_the_step():
     assert all(a == b for a, b in got), got
     got, msgs = run(True)
     assert any("returns Python number" in m for m in msgs), msgs
+
+
+def test_a_counter_the_step_increments_is_replayed():
+    """``completed_steps += 1`` inside the step (the Hugging Face scripts' idiom) was refused
+    as a Python side effect; the new value is arithmetic on tracked numbers, so each replay
+    computes it again and writes it back: the counter ends where eager's does, one graph per
+    branch of ``step % accum``."""
+    import copy
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        done = 0
+
+        def step(x, i):
+            nonlocal done
+            loss = model(x).square().mean() / 2
+            loss.backward()
+            if i % 2 == 1:
+                opt.step()
+                opt.zero_grad()
+                done += 1
+            return loss.detach()
+        return step, lambda: done
+    (f, done_sg), (g, done_eager) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    for i in range(10):
+        x = torch.randn(3, 4)
+        assert torch.equal(sg(x, i), g(x, i)), i
+        assert done_sg() == done_eager(), (i, done_sg(), done_eager())
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert sg.stats.captures == 2 and sg.stats.replays == 7, sg.stats

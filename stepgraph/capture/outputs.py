@@ -38,11 +38,15 @@ def warn_appends(py, before: list, after: list, step_name: str) -> list:
     return notes
 
 
-def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False) -> None:
-    """Raise when the traced call changed a Python value its own code reads. (A param group's
-    value an LR scheduler stepped inside the step changed is not refused: replays step it too.)"""
+def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
+                               replayed=()) -> None:
+    """Raise when the traced call changed a Python value its own code reads. Not refused: a
+    param group's value an LR scheduler stepped inside the step changed, and a number assigned
+    from tracked arithmetic (``replayed``, ``completed_steps += 1``): replays redo both."""
+    replayed = {id(s) for s in replayed}
     for s, a, b in zip(py.sources, before, after):
-        if a != b and s.from_step and not (scheduled and ".param_groups[" in s.describe()):
+        if a != b and s.from_step and id(s) not in replayed \
+                and not (scheduled and ".param_groups[" in s.describe()):
             raise CaptureError(
                 f"the step changes the Python value {s.describe()} ({_show(a)} -> {_show(b)}); a replay "
                 "runs no Python code, so it would not change it again\n  this call ran eagerly to its "

@@ -66,6 +66,7 @@ class TraceResult:
     reads: ReadLog | None = None         # host reads: value guards, printed values (hostreads.py)
     uses: UseLog | None = None           # what the step did with tracked numbers (tracked.py)
     track: TrackPlan | None = None       # which numbers were tracked (trackplan.py)
+    number_effects: list = field(default_factory=list)  # trackplan.NumberEffect: replayed after each call
 
 
 _TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
@@ -393,7 +394,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                swap_out(swapped, a)
+                box["number_effects"] = swap_out(swapped, a)
         out = unwrap_result(out, uses)
         box["result"] = out
         _register_dataclasses(out)
@@ -461,7 +462,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
-                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track)
+                       box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
+                       number_effects=box.get("number_effects", []))
 
 
 def _output_reads(gm, out_leaves: list) -> list:

@@ -172,9 +172,35 @@ def swap_in(track: TrackPlan, uses, args) -> list:
     return swapped
 
 
-def swap_out(swapped: list, args) -> None:
+@dataclass(eq=False)
+class NumberEffect:
+    """A tracked number the step assigned from arithmetic on tracked numbers (``completed_steps
+    += 1``): after each replay the expression is evaluated again and written where the step
+    wrote it, as eager's Python would."""
+    root: object          # numchecks.Root: where it is written
+    container: object     # the dict of a record attribute, or None (a Source)
+    expr: object          # numchecks expression over Roots and constants
+
+    @property
+    def source(self):
+        return self.root.ref if self.container is None else self.root.ref[0]
+
+    def value(self, leaves, args, memo):
+        from .numchecks import evaluate
+        return evaluate(self.expr, leaves, args, memo)
+
+    def write(self, value, args) -> None:
+        if self.container is None:
+            write(self.root.ref, value, args)
+        else:
+            self.container[self.root.ref[1]] = value
+
+
+def swap_out(swapped: list, args) -> list:
     """Put the values back, unless the step assigned new ones (then those stay, as plain
-    numbers): what eager leaves. Runs even when the step raised."""
+    numbers): what eager leaves. Runs even when the step raised. Returns the
+    :class:`NumberEffect` of each number the step assigned from tracked arithmetic."""
+    effects = []
     for r, d, v, p in reversed(swapped):
         try:
             if d is None:
@@ -185,5 +211,8 @@ def swap_out(swapped: list, args) -> None:
                 cur = d.get(r.ref[1])
                 if cur is p or type(cur) in _PROXIES:
                     d[r.ref[1]] = v if cur is p else cur._v
+            if cur is not p and type(cur) in _PROXIES and getattr(cur, "_e", None) is not None:
+                effects.append(NumberEffect(r, d, cur._e))
         except Exception:  # noqa: BLE001 - the step deleted or replaced the container
             pass
+    return effects
