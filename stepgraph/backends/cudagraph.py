@@ -278,29 +278,10 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
     """
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
-    side = side_stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    prev = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(False)
-    try:
-        # cuBLAS keeps one ~32 MiB workspace per stream: the caller's (from the eager calls) and
-        # the capture stream's would both stay alive, which dominates a small model's memory.
-        # Drop them before recording, as torch's cudagraph trees do: the caller's comes back on
-        # its next eager matmul, and the capture allocates its own inside the graph's pool.
-        _clear_cublas_workspaces()
-        with recording(), torch.cuda.graph(graph, pool=pool, stream=side):
-            outs = fn(*static)
-    finally:
-        torch._C._set_grad_enabled(prev)
-    torch.cuda.current_stream().wait_stream(side)
-    outs = list(outs)
+    graph, outs = capture_graph(fn, static, pool)
     static_ptrs = [x.data_ptr() for x in static]
     written = set(inputs_written)
     n_user = len(outs) if n_user_outputs is None else n_user_outputs
-    state = list(state_tensors)
-    state_ptrs = [t.data_ptr() for t in state]
-    state_idx = list(range(len(state)))
 
     def run(inputs):
         copied = []
@@ -316,8 +297,42 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
             return [o.clone() for o in outs[:n_user]] + outs[n_user:]
         return outs
 
+    run.graph = graph
+    run.static_inputs = static
+    run.static_outputs = outs
+    run.stale = moved_state_check(state_tensors)
+    return run
+
+
+def capture_graph(fn, args, pool):
+    """Record ``fn(*args)`` into a new CUDA graph on the side stream, with ``args`` themselves
+    as its inputs; ``(graph, outputs)``. Grad mode is off: the graph holds the backward."""
+    side = side_stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    prev = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        # cuBLAS keeps one ~32 MiB workspace per stream: the caller's (from the eager calls) and
+        # the capture stream's would both stay alive, which dominates a small model's memory.
+        # Drop them before recording, as torch's cudagraph trees do: the caller's comes back on
+        # its next eager matmul, and the capture allocates its own inside the graph's pool.
+        _clear_cublas_workspaces()
+        with recording(), torch.cuda.graph(graph, pool=pool, stream=side):
+            outs = fn(*args)
+    finally:
+        torch._C._set_grad_enabled(prev)
+    torch.cuda.current_stream().wait_stream(side)
+    return graph, list(outs)
+
+
+def moved_state_check(state_tensors):
+    """``stale()``: a reason when state a graph holds by address has moved since capture."""
+    state = list(state_tensors)
+    state_ptrs = [t.data_ptr() for t in state]
+    state_idx = list(range(len(state)))
+
     def stale() -> str | None:
-        """A reason when state the graph holds by address has moved since capture."""
         if _PTRS_EQUAL is not None:
             if _PTRS_EQUAL(state, state_ptrs, state_idx):
                 return None
@@ -327,12 +342,7 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
             if t.data_ptr() != p:
                 return "state tensor storage moved since capture (load_state_dict / .to() / .data =)"
         return None
-
-    run.graph = graph
-    run.static_inputs = static
-    run.static_outputs = outs
-    run.stale = stale
-    return run
+    return stale
 
 
 def record_after_first_call(fn, **opts):

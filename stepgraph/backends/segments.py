@@ -26,8 +26,8 @@ import torch
 from torch import fx
 
 from ..capture.hostreads import host_guard
-from .cudagraph import (NeedsReplay, _clear_cublas_workspaces, _drop_idle_rng_state_calls, check_graph, recording,
-                        refuse_uncapturable, side_stream)
+from .cudagraph import (NeedsReplay, _drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
+                        refuse_uncapturable)
 from .replay import generate
 
 _READ = torch.ops.aten._local_scalar_dense.default
@@ -121,22 +121,8 @@ def _segment_module(gm: fx.GraphModule, nodes: list) -> Segment:
     return Segment(fx.GraphModule(gm, g), inputs, outputs)
 
 
-def _record(fn, args, pool):
-    """Record ``fn(*args)`` with ``args`` themselves as its inputs (the previous segment's
-    static outputs, the step's static inputs): nothing is copied between segments."""
-    side = side_stream()
-    side.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    prev = torch.is_grad_enabled()
-    torch._C._set_grad_enabled(False)
-    try:
-        _clear_cublas_workspaces()
-        with recording(), torch.cuda.graph(graph, pool=pool, stream=side):
-            outs = fn(*args)
-    finally:
-        torch._C._set_grad_enabled(prev)
-    torch.cuda.current_stream().wait_stream(side)
-    return graph, list(outs)
+# (a module global, so the CPU tests can emulate the recording: tests/test_segments_cpu.py)
+_record = capture_graph
 
 
 def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
@@ -216,15 +202,8 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
             return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[:k]] + outs[k:]
         return outs
 
-    ptrs = [t.data_ptr() for t in state_tensors]
-
-    def stale() -> str | None:
-        if any(t.data_ptr() != p for t, p in zip(state_tensors, ptrs)):
-            return "state tensor storage moved since capture (load_state_dict / .to() / .data =)"
-        return None
-
     run.segments = segments
-    run.stale = stale
+    run.stale = moved_state_check(state_tensors)
     run.static_inputs = static
     return run
 
