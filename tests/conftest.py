@@ -1,8 +1,21 @@
 import os
 import sys
 
+import pytest
+import torch
+
 # Tests import the checkout's stepgraph (installed or not) and the shared harness beside them.
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower).
+    Modules use it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

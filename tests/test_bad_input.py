@@ -27,13 +27,7 @@ set_hypothesis_home_dir(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 
 # ---- harness -----------------------------------------------------------------------------
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def make_model(dtype=torch.float32, out=4):

@@ -26,12 +26,7 @@ OPS = ["aten.native_batch_norm.default", "aten.bernoulli_.float", "aten.native_b
        "aten._foreach_mul_.Tensor", "aten.addcdiv_.default"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 def _make(m, opt, sched):

@@ -52,13 +52,7 @@ COMMON = textwrap.dedent('''
 exec(COMMON)  # defines make_model, make_opt, batch, train_step here
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 class Pair:

@@ -4,19 +4,13 @@ never WRONG, never an unclear error, never a silent eager fallback."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from clients import harness
 
 ACCEPTED = {harness.OK, harness.CLEAR, harness.RECAPTURES, "SKIP"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 @pytest.mark.parametrize("name", harness.names())

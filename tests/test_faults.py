@@ -34,13 +34,7 @@ EXCEPTIONS = {
 POINTS = ("start", "in_backward", "after_backward", "after_opt")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny ops: one intra-op thread (2 OpenMP threads on a loaded 2-core box are ~5x slower)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
 # ---- harness -----------------------------------------------------------------------------
