@@ -13,7 +13,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import stepgraph  # noqa: E402
-from stepgraph import models  # noqa: E402
+from stepgraph.tools import models  # noqa: E402
 
 
 def run(variant, args, steps=60, warm=5):

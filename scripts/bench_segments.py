@@ -12,7 +12,7 @@ import statistics
 import torch
 
 import stepgraph
-from stepgraph import models
+from stepgraph.tools import models
 
 
 def make_step(case, opt, read):
@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--case", default="gpt2l")
     args = ap.parse_args()
-    from stepgraph.bench import CASES
+    from stepgraph.tools.bench import CASES
     cfg = CASES[args.case]
     out = {}
     for name, read, compiled in [("eager", False, False), ("eager+read", True, False),

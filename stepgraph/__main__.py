@@ -1,3 +1,3 @@
-from .demo import main
+from .tools.demo import main
 
 raise SystemExit(main())

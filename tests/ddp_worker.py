@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
-from stepgraph import models  # noqa: E402
+from stepgraph.tools import models  # noqa: E402
 
 RANK = int(os.environ["RANK"])
 DEVICE = os.environ.get("DDP_DEVICE", "cpu")

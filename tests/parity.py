@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import stepgraph
-from stepgraph import models
+from stepgraph.tools import models
 
 OPTIMIZERS = {
     "sgd": lambda ps, **kw: torch.optim.SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-2, **kw),

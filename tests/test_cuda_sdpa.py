@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import stepgraph
-from stepgraph import models
+from stepgraph.tools import models
 from parity import rel_err
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

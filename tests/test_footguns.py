@@ -271,7 +271,7 @@ def test_g_eval_mode_step_with_backward_recaptures_and_works():
 def test_n_inductor_switches_from_unfused_to_fused_when_its_compile_is_done():
     """Known difference: which call first runs the fused graph depends on the compile's timing;
     before it the results are eager's bitwise, after it within fp tolerance."""
-    from stepgraph import models
+    from stepgraph.tools import models
     case = models.build("mlp", width=16, depth=2)
     twin = case.fresh()
     opt, opt2 = torch.optim.SGD(case.model.parameters(), lr=0.1), torch.optim.SGD(twin.model.parameters(), lr=0.1)

@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 import stepgraph
-from stepgraph import models
+from stepgraph.tools import models
 
 CALLS = 7  # 1 warm-up + 1 capture + 5 replays
 

@@ -29,7 +29,7 @@ def test_inductor_parity(family, opt_name, form):
 
 def test_inductor_reports_compile_time_and_keeps_user_optimizer_flags():
     import stepgraph
-    from stepgraph import models
+    from stepgraph.tools import models
     case = models.build("mlp", width=16, depth=2)
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3, fused=True)
 
@@ -77,7 +77,7 @@ def test_inductor_sgd_update_from_a_matmul_keeps_its_alpha():
 
 
 def _mlp_step(width=16, device="cpu"):
-    from stepgraph import models
+    from stepgraph.tools import models
     case = models.build("mlp", width=width, depth=2, device=device)
     opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)
     return case, opt, models.train_step(case.model, case.loss_fn, opt)
@@ -92,7 +92,7 @@ def test_inductor_background_compile_does_not_block_and_switches_seamlessly():
     case, opt, step = _mlp_step()
     twin = case.fresh()
     opt2 = torch.optim.AdamW(twin.model.parameters(), lr=1e-3)
-    from stepgraph import models
+    from stepgraph.tools import models
     eager = models.train_step(twin.model, twin.loss_fn, opt2)
     sg = stepgraph.compile(step, backend="inductor")
     t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def test_inductor_failed_blocking_compile_warns_and_runs_the_unfused_graph(monke
     The graph steps the optimizer's capturable form, traced for Inductor: parameters within fp
     tolerance of eager's."""
     import stepgraph
-    from stepgraph import models
+    from stepgraph.tools import models
     from stepgraph.backends import inductor
     monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
 
@@ -173,7 +173,7 @@ def test_inductor_switch_does_not_hold_the_state_twice():
     """The first fused call is that call's real step (then recorded), not a warm-up on copies
     of the parameters and optimizer state: the switch's peak memory stays near an eager step's."""
     import stepgraph
-    from stepgraph import models
+    from stepgraph.tools import models
     case = models.build("mlp", width=2048, depth=4, batch=8, device="cuda")
     twin = case.fresh()
     eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
@@ -209,7 +209,7 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
     recording must not lose that step nor stop training (later calls run the compiled step
     without a CUDA graph, with a warning)."""
     import stepgraph
-    from stepgraph import models
+    from stepgraph.tools import models
     from stepgraph.backends import cudagraph
     case, opt, step = _mlp_step(device="cuda")
     twin = case.fresh()

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from stepgraph import models
+from stepgraph.tools import models
 
 # Small configs keep the whole file well under a few seconds on a 2-core CPU.
 VARIANTS = [

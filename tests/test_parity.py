@@ -36,7 +36,7 @@ def test_family_foreach_adamw(family):
 def test_dropout_replays_draw_fresh_masks_like_eager():
     """With the same seed before each step, replays draw exactly eager's dropout masks."""
     import stepgraph
-    from stepgraph import models
+    from stepgraph.tools import models
     from parity import make_step
     cfg = dict(layers=1, d=32, heads=2, vocab=64, seq=16, dropout=0.3)
     case = models.build("gpt", **cfg)

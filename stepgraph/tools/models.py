@@ -362,8 +362,8 @@ FAMILIES: dict[str, Callable[..., Case]] = {
     "hooked_mlp": hooked_mlp,
     "tied": tied,
     # Hugging Face models (transformers imported only when built): see models_hf.py.
-    "hf_gpt2": lambda **kw: __import__("stepgraph.models_hf", fromlist=["x"]).hf_gpt2(**kw),
-    "hf_llama": lambda **kw: __import__("stepgraph.models_hf", fromlist=["x"]).hf_llama(**kw),
+    "hf_gpt2": lambda **kw: __import__("stepgraph.tools.models_hf", fromlist=["x"]).hf_gpt2(**kw),
+    "hf_llama": lambda **kw: __import__("stepgraph.tools.models_hf", fromlist=["x"]).hf_llama(**kw),
 }
 
 

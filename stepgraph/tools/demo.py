@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import stepgraph
-from stepgraph import models
+from stepgraph.tools import models
 
 FAMILIES = {
     "mlp": dict(width=64, depth=8, batch=32),
