@@ -40,7 +40,7 @@
     the lr itself, returned, is read live (test_pyvalues.py, test_o below).
 (p) On the GPU a step with host reads runs as CUDA-graph segments with one sync per read (as
     eager); ``backend="inductor"`` does not fuse such steps (unfused CUDA graph, warned), nor
-    steps using cuDNN attention (measured 0.26 from eager when fused; test_cuda_sdpa.py).
+    steps using cuDNN attention (Inductor's kernels failed to record on an H100; test_cuda_sdpa.py).
 (n) ``backend="inductor"`` compiles in a child process while calls run the unfused graph
     (eager's kernels, bitwise), then switches to the fused graph (fp tolerance) at whichever call
     finds the compile done: the switch call depends on timing. ``step.wait_compiled()`` switches
