@@ -288,7 +288,9 @@ class StepFunction(DroppedState):
         t0 = time.perf_counter()
         self._reg.refresh_names()
         self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
-        if backend.prepare is not None:
+        # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
+        refusal = distributed.refuse_fsdp2(self._reg) or untraceable_modules(self._reg, device)
+        if backend.prepare is not None and refusal is None:
             changed = backend.prepare(self._reg)
             if changed:
                 self._prepared += changed
@@ -299,7 +301,6 @@ class StepFunction(DroppedState):
             sig = self._guards.signature(args, kwargs)
         try:
             done = None  # (result,) once this call has run to its end
-            refusal = untraceable_modules(self._reg, device)
             if refusal is not None:
                 done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
                 raise refusal
