@@ -19,14 +19,15 @@ import stepgraph  # noqa: E402
 RANK = int(os.environ.get("RANK", "0"))
 
 
-def sharded_mlp(reshard_after_forward: bool) -> nn.Module:
+def sharded_mlp(reshard_after_forward: bool, mp=None) -> nn.Module:
     """Per-block and root fully_shard, as FSDP2's documentation shards a model."""
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy())
     for block in (m[0], m[2], m[4]):
-        fully_shard(block, reshard_after_forward=reshard_after_forward)
-    return fully_shard(m, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, **kw)
+    return fully_shard(m, **kw)
 
 
 def train_step(model, opt):
@@ -59,15 +60,19 @@ def max_diff(a, oa, b, ob) -> float:
     return d
 
 
-def run_case(raf: bool, on_capture_error: str, calls: int = 6) -> dict:
-    a, b = sharded_mlp(raf), sharded_mlp(raf)
+def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at=None, **compile_kw) -> dict:
+    """Capture at call 2, then replays on fresh per-rank batches, against an eager twin."""
+    a, b = sharded_mlp(raf, mp), sharded_mlp(raf, mp)
     oa = torch.optim.AdamW(a.parameters(), lr=1e-2, foreach=True)
     ob = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=True)
-    sg = stepgraph.compile(train_step(a, oa), on_capture_error=on_capture_error)
-    eager = train_step(b, ob)
+    sg = stepgraph.compile(make_step(a, oa), **compile_kw)
+    eager = make_step(b, ob)
     g = torch.Generator().manual_seed(100 + RANK)  # every rank its own batches
     errors, diffs, loss_diffs = [], [], []
-    for _ in range(calls):
+    for i in range(calls):
+        if i == change_at:
+            for m in (a, b):
+                m.set_reshard_after_forward(not raf)
         x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
         try:
             la = sg(x, y)
@@ -77,16 +82,52 @@ def run_case(raf: bool, on_capture_error: str, calls: int = 6) -> dict:
         lb = eager(x, y)
         if la is not None:
             loss_diffs.append(abs(la.item() - lb.item()))
-        diffs.append(max_diff(a, oa, b, ob))
+        diffs.append(max_diff(a, oa, b, ob))  # state_dict() mid-run included
     s = sg.stats
+    code = sg.graph.code if s.captures else ""
     return {"errors": errors, "max_diff": max(diffs), "loss_diff": max(loss_diffs, default=0.0),
-            "captures": s.captures, "replays": s.replays, "eager_calls": s.eager_calls}
+            "captures": s.captures, "replays": s.replays, "eager_calls": s.eager_calls,
+            "recaptures": s.recaptures,
+            "graph_ops": {op: code.count(f".{op}.default(") for op in ("all_gather_into_tensor",
+                          "reduce_scatter_tensor", "resize_storage_bytes_", "all_reduce")}}
+
+
+def zero_grad_first(model, opt):
+    """zero_grad before backward: the DTensor grads live on between calls (refused for now)."""
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def accumulating_step(model, opt):
+    """Two micro-batches in one step; FSDP2 reduce-scatters only the second backward."""
+    def step(x, y):
+        model.set_requires_gradient_sync(False)
+        F.cross_entropy(model(x[:4]), y[:4]).backward()
+        model.set_requires_gradient_sync(True)
+        loss = F.cross_entropy(model(x[4:]), y[4:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
 
 
 def scenario_fsdp2(out):
     for raf in (True, False):
-        for mode in ("raise", "eager"):
-            out[f"raf={raf},{mode}"] = run_case(raf, mode)
+        out[f"raf={raf}"] = run_case(raf)
+    out["settings_change"] = run_case(True, calls=8, change_at=4)
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    out["bf16_params"] = run_case(True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                 reduce_dtype=torch.float32))
+    out["accumulate_in_step"] = run_case(True, make_step=accumulating_step)
+    out["zero_grad_first"] = run_case(True, make_step=zero_grad_first)
+    out["zero_grad_first_eager"] = run_case(True, make_step=zero_grad_first, on_capture_error="eager")
 
 
 def main():

@@ -1,9 +1,9 @@
 """FSDP2 (torch.distributed.fsdp.fully_shard) steps: issue 19.
 
-Not captured yet (docs/fsdp2.md says what blocks it): a step holding a fully_shard'ed model is
-refused before anything is traced, with a CaptureError naming FSDP2; the call runs as eager FSDP2
-would, so the model, its DTensor shards and the optimizer state equal an eager twin's bitwise.
-The multi-process cases run tests/fsdp2_worker.py under torchrun with 2 gloo ranks on the CPU.
+A step calling a fully_shard'ed model is captured whole (stepgraph/capture/fsdp.py, docs/fsdp2.md):
+FSDP2's all-gathers and reduce-scatters become functional collectives in the graph, its storage
+frees graph ops. Each case compares with an eager FSDP2 twin fed the same per-rank batches,
+bitwise. The multi-process cases run tests/fsdp2_worker.py under torchrun with 2 gloo ranks.
 """
 import json
 import os
@@ -32,21 +32,35 @@ def launch(scenario, tmp_path, nproc=2, timeout=300):
 
 
 @needs_dist
-def test_fsdp2_step_is_refused_before_tracing_and_state_stays_eager(tmp_path):
-    """Per-block + root fully_shard, reshard_after_forward True and False, clip_grad_norm_ over
-    DTensor grads, foreach AdamW: every call's state equals eager FSDP2's, bitwise (state_dict too)."""
+def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
+    """Per-block + root fully_shard, reshard_after_forward True and False, bf16 parameters with fp32
+    reduction, accumulation inside the step, clip_grad_norm_ over DTensor grads, foreach AdamW:
+    captured whole at call 2 and replayed 5 times on fresh per-rank batches; parameters, optimizer
+    state and state_dict() equal eager FSDP2's bitwise after every call."""
     for r, res in enumerate(launch("fsdp2", tmp_path)):
-        for case, got in res.items():
+        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step"):
+            got = res[case]
             assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
-            assert got["captures"] == 0 and got["replays"] == 0, (r, case, got)
-            if case.endswith("raise"):
-                # calls 2..6 each try to capture, are refused, and ran eagerly to their end
-                assert len(got["errors"]) == 5, (r, case, got)
-                err = got["errors"][0]
-                assert "FSDP2" in err and "fully_shard" in err and "ran eagerly to its end" in err, err
-                assert "on_capture_error='eager'" in err, err
-            else:  # on_capture_error="eager": one warning, eager from then on
-                assert got["errors"] == [] and got["eager_calls"] == 6, (r, case, got)
+            assert got["captures"] == 1 and got["replays"] == 5 and not got["errors"], (r, case, got)
+            ops = got["graph_ops"]  # the communication is in the graph
+            assert ops["reduce_scatter_tensor"] == 3 and ops["all_reduce"] == 1, (r, case, ops)
+            # storages freed and allocated again in the graph: FSDP2's memory promise
+            assert ops["resize_storage_bytes_"] >= 4 * ops["all_gather_into_tensor"] - 12, (r, case, ops)
+        # reshard_after_forward=True all-gathers again in backward (3 blocks: 6), False keeps them
+        assert res["raf=True"]["graph_ops"]["all_gather_into_tensor"] == 6
+        assert res["raf=False"]["graph_ops"]["all_gather_into_tensor"] == 3
+        # a setting changed between calls (set_reshard_after_forward) recaptures, with the reason
+        ch = res["settings_change"]
+        assert ch["max_diff"] == 0.0 and ch["captures"] == 2 and ch["replays"] == 5, (r, ch)
+        assert ch["recaptures"] == ["FSDP2 settings changed (set_reshard_after_forward, "
+                                    "set_requires_gradient_sync, ...)"], ch
+        # gradients held between calls are refused before tracing; every call ran as eager
+        for case in ("zero_grad_first", "zero_grad_first_eager"):
+            got = res[case]
+            assert got["max_diff"] == 0.0 and got["captures"] == 0 and got["eager_calls"] == 7, (r, case, got)
+        errs = res["zero_grad_first"]["errors"]
+        assert len(errs) == 6 and "FSDP2" in errs[0] and "gradients held between calls" in errs[0], errs[:1]
+        assert "ran eagerly to its end" in errs[0] and "on_capture_error='eager'" in errs[0]
 
 
 @pytest.fixture
@@ -58,31 +72,62 @@ def world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
-def test_fsdp2_model_passed_as_an_argument_is_refused_too(world_of_one):
-    """Found among the call's arguments as well as in the closure; the error names the module."""
+def _twins(raf=True):
+    import torch
+
+    from fsdp2_worker import sharded_mlp
+    a, b = sharded_mlp(raf), sharded_mlp(raf)
+    return a, torch.optim.AdamW(a.parameters(), lr=1e-2), b, torch.optim.AdamW(b.parameters(), lr=1e-2)
+
+
+def test_world_of_one_fsdp2_model_passed_as_an_argument_is_captured(world_of_one):
+    """Found among the call's arguments as well as in the closure; storages freed in the graph."""
     import torch
     import torch.nn.functional as F
 
     import stepgraph
-    from fsdp2_worker import max_diff, sharded_mlp
-    a, b = sharded_mlp(False), sharded_mlp(False)
-    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
 
     def step(model, opt, x, y):
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        return loss
+        return loss.detach()
     sg = stepgraph.compile(step)
-    for i in range(3):
+    for i in range(5):
         x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
-        if i == 0:
-            sg(a, oa, x, y)   # warm-up: eager
-        else:
-            with pytest.raises(stepgraph.CaptureError, match=r"FSDP2 \(torch.distributed.fsdp.fully_shard\)") as e:
-                sg(a, oa, x, y)
-            assert e.value.op.startswith("FSDP2 ") and "on_capture_error='eager'" in e.value.fix
-        step(b, ob, x, y)
+        assert torch.equal(sg(a, oa, x, y), step(b, ob, x, y))
         assert max_diff(a, oa, b, ob) == 0.0
-    assert sg.stats.captures == 0
+    assert sg.stats.captures == 1 and sg.stats.replays == 3
+    assert "resize_storage_bytes_" in sg.graph.code
+
+
+def test_step_leaving_fsdp2_settings_changed_is_refused_after_running_as_eager(world_of_one):
+    """A replay would not run the step's Python: a setting it leaves changed is refused once the
+    call has run to its end (its state is eager's)."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def mk(model, opt):
+        def step(x, y):
+            model.set_reshard_after_backward(not model[0]._get_fsdp_state()._fsdp_param_group.reshard_after_backward)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+    sg(x, y), eager(x, y)
+    with pytest.raises(stepgraph.CaptureError, match="changes FSDP2 settings") as e:
+        sg(x, y)
+    eager(x, y)
+    assert "ran to its end as eager FSDP2 would" in str(e.value)
+    assert max_diff(a, oa, b, ob) == 0.0

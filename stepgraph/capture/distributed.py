@@ -194,10 +194,11 @@ def tracing(reg):
 
 
 def world(reg) -> tuple[int, int, object] | None:
-    """(rank, world size, process group) when the step holds a DDP module and a group exists."""
-    if not reg.ddp or not torch.distributed.is_initialized():
+    """(rank, world size, process group) when the step holds a DDP or FSDP2 module and a group exists."""
+    if not (reg.ddp or reg.fsdp) or not torch.distributed.is_initialized():
         return None
-    pg = reg.ddp[0][1].process_group
+    from .fsdp import process_group
+    pg = reg.ddp[0][1].process_group if reg.ddp else process_group(reg)
     return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg), pg
 
 
@@ -304,34 +305,6 @@ class agree:
                 op="rank agreement", where="the step function",
                 fix="give every rank the same input shapes and the same hyper-parameter and state "
                     "changes at the same call (e.g. DataLoader(drop_last=True))")
-
-
-def refuse_fsdp2(reg):
-    """A ``CaptureError`` for a step holding a ``fully_shard``ed (FSDP2) module, found before
-    anything is traced or prepared (the caller runs the call eagerly, then raises it); else None.
-
-    FSDP2 all-gathers and reduce-scatters through c10d ``Work`` objects, resizes storages outside
-    the dispatcher and hands back DTensor gradients; a trace records none of that faithfully, and
-    a failed trace could not be undone over the storages it freed (docs/fsdp2.md)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # (torch built without distributed)
-        return None
-    from ..errors import user_frame
-    for root, mod in reg.modules:
-        for sub, m in mod.named_modules():
-            if isinstance(m, FSDPModule):
-                name = f"{root}.{sub}" if sub else root
-                return CaptureError(
-                    f"{name} ({type(m).__name__}) is sharded with FSDP2 (torch.distributed.fsdp.fully_shard), "
-                    "whose parameter all-gathers and gradient reduce-scatters stepgraph cannot capture yet "
-                    "(issue 19; DistributedDataParallel steps are captured)\n  this call ran eagerly to its "
-                    "end: your model and optimizer hold the result of this step",
-                    op=f"FSDP2 {name}", where=user_frame(),
-                    fix="keep this step eager: stepgraph.compile(step, on_capture_error='eager') runs it "
-                        "eagerly from here on with one warning (or STEPGRAPH_DISABLE=1); for one graph per "
-                        "step, wrap the model in DistributedDataParallel instead")
-    return None
 
 
 def refuse_direct_collectives(gm) -> None:

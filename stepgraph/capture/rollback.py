@@ -50,9 +50,11 @@ def raised_by_user(e: BaseException) -> bool:
 
 
 def _fake(t: torch.Tensor) -> bool:
-    """No real data: a FakeTensor (a fake mode inside the step) or a meta tensor."""
+    """No real data of its own: a FakeTensor (a fake mode inside the step), a meta tensor, or a
+    wrapper subclass (a DTensor: its local tensors come through this mode themselves)."""
     from torch._subclasses.fake_tensor import FakeTensor
-    return isinstance(t, FakeTensor) or t.is_meta
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    return isinstance(t, FakeTensor) or t.is_meta or is_traceable_wrapper_subclass(t)
 
 
 @dataclass
@@ -88,8 +90,10 @@ class Rollback:
             return
         try:
             st = t.untyped_storage()
-            key = st.data_ptr()
-            if st.nbytes() == 0 or key in self.created or key in self.copies:
+            # An empty storage (FSDP2's freed unsharded parameter) is keyed by its StorageImpl:
+            # undo gives it back its size 0.
+            key = st.data_ptr() if st.nbytes() else ("empty", st._cdata)
+            if key in self.created or key in self.copies:
                 return
             with _disable_current_modes(), torch._C.DisableTorchFunction():
                 whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)  # every byte, all views
@@ -104,6 +108,9 @@ class Rollback:
             return False
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             for whole, saved in self.copies.values():
+                st = whole.untyped_storage()
+                if st.nbytes() != saved.numel():  # resized since (FSDP2 frees/allocates storages)
+                    st.resize_(saved.numel())
                 whole.copy_(saved)
         for s, v in self.slots:
             s.set(v)
