@@ -19,15 +19,47 @@ import stepgraph  # noqa: E402
 RANK = int(os.environ.get("RANK", "0"))
 
 
+def _mesh(device: str):
+    """Named explicitly: fully_shard's default mesh is on CUDA whenever a GPU is present."""
+    from torch.distributed.device_mesh import init_device_mesh
+    return init_device_mesh(device, (dist.get_world_size(),))
+
+
 def sharded_mlp(reshard_after_forward: bool, mp=None) -> nn.Module:
     """Per-block and root fully_shard, as FSDP2's documentation shards a model."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy())
+    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy(), mesh=_mesh("cpu"))
     for block in (m[0], m[2], m[4]):
         fully_shard(block, **kw)
     return fully_shard(m, **kw)
+
+
+def sharded_gpt(reshard_after_forward: bool = True, mp=None, device="cpu", **size) -> nn.Module:
+    """The zoo's GPT (tied embedding/head) with one fully_shard per block and one at the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from stepgraph.tools import models
+    torch.manual_seed(0)
+    kw = dict(layers=2, d=32, heads=2, vocab=64, seq=16, dropout=0.0, sdpa=False) | size
+    m = models.GPT(**kw).to(device)
+    shard = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy(),
+                 mesh=_mesh(device))
+    for blk in m.blocks:
+        fully_shard(blk, **shard)
+    return fully_shard(m, **shard)
+
+
+def gpt_step(model, opt):
+    def step(ids, targets):
+        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
 
 
 def train_step(model, opt):
@@ -60,9 +92,10 @@ def max_diff(a, oa, b, ob) -> float:
     return d
 
 
-def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at=None, **compile_kw) -> dict:
+def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at=None, model=sharded_mlp,
+             **compile_kw) -> dict:
     """Capture at call 2, then replays on fresh per-rank batches, against an eager twin."""
-    a, b = sharded_mlp(raf, mp), sharded_mlp(raf, mp)
+    a, b = model(raf, mp), model(raf, mp)
     oa = torch.optim.AdamW(a.parameters(), lr=1e-2, foreach=True)
     ob = torch.optim.AdamW(b.parameters(), lr=1e-2, foreach=True)
     sg = stepgraph.compile(make_step(a, oa), **compile_kw)
@@ -73,7 +106,11 @@ def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at
         if i == change_at:
             for m in (a, b):
                 m.set_reshard_after_forward(not raf)
-        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        if model is sharded_gpt:
+            x = torch.randint(0, 64, (2, 16), generator=g)
+            y = torch.roll(x, -1, 1)
+        else:
+            x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
         try:
             la = sg(x, y)
         except stepgraph.CaptureError as e:
@@ -126,6 +163,7 @@ def scenario_fsdp2(out):
     out["bf16_params"] = run_case(True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                                  reduce_dtype=torch.float32))
     out["accumulate_in_step"] = run_case(True, make_step=accumulating_step)
+    out["gpt"] = run_case(True, make_step=gpt_step, model=sharded_gpt)
     out["zero_grad_first"] = run_case(True, make_step=zero_grad_first)
     out["zero_grad_first_eager"] = run_case(True, make_step=zero_grad_first, on_capture_error="eager")
 

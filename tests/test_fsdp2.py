@@ -34,11 +34,12 @@ def launch(scenario, tmp_path, nproc=2, timeout=300):
 @needs_dist
 def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
     """Per-block + root fully_shard, reshard_after_forward True and False, bf16 parameters with fp32
-    reduction, accumulation inside the step, clip_grad_norm_ over DTensor grads, foreach AdamW:
-    captured whole at call 2 and replayed 5 times on fresh per-rank batches; parameters, optimizer
-    state and state_dict() equal eager FSDP2's bitwise after every call."""
+    reduction, accumulation inside the step, a GPT with tied embedding and head, clip_grad_norm_
+    over DTensor grads, foreach AdamW: captured whole at call 2 and replayed 5 times on fresh
+    per-rank batches; parameters, optimizer state and state_dict() equal eager FSDP2's bitwise
+    after every call."""
     for r, res in enumerate(launch("fsdp2", tmp_path)):
-        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step"):
+        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step", "gpt"):
             got = res[case]
             assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
             assert got["captures"] == 1 and got["replays"] == 5 and not got["errors"], (r, case, got)
@@ -131,3 +132,71 @@ def test_step_leaving_fsdp2_settings_changed_is_refused_after_running_as_eager(w
     eager(x, y)
     assert "ran to its end as eager FSDP2 would" in str(e.value)
     assert max_diff(a, oa, b, ob) == 0.0
+
+
+def _failing(model, opt, where):
+    """A step that fails inside torch's Python (not the user's own raise) when the batch has 6
+    rows: after the optimizer step (FSDP2 idle) or between forward and backward."""
+    import torch.nn.functional as F
+
+    def step(x, y):
+        out = model(x)
+        if where == "mid" and x.shape[0] == 6:
+            F.interpolate(x[None], size=1, scale_factor=2.0)  # ValueError in torch/nn/functional.py
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if where == "end" and x.shape[0] == 6:
+            F.interpolate(x[None], size=1, scale_factor=2.0)
+        return loss.detach()
+    return step
+
+
+def test_trace_failing_with_fsdp2_idle_is_undone_and_the_call_runs_as_eager(world_of_one):
+    import torch
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins(False)
+    sg, eager = stepgraph.compile(_failing(a, oa, "end")), _failing(b, ob, "end")
+    x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+    sg(x, y), eager(x, y)
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    for f in (sg, eager):  # eager's own exception reaches the caller, after the undo and the rerun
+        with pytest.raises(ValueError, match="only one of size or scale_factor"):
+            f(x, y)
+    assert max_diff(a, oa, b, ob) == 0.0
+
+
+def test_trace_failing_mid_fsdp2_step_propagates_with_a_note_instead_of_a_rerun(world_of_one):
+    """Stopped between forward and backward with reshard_after_forward=False, FSDP2 holds its
+    parameters unsharded: no rerun on top of that; the error says the state may be partial."""
+    import torch
+
+    import stepgraph
+    a, oa, _, _ = _twins(False)
+    sg = stepgraph.compile(_failing(a, oa, "mid"))
+    sg(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    with pytest.raises(ValueError) as e:
+        sg(torch.randn(6, 8), torch.randint(0, 4, (6,)))
+    assert any("could not undo the partial capture (FSDP2's hooks stopped mid-step" in n
+               for n in getattr(e.value, "__notes__", [])), getattr(e.value, "__notes__", None)
+
+
+def test_rollback_restores_storages_resized_since_they_were_saved():
+    """FSDP2 frees storages (size 0) and allocates them again inside a step; an undo must give
+    each its size and bytes from before the trace (it wrote past a freed storage: a segfault)."""
+    import torch
+
+    from stepgraph.capture.rollback import Rollback
+    from stepgraph.capture.state import StateRegistry
+    full, empty = torch.arange(4.0), torch.arange(4.0)
+    torch.ops.inductor.resize_storage_bytes_(empty, 0)
+    rb = Rollback.take(StateRegistry(), [])
+    rb.save(full)
+    rb.save(empty)
+    torch.ops.inductor.resize_storage_bytes_(full, 0)
+    torch.ops.inductor.resize_storage_bytes_(empty, 16)
+    assert rb.undo()
+    assert torch.equal(full, torch.arange(4.0)) and empty.untyped_storage().nbytes() == 0

@@ -187,12 +187,21 @@ def _unsharded_grads(fsdp) -> bool:
                for _, m in fsdp for g in _groups(m) for p in g.fsdp_params)
 
 
+def _at_rest(fsdp) -> bool:
+    """FSDP2 between steps (idle, parameters sharded): a rollback of tensors then undoes the rest."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+    return all(m._get_fsdp_state()._training_state == TrainingState.IDLE and
+               all(g._training_state == TrainingState.IDLE and g._sharded_state == ShardedState.SHARDED
+                   for g in _groups(m)) for _, m in fsdp)
+
+
 @contextlib.contextmanager
 def tracing(reg, rollback=None):
     """Around one trace: FSDP2's collectives and storage frees as graph ops (module doc). A trace
     that stops midway leaves FSDP2's hooks mid-step (parameters unsharded, its state machine in
     forward or backward), which the rollback cannot put back: the error then propagates with a
-    note instead of an eager rerun."""
+    note instead of an eager rerun. Stopped between FSDP2's hooks, the rollback undoes it."""
     fsdp = reg.fsdp
     if not fsdp:
         yield None
@@ -210,7 +219,7 @@ def tracing(reg, rollback=None):
             g._all_gather_comm, g._reduce_scatter_comm = _FunctionalAllGather(), _FunctionalReduceScatter()
         yield rec
     except BaseException:
-        if rollback is not None and rollback.lost is None:
+        if rollback is not None and rollback.lost is None and not _at_rest(fsdp):
             rollback.lost = "FSDP2's hooks stopped mid-step; their Python state cannot be put back"
         raise
     finally:

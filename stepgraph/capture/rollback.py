@@ -50,11 +50,18 @@ def raised_by_user(e: BaseException) -> bool:
 
 
 def _fake(t: torch.Tensor) -> bool:
-    """No real data of its own: a FakeTensor (a fake mode inside the step), a meta tensor, or a
-    wrapper subclass (a DTensor: its local tensors come through this mode themselves)."""
+    """No real data: a FakeTensor (a fake mode inside the step) or a meta tensor."""
     from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor) or t.is_meta
+
+
+def _inner(t: torch.Tensor) -> list | None:
+    """A wrapper subclass's tensors (a DTensor's local shard), which hold its data; else None."""
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
-    return isinstance(t, FakeTensor) or t.is_meta or is_traceable_wrapper_subclass(t)
+    if not is_traceable_wrapper_subclass(t):
+        return None
+    parts = [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+    return [x for p in parts if isinstance(p, torch.Tensor) for x in _inner(p) or [p]]
 
 
 @dataclass
@@ -87,6 +94,11 @@ class Rollback:
     def save(self, t: torch.Tensor) -> None:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
         if self.lost is not None or _fake(t):
+            return
+        inner = _inner(t)
+        if inner is not None:  # (its own storage is a placeholder)
+            for x in inner:
+                self.save(x)
             return
         try:
             st = t.untyped_storage()
@@ -154,6 +166,7 @@ class CopyOnWrite(TorchDispatchMode):
         for ret, o in zip(func._schema.returns, outs):
             if ret.alias_info is None:   # a new allocation, not a view of or write into an input
                 for t in pytree.tree_leaves(o):
-                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and not _fake(t):
-                        self.rb.created.add(t.untyped_storage().data_ptr())
+                    for x in (_inner(t) or [t]) if isinstance(t, torch.Tensor) else ():
+                        if x.layout == torch.strided and not _fake(x):
+                            self.rb.created.add(x.untyped_storage().data_ptr())
         return out
