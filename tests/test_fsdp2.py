@@ -103,6 +103,7 @@ def test_world_of_one_fsdp2_model_passed_as_an_argument_is_captured(world_of_one
         assert max_diff(a, oa, b, ob) == 0.0
     assert sg.stats.captures == 1 and sg.stats.replays == 3
     assert "resize_storage_bytes_" in sg.graph.code
+    assert "storages freed or allocated in the graph" in sg.explain()
 
 
 def test_step_leaving_fsdp2_settings_changed_is_refused_after_running_as_eager(world_of_one):
