@@ -201,3 +201,27 @@ def test_rollback_restores_storages_resized_since_they_were_saved():
     torch.ops.inductor.resize_storage_bytes_(empty, 16)
     assert rb.undo()
     assert torch.equal(full, torch.arange(4.0)) and empty.untyped_storage().nbytes() == 0
+
+
+def test_load_state_dict_mid_run_keeps_parity(world_of_one):
+    """Model and optimizer state loaded between replays (a checkpoint restore): the model's
+    shards are copied in place (replays go on), the optimizer's state is new (recapture)."""
+    import copy
+
+    import torch
+
+    import stepgraph
+    from fsdp2_worker import max_diff, train_step
+    a, oa, b, ob = _twins()
+    sg, eager = stepgraph.compile(train_step(a, oa)), train_step(b, ob)
+    saved = {k: v.detach().clone() for k, v in b.state_dict().items()}
+    for i in range(7):
+        if i == 4:
+            osd = copy.deepcopy(ob.state_dict())
+            for m, o in ((a, oa), (b, ob)):
+                m.load_state_dict(saved)
+                o.load_state_dict(copy.deepcopy(osd))
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        assert torch.equal(sg(x, y), eager(x, y)), i
+        assert max_diff(a, oa, b, ob) == 0.0, i
+    assert sg.stats.captures == 2 and sg.stats.replays == 4, sg.stats
