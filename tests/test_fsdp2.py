@@ -225,3 +225,33 @@ def test_load_state_dict_mid_run_keeps_parity(world_of_one):
         assert torch.equal(sg(x, y), eager(x, y)), i
         assert max_diff(a, oa, b, ob) == 0.0, i
     assert sg.stats.captures == 2 and sg.stats.replays == 4, sg.stats
+
+
+def test_step_leaving_dtensor_grads_is_refused_after_running_as_eager(world_of_one):
+    """The DTensor .grad a step creates would not be rebound by a replay: refused once the call
+    has run (state eager's); later calls, which start with those grads, are refused before tracing."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def mk(model, opt):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    for i in range(3):
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        for o in (oa, ob):
+            o.zero_grad()  # outside the step: grads None at every call's start
+        if i == 0:
+            sg(x, y)
+        else:
+            with pytest.raises(stepgraph.CaptureError, match="leaves FSDP2 gradients set"):
+                sg(x, y)
+        eager(x, y)
+        assert max_diff(a, oa, b, ob) == 0.0

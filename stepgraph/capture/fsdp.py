@@ -171,6 +171,9 @@ class FSDPTrace:
         if _unsharded_grads(self.fsdp):
             self.problems.append("the step leaves unreduced FSDP2 gradients (a backward under "
                                  "set_requires_gradient_sync(False) at its end)")
+        elif any(p.sharded_param.grad is not None for _, m in self.fsdp for g in _groups(m) for p in g.fsdp_params):
+            # (a replay would not rebind the DTensor .grad it creates)
+            self.problems.append("the step leaves FSDP2 gradients set (no opt.zero_grad() after opt.step())")
 
     def raise_problems(self) -> None:
         """After the call ran to its end (the trace runs the step for real)."""
