@@ -22,6 +22,7 @@ recaptures. What is not captured is refused before the call is traced (``refusal
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -33,9 +34,9 @@ _SIMPLE = (bool, int, float, str, type(None))
 
 def fsdp_modules(modules) -> list:
     """``(name, module)`` of every ``fully_shard``ed module under ``modules`` (name, Module) pairs."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # (torch built without distributed)
+    # Not imported means nothing is sharded; steps without FSDP2 never pay for importing it.
+    FSDPModule = getattr(sys.modules.get("torch.distributed.fsdp"), "FSDPModule", None)
+    if FSDPModule is None:
         return []
     return [(f"{root}.{sub}" if sub else root, m) for root, mod in modules
             for sub, m in mod.named_modules() if isinstance(m, FSDPModule)]
