@@ -5,7 +5,6 @@ the graph frees and allocates FSDP2's unsharded storages, which a CUDA graph can
 backend='auto' runs it with the replay backend (warned). The eager twin takes the capturable
 optimizer form stepgraph switches to, so the comparison is kernel for kernel.
 """
-import os
 import time
 
 import pytest
