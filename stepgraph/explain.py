@@ -62,7 +62,13 @@ def explain(self) -> str:
         if colls:
             kinds = sorted({str(n.target).split(".")[1] for n in colls})
             lines.append(f"    collectives in the graph: {len(colls)} ({', '.join(kinds)}; DDP gradient "
-                         "buckets and buffer broadcasts); ranks agree in the store before each capture")
+                         "buckets and buffer broadcasts, FSDP2 parameter all-gathers and gradient "
+                         "reduce-scatters); ranks agree in the store before each capture")
+        resizes = sum(1 for n in e.graph.graph.nodes if n.op == "call_function"
+                      and str(n.target) == "inductor.resize_storage_bytes_.default")
+        if resizes:
+            lines.append(f"    storages freed or allocated in the graph: {resizes} (FSDP2's unsharded parameters, "
+                         "as in eager)")
         live = list(dict.fromkeys(n.target.live_label for n in e.graph.graph.nodes
                                   if n.op == "call_function" and hasattr(n.target, "live_label")))
         if live:

@@ -20,7 +20,7 @@ from .capture.guards import Guards, arg_names
 from .dropped import Busy, DroppedState
 from .check import checked_call
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
-from .capture import distributed
+from .capture import distributed, fsdp
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.effects import resolve_bindings
@@ -288,7 +288,9 @@ class StepFunction(DroppedState):
         t0 = time.perf_counter()
         self._reg.refresh_names()
         self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
-        if backend.prepare is not None:
+        # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
+        refusal = fsdp.refusal(self._reg, device, backend.name) or untraceable_modules(self._reg, device)
+        if backend.prepare is not None and refusal is None:
             changed = backend.prepare(self._reg)
             if changed:
                 self._prepared += changed
@@ -299,14 +301,14 @@ class StepFunction(DroppedState):
             sig = self._guards.signature(args, kwargs)
         try:
             done = None  # (result,) once this call has run to its end
-            refusal = untraceable_modules(self._reg, device)
             if refusal is not None:
                 done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
                 raise refusal
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             rollback = Rollback.take(self._reg, sig.leaves)   # what the trace writes, to undo if it fails
             try:
-                with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
+                with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records, \
+                        fsdp.tracing(self._reg, rollback) as fsdp_record:
                     live = self._guards.live
                     track = self._guards.tracking(args, kwargs)   # numbers checked only where used
                     py_before = self._guards.py.key(args)
@@ -324,6 +326,8 @@ class StepFunction(DroppedState):
                 rollback = None   # its copies of the state: not kept past the trace
             done = (tr.result,)
             raise_problems(tr.problems)
+            if fsdp_record is not None:
+                fsdp_record.raise_problems()
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args),
                                        scheduled=bool(tr.scheduler_steps),
                                        replayed=[e.source for e in tr.number_effects])
@@ -390,7 +394,8 @@ class StepFunction(DroppedState):
         self._hook_notes += hooks_left_registered(tr, self.__name__)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
-                             sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
+                             sig.tensor_pos, flat, getattr(run, "stale", None),
+                             bool(self._reg.ddp or self._reg.fsdp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
                               for r in ddp_records], plan, device_scalars=scalars,
                              checks=checks)

@@ -203,6 +203,12 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
             op="torch.get_rng_state/set_rng_state", where="torch.utils.checkpoint / torch.random.fork_rng",
             fix="use backend='replay' (backend='auto' does so), or checkpoint regions without dropout "
                 "with preserve_rng_state=False")
+    from ..passes.analysis import RESIZE_STORAGE
+    if any(n.target is RESIZE_STORAGE for n in gm.graph.nodes):
+        raise NeedsReplay(
+            "the step frees and allocates storages (FSDP2's unsharded parameters): a CUDA graph "
+            "cannot record that", op="inductor.resize_storage_bytes_", where="FSDP2's hooks",
+            fix="use backend='replay' (backend='auto' does so)")
     problems: list = []
     check_graph(gm, problems)
     if "dynamic-shape" in problems:

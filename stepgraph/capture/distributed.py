@@ -194,10 +194,11 @@ def tracing(reg):
 
 
 def world(reg) -> tuple[int, int, object] | None:
-    """(rank, world size, process group) when the step holds a DDP module and a group exists."""
-    if not reg.ddp or not torch.distributed.is_initialized():
+    """(rank, world size, process group) when the step holds a DDP or FSDP2 module and a group exists."""
+    if not (reg.ddp or reg.fsdp) or not torch.distributed.is_initialized():
         return None
-    pg = reg.ddp[0][1].process_group
+    from .fsdp import process_group
+    pg = reg.ddp[0][1].process_group if reg.ddp else process_group(reg)
     return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg), pg
 
 

@@ -336,6 +336,8 @@ class Guards:
                 if a[2] != b[2]:
                     return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "
                             f"{a[2]} -> {b[2]} (no_sync() around the call?)")
+                if a[3] != b[3]:
+                    return "FSDP2 settings changed (set_reshard_after_forward, set_requires_gradient_sync, ...)"
                 return "a hook was added to or removed from the step's modules or parameters"
             fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
                     self._diff_optstate, None, self._diff_grads]

@@ -55,6 +55,15 @@ def _fake(t: torch.Tensor) -> bool:
     return isinstance(t, FakeTensor) or t.is_meta
 
 
+def _inner(t: torch.Tensor) -> list | None:
+    """A wrapper subclass's tensors (a DTensor's local shard), which hold its data; else None."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+    if not is_traceable_wrapper_subclass(t):
+        return None
+    parts = [getattr(t, name) for name in t.__tensor_flatten__()[0]]
+    return [x for p in parts if isinstance(p, torch.Tensor) for x in _inner(p) or [p]]
+
+
 @dataclass
 class Rollback:
     optimizers: list
@@ -86,10 +95,17 @@ class Rollback:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
         if self.lost is not None or _fake(t):
             return
+        inner = _inner(t)
+        if inner is not None:  # (its own storage is a placeholder)
+            for x in inner:
+                self.save(x)
+            return
         try:
             st = t.untyped_storage()
-            key = st.data_ptr()
-            if st.nbytes() == 0 or key in self.created or key in self.copies:
+            # An empty storage (FSDP2's freed unsharded parameter) is keyed by its StorageImpl:
+            # undo gives it back its size 0.
+            key = st.data_ptr() if st.nbytes() else ("empty", st._cdata)
+            if key in self.created or key in self.copies:
                 return
             with _disable_current_modes(), torch._C.DisableTorchFunction():
                 whole = torch.empty(0, dtype=torch.uint8, device=st.device).set_(st)  # every byte, all views
@@ -104,6 +120,9 @@ class Rollback:
             return False
         with _disable_current_modes(), torch._C.DisableTorchFunction():
             for whole, saved in self.copies.values():
+                st = whole.untyped_storage()
+                if st.nbytes() != saved.numel():  # resized since (FSDP2 frees/allocates storages)
+                    st.resize_(saved.numel())
                 whole.copy_(saved)
         for s, v in self.slots:
             s.set(v)
@@ -147,6 +166,7 @@ class CopyOnWrite(TorchDispatchMode):
         for ret, o in zip(func._schema.returns, outs):
             if ret.alias_info is None:   # a new allocation, not a view of or write into an input
                 for t in pytree.tree_leaves(o):
-                    if isinstance(t, torch.Tensor) and t.layout == torch.strided and not _fake(t):
-                        self.rb.created.add(t.untyped_storage().data_ptr())
+                    for x in (_inner(t) or [t]) if isinstance(t, torch.Tensor) else ():
+                        if x.layout == torch.strided and not _fake(x):
+                            self.rb.created.add(x.untyped_storage().data_ptr())
         return out

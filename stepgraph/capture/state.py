@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .watch import _HOOK_EPOCH, GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS, watch
+from .fsdp import fsdp_modules, key as fsdp_key
 
 
 @dataclass
@@ -77,6 +78,7 @@ class StateRegistry:
     _opts: list = field(default_factory=list)          # (name, holder) of optimizers
     _all: list = field(default_factory=list)           # (None, holder) of every submodule
     _ddp: list = field(default_factory=list)           # (name, holder) of DistributedDataParallel modules
+    _fsdp: list = field(default_factory=list)          # (name, holder) of fully_shard (FSDP2) modules
     _all_plain: list | None = None                     # all_modules when none is held weakly
 
     @classmethod
@@ -118,6 +120,10 @@ class StateRegistry:
     @property
     def ddp(self) -> list:              # DistributedDataParallel modules (source, module)
         return _held(self._ddp)
+
+    @property
+    def fsdp(self) -> list:             # fully_shard (FSDP2) modules (source, module)
+        return _held(self._fsdp)
 
     def alive(self) -> bool:
         """False once a weakly held model or optimizer was dropped by its user."""
@@ -176,6 +182,7 @@ class StateRegistry:
         ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
         self._ddp = [(mname + (f".{sub}" if sub else ""), self._hold(m)) for mname, mod in self.modules
                      for sub, m in mod.named_modules() if isinstance(m, ddp_type)]
+        self._fsdp = [(n, self._hold(m)) for n, m in fsdp_modules(self.modules)]
         from torch.nn.modules import module as _m
         # Hooks registered on watched modules are counted by their handles (``_counting``); only
         # modules that already had hooks when first seen, and the global hook dicts, are read.
@@ -202,6 +209,7 @@ class StateRegistry:
         so adding or removing one after capture must recapture, never be silently ignored."""
         return (tuple(map(len, self.module_hook_dicts)), _HOOK_EPOCH[0],
                 tuple((m.require_backward_grad_sync, m.require_forward_param_sync) for _, m in self.ddp),
+                fsdp_key(self.fsdp) if self._fsdp else (),
                 tuple(len(p._backward_hooks or ()) + len(getattr(p, "_post_accumulate_grad_hooks", None) or ())
                       for p in self.pre_hooked))
 

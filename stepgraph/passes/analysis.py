@@ -25,11 +25,18 @@ class GraphSummary:
 UNANNOTATED_WRITES = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default}
 if hasattr(torch.ops.aten, "miopen_batch_norm"):
     UNANNOTATED_WRITES.add(torch.ops.aten.miopen_batch_norm.default)
+# Frees or allocates its argument's storage (FSDP2's unsharded parameters, traced by
+# capture/fsdp.py); its schema says nothing, so dead-code elimination would drop it.
+RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
+UNANNOTATED_WRITES.add(RESIZE_STORAGE)
 
 
 def written_args(op, args, kwargs):
-    """The arguments ``op`` writes in place: its schema's ``a!`` ones, and BatchNorm's running
-    statistics (fx nodes for a graph node's arguments, tensors for a real call's)."""
+    """The arguments ``op`` writes in place: its schema's ``a!`` ones, BatchNorm's running
+    statistics, a resized storage (fx nodes for a graph node's arguments, tensors for a real call's)."""
+    if op is RESIZE_STORAGE:
+        yield args[0]
+        return
     if op in UNANNOTATED_WRITES and len(args) > 5 and args[5]:
         yield from args[3:5]
     for i, arg in enumerate(op._schema.arguments):

@@ -35,7 +35,8 @@ def _impure(node: fx.Node) -> bool:
     if t in RNG_STATE_FUNCS:
         return True
     if isinstance(t, torch._ops.OpOverload):
-        return t._schema.is_mutable or torch.Tag.nondeterministic_seeded in t.tags
+        from .analysis import UNANNOTATED_WRITES
+        return t._schema.is_mutable or t in UNANNOTATED_WRITES or torch.Tag.nondeterministic_seeded in t.tags
     return False
 
 

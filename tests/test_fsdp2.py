@@ -1,0 +1,257 @@
+"""FSDP2 (torch.distributed.fsdp.fully_shard) steps: issue 19.
+
+A step calling a fully_shard'ed model is captured whole (stepgraph/capture/fsdp.py, docs/fsdp2.md):
+FSDP2's all-gathers and reduce-scatters become functional collectives in the graph, its storage
+frees graph ops. Each case compares with an eager FSDP2 twin fed the same per-rank batches,
+bitwise. The multi-process cases run tests/fsdp2_worker.py under torchrun with 2 gloo ranks.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch.distributed as dist
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+WORKER = os.path.join(os.path.dirname(__file__), "fsdp2_worker.py")
+needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+
+
+def launch(scenario, tmp_path, nproc=2, timeout=300):
+    e = dict(os.environ, STEPGRAPH_DIST_TIMEOUT="4", PG_TIMEOUT="60", OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc_per_node={nproc}", WORKER, scenario, str(tmp_path)],
+                       env=e, capture_output=True, text=True, timeout=timeout)
+    results = []
+    for r in range(nproc):
+        f = tmp_path / f"rank{r}.json"
+        assert f.exists(), f"rank {r} wrote no result:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        results.append(json.loads(f.read_text()))
+    return results
+
+
+@needs_dist
+def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
+    """Per-block + root fully_shard, reshard_after_forward True and False, bf16 parameters with fp32
+    reduction, accumulation inside the step, a GPT with tied embedding and head, clip_grad_norm_
+    over DTensor grads, foreach AdamW: captured whole at call 2 and replayed 5 times on fresh
+    per-rank batches; parameters, optimizer state and state_dict() equal eager FSDP2's bitwise
+    after every call."""
+    for r, res in enumerate(launch("fsdp2", tmp_path)):
+        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step", "gpt"):
+            got = res[case]
+            assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
+            assert got["captures"] == 1 and got["replays"] == 5 and not got["errors"], (r, case, got)
+            ops = got["graph_ops"]  # the communication is in the graph
+            assert ops["reduce_scatter_tensor"] == 3 and ops["all_reduce"] == 1, (r, case, ops)
+            # storages freed and allocated again in the graph: FSDP2's memory promise
+            assert ops["resize_storage_bytes_"] >= 4 * ops["all_gather_into_tensor"] - 12, (r, case, ops)
+        # reshard_after_forward=True all-gathers again in backward (3 blocks: 6), False keeps them
+        assert res["raf=True"]["graph_ops"]["all_gather_into_tensor"] == 6
+        assert res["raf=False"]["graph_ops"]["all_gather_into_tensor"] == 3
+        # a setting changed between calls (set_reshard_after_forward) recaptures, with the reason
+        ch = res["settings_change"]
+        assert ch["max_diff"] == 0.0 and ch["captures"] == 2 and ch["replays"] == 5, (r, ch)
+        assert ch["recaptures"] == ["FSDP2 settings changed (set_reshard_after_forward, "
+                                    "set_requires_gradient_sync, ...)"], ch
+        # gradients held between calls are refused before tracing; every call ran as eager
+        for case in ("zero_grad_first", "zero_grad_first_eager"):
+            got = res[case]
+            assert got["max_diff"] == 0.0 and got["captures"] == 0 and got["eager_calls"] == 7, (r, case, got)
+        errs = res["zero_grad_first"]["errors"]
+        assert len(errs) == 6 and "FSDP2" in errs[0] and "gradients held between calls" in errs[0], errs[:1]
+        assert "ran eagerly to its end" in errs[0] and "on_capture_error='eager'" in errs[0]
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    if not dist.is_available():
+        pytest.skip("torch.distributed unavailable")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _twins(raf=True):
+    import torch
+
+    from fsdp2_worker import sharded_mlp
+    a, b = sharded_mlp(raf), sharded_mlp(raf)
+    return a, torch.optim.AdamW(a.parameters(), lr=1e-2), b, torch.optim.AdamW(b.parameters(), lr=1e-2)
+
+
+def test_world_of_one_fsdp2_model_passed_as_an_argument_is_captured(world_of_one):
+    """Found among the call's arguments as well as in the closure; storages freed in the graph."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def step(model, opt, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for i in range(5):
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        assert torch.equal(sg(a, oa, x, y), step(b, ob, x, y))
+        assert max_diff(a, oa, b, ob) == 0.0
+    assert sg.stats.captures == 1 and sg.stats.replays == 3
+    assert "resize_storage_bytes_" in sg.graph.code
+    assert "storages freed or allocated in the graph" in sg.explain()
+
+
+def test_step_leaving_fsdp2_settings_changed_is_refused_after_running_as_eager(world_of_one):
+    """A replay would not run the step's Python: a setting it leaves changed is refused once the
+    call has run to its end (its state is eager's)."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def mk(model, opt):
+        def step(x, y):
+            model.set_reshard_after_backward(not model[0]._get_fsdp_state()._fsdp_param_group.reshard_after_backward)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+    sg(x, y), eager(x, y)
+    with pytest.raises(stepgraph.CaptureError, match="changes FSDP2 settings") as e:
+        sg(x, y)
+    eager(x, y)
+    assert "ran to its end as eager FSDP2 would" in str(e.value)
+    assert max_diff(a, oa, b, ob) == 0.0
+
+
+def _failing(model, opt, where):
+    """A step that fails inside torch's Python (not the user's own raise) when the batch has 6
+    rows: after the optimizer step (FSDP2 idle) or between forward and backward."""
+    import torch.nn.functional as F
+
+    def step(x, y):
+        out = model(x)
+        if where == "mid" and x.shape[0] == 6:
+            F.interpolate(x[None], size=1, scale_factor=2.0)  # ValueError in torch/nn/functional.py
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if where == "end" and x.shape[0] == 6:
+            F.interpolate(x[None], size=1, scale_factor=2.0)
+        return loss.detach()
+    return step
+
+
+def test_trace_failing_with_fsdp2_idle_is_undone_and_the_call_runs_as_eager(world_of_one):
+    import torch
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins(False)
+    sg, eager = stepgraph.compile(_failing(a, oa, "end")), _failing(b, ob, "end")
+    x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+    sg(x, y), eager(x, y)
+    x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+    for f in (sg, eager):  # eager's own exception reaches the caller, after the undo and the rerun
+        with pytest.raises(ValueError, match="only one of size or scale_factor"):
+            f(x, y)
+    assert max_diff(a, oa, b, ob) == 0.0
+
+
+def test_trace_failing_mid_fsdp2_step_propagates_with_a_note_instead_of_a_rerun(world_of_one):
+    """Stopped between forward and backward with reshard_after_forward=False, FSDP2 holds its
+    parameters unsharded: no rerun on top of that; the error says the state may be partial."""
+    import torch
+
+    import stepgraph
+    a, oa, _, _ = _twins(False)
+    sg = stepgraph.compile(_failing(a, oa, "mid"))
+    sg(torch.randn(8, 8), torch.randint(0, 4, (8,)))
+    with pytest.raises(ValueError) as e:
+        sg(torch.randn(6, 8), torch.randint(0, 4, (6,)))
+    assert any("could not undo the partial capture (FSDP2's hooks stopped mid-step" in n
+               for n in getattr(e.value, "__notes__", [])), getattr(e.value, "__notes__", None)
+
+
+def test_rollback_restores_storages_resized_since_they_were_saved():
+    """FSDP2 frees storages (size 0) and allocates them again inside a step; an undo must give
+    each its size and bytes from before the trace (it wrote past a freed storage: a segfault)."""
+    import torch
+
+    from stepgraph.capture.rollback import Rollback
+    from stepgraph.capture.state import StateRegistry
+    full, empty = torch.arange(4.0), torch.arange(4.0)
+    torch.ops.inductor.resize_storage_bytes_(empty, 0)
+    rb = Rollback.take(StateRegistry(), [])
+    rb.save(full)
+    rb.save(empty)
+    torch.ops.inductor.resize_storage_bytes_(full, 0)
+    torch.ops.inductor.resize_storage_bytes_(empty, 16)
+    assert rb.undo()
+    assert torch.equal(full, torch.arange(4.0)) and empty.untyped_storage().nbytes() == 0
+
+
+def test_load_state_dict_mid_run_keeps_parity(world_of_one):
+    """Model and optimizer state loaded between replays (a checkpoint restore): the model's
+    shards are copied in place (replays go on), the optimizer's state is new (recapture)."""
+    import copy
+
+    import torch
+
+    import stepgraph
+    from fsdp2_worker import max_diff, train_step
+    a, oa, b, ob = _twins()
+    sg, eager = stepgraph.compile(train_step(a, oa)), train_step(b, ob)
+    saved = {k: v.detach().clone() for k, v in b.state_dict().items()}
+    for i in range(7):
+        if i == 4:
+            osd = copy.deepcopy(ob.state_dict())
+            for m, o in ((a, oa), (b, ob)):
+                m.load_state_dict(saved)
+                o.load_state_dict(copy.deepcopy(osd))
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        assert torch.equal(sg(x, y), eager(x, y)), i
+        assert max_diff(a, oa, b, ob) == 0.0, i
+    assert sg.stats.captures == 2 and sg.stats.replays == 4, sg.stats
+
+
+def test_step_leaving_dtensor_grads_is_refused_after_running_as_eager(world_of_one):
+    """The DTensor .grad a step creates would not be rebound by a replay: refused once the call
+    has run (state eager's); later calls, which start with those grads, are refused before tracing."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def mk(model, opt):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    for i in range(3):
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        for o in (oa, ob):
+            o.zero_grad()  # outside the step: grads None at every call's start
+        if i == 0:
+            sg(x, y)
+        else:
+            with pytest.raises(stepgraph.CaptureError, match="leaves FSDP2 gradients set"):
+                sg(x, y)
+        eager(x, y)
+        assert max_diff(a, oa, b, ob) == 0.0
