@@ -42,8 +42,17 @@ def fsdp_modules(modules) -> list:
             for sub, m in mod.named_modules() if isinstance(m, FSDPModule)]
 
 
+def _state_groups(st) -> list:
+    """A state's parameter groups: a list on torch 2.13 (``_fsdp_param_groups``), one group or None
+    on torch 2.11 (``_fsdp_param_group``; the H100's torch had no list)."""
+    if hasattr(st, "_fsdp_param_groups"):
+        return list(st._fsdp_param_groups)
+    g = getattr(st, "_fsdp_param_group", None)
+    return [] if g is None else [g]
+
+
 def _groups(m) -> list:
-    return list(m._get_fsdp_state()._fsdp_param_groups)
+    return _state_groups(m._get_fsdp_state())
 
 
 def key(fsdp) -> tuple:
@@ -53,7 +62,7 @@ def key(fsdp) -> tuple:
         st = m._get_fsdp_state()
         flags = [(k, v) for k, v in vars(st._state_ctx).items() if isinstance(v, _SIMPLE)]
         flags.append(len(st._states_to_forward_prefetch) + 1000 * len(st._states_to_backward_prefetch))
-        for g in st._fsdp_param_groups:
+        for g in _state_groups(st):
             flags += [(k, v) for k, v in vars(g).items() if isinstance(v, _SIMPLE)]
             flags += [g.post_forward_mesh_info is None, g._all_reduce_hook is None,
                       type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__]
@@ -86,7 +95,7 @@ def refusal(reg, device: str, backend: str) -> CaptureError | None:
                            "train on the CPU with gloo")
         if backend == "inductor":
             return _refuse(name, "backend='inductor'", "use backend='replay'")
-        for g in st._fsdp_param_groups:
+        for g in _state_groups(st):
             what = None
             if type(g.mesh_info) is not FSDPMeshInfo:
                 what, fix = "a 2-D mesh (HSDP)", "shard over a 1-D mesh"
