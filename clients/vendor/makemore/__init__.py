@@ -1,0 +1,1 @@
+# karpathy/makemore, vendored (see makemore.py's header).

@@ -1,0 +1,1 @@
+# sthalles/SimCLR, vendored (see each file's header).
