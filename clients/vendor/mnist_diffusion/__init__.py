@@ -1,0 +1,1 @@
+# bot66/MNISTDiffusion, vendored (see each file's header).
