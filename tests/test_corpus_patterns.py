@@ -83,3 +83,122 @@ def test_a_step_called_with_each_layer_as_self_trains_each_layer_like_eager():
             same(a, b)
         x_pos, x_neg = a(x_pos).detach(), a(x_neg).detach()
     assert sg.stats.replays >= 4, sg.stats
+
+
+def test_a_new_layer_passed_as_self_warms_up_then_captures_once(recwarn):
+    """A model (owning its optimizer) new to the step warms up eagerly as the first did: its grads
+    and Adam state come to exist outside the trace, so its graph is captured once (was: captured
+    at its first call with no grads, traced through Adam's state init with a false "stores values
+    read from tensors" warning, and captured again at the next call)."""
+    torch.manual_seed(0)
+    layers = [TransposedLinear(8, 8), TransposedLinear(8, 8)]
+    twins = copy.deepcopy(layers)
+
+    def step(self, x):
+        loss = self.forward(x).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(3)
+    for a, b in zip(layers, twins):
+        for k in range(4):
+            x = torch.randn(6, 8, generator=g)
+            assert torch.equal(sg(a, x), step(b, x)), k
+            same(a, b)
+    assert sg.stats.captures == 2 and sg.stats.replays == 4, sg.stats
+    assert sg.stats.recaptures == [sg.stats.recaptures[0]] and "self" in sg.stats.recaptures[0], sg.stats
+    assert not [w for w in recwarn if "stores values read" in str(w.message)]
+
+
+class Agent(nn.Module):
+    """An RL-style agent: the model owns its optimizer as an attribute (``self.optimizer``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=0.03)
+
+    def update(self, x, y):
+        loss = F.cross_entropy(self.net(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+
+@pytest.mark.parametrize("how", ["argument", "global", "method"])
+def test_an_optimizer_a_model_owns_is_state_and_its_lr_is_followed(how):
+    """An optimizer held as an attribute of a model (forward-forward's ``Layer.opt``, an agent's
+    ``self.optimizer``) was not discovered: its state was baked as unnamed constants and a changed
+    ``lr`` (a scheduler, a manual decay) kept the captured value: silently wrong from the next
+    replay. It is state like any optimizer the step reaches: lr read live, bitwise eager."""
+    torch.manual_seed(0)
+    agent = Agent()
+    twin = copy.deepcopy(agent)
+    twin.optimizer = torch.optim.Adam(twin.parameters(), lr=0.03)
+    if how == "argument":
+        sg = stepgraph.compile(lambda a, x, y: a.update(x, y))
+        call = lambda x, y: sg(agent, x, y)  # noqa: E731
+    elif how == "global":
+        globals()["_AGENT"] = agent
+        sg = stepgraph.compile(_global_agent_step)
+        call = sg
+    else:
+        sg = stepgraph.compile(agent.update)
+        call = sg
+    g = torch.Generator().manual_seed(4)
+    for k in range(6):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(call(x, y), twin.update(x, y)), k
+        same(agent, twin)
+        for o in (agent.optimizer, twin.optimizer):
+            o.param_groups[0]["lr"] *= 0.5   # a manual decay between steps
+    assert sg.stats.replays >= 4, sg.stats
+    assert any("optimizer" in n for n, _ in sg._reg.optimizers), sg._reg.optimizers
+
+
+def _global_agent_step(x, y):
+    loss = F.cross_entropy(_AGENT.net(x), y)
+    _AGENT.optimizer.zero_grad()
+    loss.backward()
+    _AGENT.optimizer.step()
+    return loss
+
+
+def test_per_parameter_optimizers_stepped_in_hooks_follow_a_changed_lr():
+    """The optimizer step fused into backward (PyTorch's tutorial: one optimizer per parameter,
+    stepped from ``register_post_accumulate_grad_hook``). Those optimizers are found when they
+    step at the warm-up, but were appended to a temporary list (``reg.optimizers`` returns a
+    fresh list of the held ones), so they were never state: a changed lr stayed baked."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    m2 = copy.deepcopy(m)
+
+    def attach(model):
+        opts = {p: torch.optim.Adam([p], lr=0.03) for p in model.parameters()}
+
+        def hook(p):
+            opts[p].step()
+            opts[p].zero_grad()
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        return list(opts.values())
+    o1, o2 = attach(m), attach(m2)
+
+    def make(model):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    g = torch.Generator().manual_seed(5)
+    for k in range(6):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        same(m, m2)
+        for o in o1 + o2:
+            o.param_groups[0]["lr"] *= 0.5
+    assert sg.stats.replays == 4 and len(sg._reg.optimizers) == 4, sg.stats
