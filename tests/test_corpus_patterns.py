@@ -202,3 +202,48 @@ def test_per_parameter_optimizers_stepped_in_hooks_follow_a_changed_lr():
         for o in o1 + o2:
             o.param_groups[0]["lr"] *= 0.5
     assert sg.stats.replays == 4 and len(sg._reg.optimizers) == 4, sg.stats
+
+
+@pytest.mark.parametrize("sampler", ["numpy", "python"])
+def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_eager(sampler):
+    """sfujim/TD3's ``policy.train(replay_buffer)`` samples its batch inside the step with
+    ``np.random.randint`` (the DQN tutorial: ``random.sample(memory, n)``): no aten op, so the
+    graph baked the capture call's batch and every replay trained on it: WRONG without an error.
+    Refused now, naming the user's line; the refused call ran as eager did."""
+    import random
+
+    import numpy as np
+    from stepgraph import CaptureError
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    m2 = copy.deepcopy(m)
+    data = np.random.RandomState(0).randn(64, 5)
+    memory = [torch.tensor(row, dtype=torch.float32) for row in data]
+
+    def make(model):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def train(batch_size):
+            if sampler == "numpy":
+                ind = np.random.randint(0, len(data), size=batch_size)
+                batch = torch.FloatTensor(data[ind])
+            else:
+                batch = torch.stack(random.sample(memory, batch_size))
+            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return train
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    for k in range(2):
+        np.random.seed(k), random.seed(k)
+        want = eager(8)
+        np.random.seed(k), random.seed(k)
+        if k == 0:
+            assert torch.equal(sg(8), want)
+            continue
+        with pytest.raises(CaptureError, match="host random") as e:
+            sg(8)
+        assert "test_corpus_patterns.py" in e.value.where and "outside the step" in e.value.fix
+        same(m, m2)
