@@ -289,9 +289,11 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
         fname = os.path.basename(mod.__file__)
         where = getattr(err, "where", "") or ""
         first = str(err).splitlines()[0][:160]
-        # The user's line is the client's (or, for errors raised at the call, the harness's
-        # wrapper that makes it).
-        if isinstance(err, CaptureError) and (fname in where or "clients/harness.py" in where) \
+        # The user's line is the client's, or the program's own code vendored beside it (a step
+        # that is the program's method, sfujim/TD3's policy.train), or, for errors raised at the
+        # call, the harness's wrapper that makes it.
+        if isinstance(err, CaptureError) and (fname in where or "clients/harness.py" in where
+                                              or "clients/vendor/" in where) \
                 and getattr(err, "fix", ""):
             # Refused before anything changed: state equals eager's after the same calls.
             _, twin, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)

@@ -1,0 +1,1 @@
+# sfujim/TD3, vendored (see each file's header).
