@@ -247,3 +247,38 @@ def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_ea
             sg(8)
         assert "test_corpus_patterns.py" in e.value.where and "outside the step" in e.value.fix
         same(m, m2)
+
+
+def test_a_batch_taken_from_an_iterator_inside_the_step_is_refused():
+    """``batch = next(train_loader)`` inside the step (lucidrains' ``cycle(DataLoader)`` loops,
+    makemore's ``batch_loader.next()`` decorated with the body): the iterator advances only at
+    capture, so every replay trained on the capture call's batch: WRONG without an error.
+    Refused now, naming the user's line; ``next(model.parameters())`` stays fine."""
+    import itertools
+
+    from stepgraph import CaptureError
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    m2 = copy.deepcopy(m)
+    data = [torch.randn(8, 5) for _ in range(6)]
+
+    def make(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        it = itertools.cycle(data)
+
+        def step():
+            batch = next(it).to(next(model.parameters()).device)
+            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    assert torch.equal(sg(), eager())
+    want = eager()
+    with pytest.raises(CaptureError, match="next") as e:
+        sg()
+    assert "test_corpus_patterns.py" in e.value.where, e.value.where
+    same(m, m2)
+    del want
