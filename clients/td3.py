@@ -24,7 +24,6 @@ SOURCE = "https://github.com/sfujim/TD3/blob/34770cc/TD3.py"
 LICENSE = "MIT"
 TAGS = ("rl", "td3", "actor-critic", "target-networks", "soft-update-data", "method-step", "numpy-sampling-in-step",
         "python-counter-in-step", "branch-on-counter", "two-optimizers", "no-grad-block", "rng-in-step")
-DEVICES = ("cpu",)  # TD3.py picks its device at import (cuda when available); the harness runs it on the cpu
 
 
 class args:  # argparse defaults of main.py, scaled down
