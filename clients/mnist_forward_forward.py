@@ -24,6 +24,7 @@ SOURCE = "https://github.com/pytorch/examples/blob/77f55b9/mnist_forward_forward
 LICENSE = "BSD-3-Clause AND MIT"
 TAGS = ("forward-forward", "local-loss", "optimizer-per-layer", "module-owns-optimizer", "method-step",
         "plain-list-of-layers", "detach-between-layers", "adam")
+EXPECTED_RECAPTURES = 1  # one graph per layer: the step is called with each layer (its own weights) as self
 
 
 class args:  # argparse defaults of main.py, scaled down
