@@ -289,9 +289,11 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
         fname = os.path.basename(mod.__file__)
         where = getattr(err, "where", "") or ""
         first = str(err).splitlines()[0][:160]
-        # The user's line is the client's (or, for errors raised at the call, the harness's
-        # wrapper that makes it).
-        if isinstance(err, CaptureError) and (fname in where or "clients/harness.py" in where) \
+        # The user's line is the client's, or the program's own code vendored beside it (a step
+        # that is the program's method, sfujim/TD3's policy.train), or, for errors raised at the
+        # call, the harness's wrapper that makes it.
+        if isinstance(err, CaptureError) and (fname in where or "clients/harness.py" in where
+                                              or "clients/vendor/" in where) \
                 and getattr(err, "fix", ""):
             # Refused before anything changed: state equals eager's after the same calls.
             _, twin, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
@@ -314,7 +316,8 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     if worst > rtol:
         res.status, res.detail = WRONG, f"{at}: rel err {worst:.2e}"
         return res
-    extra_eager = sum(max(0, s.eager_calls - s_warm) for s, s_warm in
+    # (a model passed as an argument that is new to the step warms up eagerly, as the first did)
+    extra_eager = sum(max(0, s.eager_calls - s_warm - s.new_state_warmups) for s, s_warm in
                       ((st.stats, st.warmup) for st in sgr.steps))
     # A new input shape needs its own graph (as torch.compile without dynamic shapes): counted
     # apart from recaptures, which are the ones a user would not expect.

@@ -16,6 +16,7 @@ from .passes import GraphSummary
 class Stats:
     """Counters of what each call did. ``recaptures`` holds one reason line per recapture."""
     eager_calls: int = 0
+    new_state_warmups: int = 0     # of which warm-ups of a model/optimizer argument new to the step
     captures: int = 0
     replays: int = 0
     recaptures: list = field(default_factory=list)

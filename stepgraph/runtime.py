@@ -145,7 +145,8 @@ class StepFunction(DroppedState):
                     if miss is None:
                         return out  # (a miss was undone: go on to the full lookup)
             # A model or optimizer passed as an argument that is new to this step is state too.
-            if adopt_arguments(self._reg, args, kwargs, self._guards.arg_names):
+            adopted = adopt_arguments(self._reg, args, kwargs, self._guards.arg_names)
+            if adopted:
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
@@ -164,6 +165,13 @@ class StepFunction(DroppedState):
                     out = self._eager(args, kwargs)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
                 return out
+            if adopted and self.warmup and self._order and len(self._order) < self.max_captures:
+                # New state warms up as the first did: its grads and optimizer state come to
+                # exist eagerly, so its graph is traced once, with them (captured now, it would
+                # trace the optimizer's state init with grads None, then recapture next call).
+                self.stats.new_state_warmups += 1
+                with discover_stepping_optimizers(self._reg):
+                    return self._eager(args, kwargs)
             if len(self._order) >= self.max_captures:
                 if not self._warned_cap:
                     self._warned_cap = True

@@ -141,7 +141,8 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
 
     def pre_hook(opt, args, kwargs):
         if all(o is not opt for _, o in reg.optimizers):
-            reg.optimizers.append((f"optimizer#{len(reg.optimizers)}", opt))
+            # (``reg.optimizers`` is a fresh list of the held ones: assign, not append)
+            reg.optimizers = reg.optimizers + [(f"optimizer#{len(reg.optimizers)}", opt)]
         active = mode is not None and any(m is mode for m in torch.overrides._get_current_function_mode_stack())
         if mode is not None and not active:
             mode.__enter__()

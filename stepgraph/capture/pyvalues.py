@@ -296,7 +296,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 g = ("object", id(v))
             # A property that builds a new object at each read has no identity to guard.
             fresh = isinstance(g, tuple) and g[:1] == ("object",) and s.value(_DUMMY_ARGS) != g
-            if g is not _SKIP and not fresh and (key not in out or out[key].identity_only):
+            if g is not _SKIP and not fresh and not _view_of_parent(s, v, _DUMMY_ARGS) \
+                    and (key not in out or out[key].identity_only):
                 out[key] = s
             break
 
@@ -311,6 +312,24 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             classes.add(type(m))
             visit(types.MethodType(f, m), 1)
     return PyValues(list(out.values()), literals)
+
+
+def _view_of_parent(s: Source, v, args) -> bool:
+    """``self.weight.T`` / ``.mT`` / ``.data``: an attribute of a tensor that reads as a new
+    tensor over the same memory at every access. Keyed by identity it would differ at each
+    read (a refusal, or a random recapture when CPython reuses the address); it is the parent
+    tensor, which the graph reads as state or an argument."""
+    if not (isinstance(v, torch.Tensor) and s.path and s.path[-1][0] == "attr"):
+        return False
+    parent = Source(s.kind, s.root, s.name, s.path[:-1]).read_or(args)
+    if not isinstance(parent, torch.Tensor) or parent.device.type == "meta" or v.device.type == "meta":
+        return False
+    again = s.read_or(args)
+    try:
+        return again is not v and v.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, subclasses)
+        return False
+
 
 
 def _all_code(code):

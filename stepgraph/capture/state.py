@@ -269,6 +269,12 @@ def _walk_function(fn, found: dict, depth: int = 0) -> None:
 def _consider(name: str, obj, found: dict, depth: int) -> None:
     if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
         found.setdefault(id(obj), (name, obj))
+        if isinstance(obj, nn.Module) and depth <= 1:
+            # An optimizer the model owns (an agent's self.optimizer, forward-forward's
+            # Layer.opt, layers kept in a plain list): missed, its lr would be baked.
+            for k, v in list(vars(obj).items())[:64]:
+                if not k.startswith("_") and isinstance(v, (torch.optim.Optimizer, list, tuple, dict)):
+                    _consider(f"{name}.{k}", v, found, depth + 1)
         return
     if depth > 1 or isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Tensor, type,
                                      types.ModuleType, types.FunctionType)):

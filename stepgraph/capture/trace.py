@@ -25,6 +25,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import CaptureError, library_frame, user_frame
+from .hostrandom import host_random_watch
 from .hostscalar import HostFloat, HyperFloat, HyperLog, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
 from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, random_guards, read_scalar
 from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
@@ -371,7 +372,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
-                math_patches(), torch_fast_paths(user_frame), \
+                math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \

@@ -1,0 +1,122 @@
+"""Host inputs a trace cannot see: random numbers the step draws with Python's ``random`` or
+``numpy.random``, and batches it takes from an iterator with ``next()``.
+
+Such a draw is no aten op: the trace sees only what it produced (a replay-buffer batch built
+from ``np.random.randint`` indices, ``random.sample(memory, n)`` transitions, an ``if
+random.random() < eps`` branch) and a replay runs no Python, so it would reuse this call's draw
+at every step: silently wrong (sfujim/TD3's ``policy.train`` samples its batch this way). The
+draw is recorded as a problem and the capture refused, naming the user's line; the call itself
+ran for real, so state is what eager leaves. ``batch = next(train_loader)`` in the step is the
+same: the iterator advances only at capture (lucidrains' ``cycle(DataLoader)`` loops).
+"""
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import random
+import sys
+import traceback
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import library_frame, user_frame
+from .effects import Problem
+
+_PY = ("random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
+       "normalvariate", "lognormvariate", "expovariate", "betavariate", "gammavariate", "triangular",
+       "vonmisesvariate", "paretovariate", "weibullvariate", "getrandbits", "randbytes")
+_NP = ("rand", "randn", "randint", "random", "random_sample", "ranf", "sample", "choice", "permutation",
+       "shuffle", "normal", "uniform", "standard_normal", "binomial", "poisson", "beta", "gamma",
+       "exponential", "multinomial", "dirichlet", "laplace", "logistic", "lognormal", "geometric",
+       "integers", "random_integers", "bytes")
+
+
+def _modules():
+    out = [("random", random, _PY)]
+    try:
+        import numpy.random as npr
+        out.append(("numpy.random", npr, _NP))
+    except ImportError:
+        pass
+    return out
+
+
+def _data_from_iterator(value, named) -> bool:
+    """``next()`` handed back tensors that are not named state (a batch, not a parameter)."""
+    try:
+        leaves = pytree.tree_leaves(value)[:256]
+    except Exception:  # noqa: BLE001 - an object pytree cannot walk: not data
+        return False
+    return any(isinstance(t, torch.Tensor) and not named(t) for t in leaves)
+
+
+def _next_watch(problems: list, named):
+    orig = builtins.next
+
+    def watched(*a):
+        out = orig(*a)
+        from .pyvalues import _user_code
+        caller = sys._getframe(1).f_code
+        if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(out, named):
+            stack = traceback.extract_stack()
+            where = user_frame(stack)
+            if all(p.where != where or "next(" not in p.op for p in problems):
+                problems.append(Problem(
+                    f"the step takes its data with next({type(a[0]).__name__}): a replay runs no Python "
+                    "code, so the iterator would not advance and every replay would train on this "
+                    "call's batch", where,
+                    "take the batch in the loop outside the step (batch = next(loader)) and pass it "
+                    "as an argument: step(batch)", plain=True))
+        return out
+    return orig, watched
+
+
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # stepgraph's own code
+
+
+@contextlib.contextmanager
+def host_random_watch(problems: list, named=lambda t: False):
+    """While the step is traced: each module-level draw of ``random`` / ``numpy.random``, and
+    each ``next()`` in user code that returns tensors ``named`` does not know, adds a problem
+    (once per call site). Draws made from inside another draw are not counted twice."""
+    saved, inside = [], [False]
+    orig_next, watched = _next_watch(problems, named)
+    saved.append((builtins, "next", orig_next))
+    builtins.next = watched
+
+    def wrap(label, name, orig):
+        def draw(*a, **k):
+            if inside[0]:
+                return orig(*a, **k)
+            inside[0] = True
+            try:
+                stack = traceback.extract_stack()
+                where = user_frame(stack)
+                if all(p.where != where or "host random" not in p.op for p in problems):
+                    problems.append(Problem(
+                        f"the step draws host random numbers with {label}.{name}(): a replay runs no "
+                        "Python code, so it would reuse this call's draw at every step (the same batch, "
+                        "the same branch)", where,
+                        "draw them in the loop outside the step and pass the result (the batch, the "
+                        "indices, the decision) as arguments; or draw with torch inside the step "
+                        "(torch.randint / torch.rand / torch.randperm), which the graph replays",
+                        library_frame(stack), plain=True))
+                return orig(*a, **k)
+            finally:
+                inside[0] = False
+        draw.__wrapped__ = orig
+        return draw
+    for label, mod, names in _modules():
+        for name in names:
+            orig = getattr(mod, name, None)
+            if orig is None or not callable(orig):
+                continue
+            saved.append((mod, name, orig))
+            setattr(mod, name, wrap(label, name, orig))
+    try:
+        yield
+    finally:
+        for mod, name, orig in reversed(saved):
+            setattr(mod, name, orig)

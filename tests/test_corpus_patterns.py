@@ -1,0 +1,284 @@
+"""Patterns found by the real-program corpus (clients/), each reduced to a minimal step and
+compared with eager PyTorch: capture on one batch, replay on fresh ones, bitwise on the CPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
+
+
+def same(a: nn.Module, b: nn.Module) -> None:
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"{n} differs from eager"
+        assert (p.grad is None) == (q.grad is None) and (p.grad is None or torch.equal(p.grad, q.grad)), n
+
+
+class TransposedLinear(nn.Linear):
+    """pytorch/examples mnist_forward_forward's Layer: ``torch.mm(x, self.weight.T)``; ``.T`` reads
+    as a new tensor object at every access. It owns its optimizer, as that Layer does."""
+
+    def __init__(self, a, b):
+        super().__init__(a, b)
+        self.opt = torch.optim.Adam(self.parameters(), lr=0.03)
+
+    def forward(self, x):
+        return torch.relu(torch.mm(x, self.weight.T) + self.bias.unsqueeze(0))
+
+
+def test_a_view_attribute_of_a_parameter_in_forward_is_not_a_python_value():
+    """``self.weight.T`` in a forward (and ``.data``, ``.mT``) was keyed as a Python value by
+    identity: a new tensor each read, so the capture was refused as "the step changes the
+    Python value self.weight.T" (or recaptured at random when CPython reused the address). It
+    is the parameter itself, which the graph reads: captured, bitwise eager."""
+    torch.manual_seed(0)
+    m = nn.Sequential(TransposedLinear(8, 16), nn.Linear(16, 4))
+    m2 = copy.deepcopy(m)
+    opt, opt2 = torch.optim.Adam(m.parameters(), lr=1e-2), torch.optim.Adam(m2.parameters(), lr=1e-2)
+
+    def make(model, o):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    g = torch.Generator().manual_seed(1)
+    for k in range(6):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        same(m, m2)
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+def test_a_step_called_with_each_layer_as_self_trains_each_layer_like_eager():
+    """Forward-Forward: one step function, called with each layer (owning its optimizer) as
+    its first argument; every layer gets its own graph and trains as eager."""
+    torch.manual_seed(0)
+    layers = [TransposedLinear(8, 8), TransposedLinear(8, 8)]
+    twins = copy.deepcopy(layers)
+
+    def step(self, x_pos, x_neg):
+        g_pos = self.forward(x_pos).pow(2).mean(1)
+        g_neg = self.forward(x_neg).pow(2).mean(1)
+        loss = torch.log1p(torch.exp(torch.cat([-g_pos + 2.0, g_neg - 2.0]))).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(2)
+    x_pos, x_neg = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
+    for a, b in zip(layers, twins):
+        for k in range(4):
+            assert torch.equal(sg(a, x_pos, x_neg), step(b, x_pos, x_neg)), k
+            same(a, b)
+        x_pos, x_neg = a(x_pos).detach(), a(x_neg).detach()
+    assert sg.stats.replays >= 4, sg.stats
+
+
+def test_a_new_layer_passed_as_self_warms_up_then_captures_once(recwarn):
+    """A model (owning its optimizer) new to the step warms up eagerly as the first did: its grads
+    and Adam state come to exist outside the trace, so its graph is captured once (was: captured
+    at its first call with no grads, traced through Adam's state init with a false "stores values
+    read from tensors" warning, and captured again at the next call)."""
+    torch.manual_seed(0)
+    layers = [TransposedLinear(8, 8), TransposedLinear(8, 8)]
+    twins = copy.deepcopy(layers)
+
+    def step(self, x):
+        loss = self.forward(x).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return loss
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(3)
+    for a, b in zip(layers, twins):
+        for k in range(4):
+            x = torch.randn(6, 8, generator=g)
+            assert torch.equal(sg(a, x), step(b, x)), k
+            same(a, b)
+    assert sg.stats.captures == 2 and sg.stats.replays == 4, sg.stats
+    assert sg.stats.recaptures == [sg.stats.recaptures[0]] and "self" in sg.stats.recaptures[0], sg.stats
+    assert not [w for w in recwarn if "stores values read" in str(w.message)]
+
+
+class Agent(nn.Module):
+    """An RL-style agent: the model owns its optimizer as an attribute (``self.optimizer``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+        self.optimizer = torch.optim.Adam(self.parameters(), lr=0.03)
+
+    def update(self, x, y):
+        loss = F.cross_entropy(self.net(x), y)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+        return loss
+
+
+@pytest.mark.parametrize("how", ["argument", "global", "method"])
+def test_an_optimizer_a_model_owns_is_state_and_its_lr_is_followed(how):
+    """An optimizer held as an attribute of a model (forward-forward's ``Layer.opt``, an agent's
+    ``self.optimizer``) was not discovered: its state was baked as unnamed constants and a changed
+    ``lr`` (a scheduler, a manual decay) kept the captured value: silently wrong from the next
+    replay. It is state like any optimizer the step reaches: lr read live, bitwise eager."""
+    torch.manual_seed(0)
+    agent = Agent()
+    twin = copy.deepcopy(agent)
+    twin.optimizer = torch.optim.Adam(twin.parameters(), lr=0.03)
+    if how == "argument":
+        sg = stepgraph.compile(lambda a, x, y: a.update(x, y))
+        call = lambda x, y: sg(agent, x, y)  # noqa: E731
+    elif how == "global":
+        globals()["_AGENT"] = agent
+        sg = stepgraph.compile(_global_agent_step)
+        call = sg
+    else:
+        sg = stepgraph.compile(agent.update)
+        call = sg
+    g = torch.Generator().manual_seed(4)
+    for k in range(6):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(call(x, y), twin.update(x, y)), k
+        same(agent, twin)
+        for o in (agent.optimizer, twin.optimizer):
+            o.param_groups[0]["lr"] *= 0.5   # a manual decay between steps
+    assert sg.stats.replays >= 4, sg.stats
+    assert any("optimizer" in n for n, _ in sg._reg.optimizers), sg._reg.optimizers
+
+
+def _global_agent_step(x, y):
+    loss = F.cross_entropy(_AGENT.net(x), y)
+    _AGENT.optimizer.zero_grad()
+    loss.backward()
+    _AGENT.optimizer.step()
+    return loss
+
+
+def test_per_parameter_optimizers_stepped_in_hooks_follow_a_changed_lr():
+    """The optimizer step fused into backward (PyTorch's tutorial: one optimizer per parameter,
+    stepped from ``register_post_accumulate_grad_hook``). Those optimizers are found when they
+    step at the warm-up, but were appended to a temporary list (``reg.optimizers`` returns a
+    fresh list of the held ones), so they were never state: a changed lr stayed baked."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    m2 = copy.deepcopy(m)
+
+    def attach(model):
+        opts = {p: torch.optim.Adam([p], lr=0.03) for p in model.parameters()}
+
+        def hook(p):
+            opts[p].step()
+            opts[p].zero_grad()
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(hook)
+        return list(opts.values())
+    o1, o2 = attach(m), attach(m2)
+
+    def make(model):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    g = torch.Generator().manual_seed(5)
+    for k in range(6):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        same(m, m2)
+        for o in o1 + o2:
+            o.param_groups[0]["lr"] *= 0.5
+    assert sg.stats.replays == 4 and len(sg._reg.optimizers) == 4, sg.stats
+
+
+@pytest.mark.parametrize("sampler", ["numpy", "python"])
+def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_eager(sampler):
+    """sfujim/TD3's ``policy.train(replay_buffer)`` samples its batch inside the step with
+    ``np.random.randint`` (the DQN tutorial: ``random.sample(memory, n)``): no aten op, so the
+    graph baked the capture call's batch and every replay trained on it: WRONG without an error.
+    Refused now, naming the user's line; the refused call ran as eager did."""
+    import random
+
+    import numpy as np
+    from stepgraph import CaptureError
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    m2 = copy.deepcopy(m)
+    data = np.random.RandomState(0).randn(64, 5)
+    memory = [torch.tensor(row, dtype=torch.float32) for row in data]
+
+    def make(model):
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def train(batch_size):
+            if sampler == "numpy":
+                ind = np.random.randint(0, len(data), size=batch_size)
+                batch = torch.FloatTensor(data[ind])
+            else:
+                batch = torch.stack(random.sample(memory, batch_size))
+            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return train
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    for k in range(2):
+        np.random.seed(k), random.seed(k)
+        want = eager(8)
+        np.random.seed(k), random.seed(k)
+        if k == 0:
+            assert torch.equal(sg(8), want)
+            continue
+        with pytest.raises(CaptureError, match="host random") as e:
+            sg(8)
+        assert "test_corpus_patterns.py" in e.value.where and "outside the step" in e.value.fix
+        same(m, m2)
+
+
+def test_a_batch_taken_from_an_iterator_inside_the_step_is_refused():
+    """``batch = next(train_loader)`` inside the step (lucidrains' ``cycle(DataLoader)`` loops,
+    makemore's ``batch_loader.next()`` decorated with the body): the iterator advances only at
+    capture, so every replay trained on the capture call's batch: WRONG without an error.
+    Refused now, naming the user's line; ``next(model.parameters())`` stays fine."""
+    import itertools
+
+    from stepgraph import CaptureError
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    m2 = copy.deepcopy(m)
+    data = [torch.randn(8, 5) for _ in range(6)]
+
+    def make(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        it = itertools.cycle(data)
+
+        def step():
+            batch = next(it).to(next(model.parameters()).device)
+            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    assert torch.equal(sg(), eager())
+    want = eager()
+    with pytest.raises(CaptureError, match="next") as e:
+        sg()
+    assert "test_corpus_patterns.py" in e.value.where, e.value.where
+    same(m, m2)
+    del want
