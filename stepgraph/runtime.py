@@ -26,11 +26,10 @@ from .capture.watch import install_registration_hooks
 from .capture.effects import resolve_bindings
 from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
-from .capture.hostreads import GuardMiss
 from .passes.guards import place_guards
 from .captured import CapturedStep, Stats, log_recapture, plain_floats
-from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, refuse_uncapturable
-from .errors import StepGraphError
+from .backends.cudagraph import absorb_floats, capture_stream, refuse_uncapturable
+from .errors import GuardMiss, NeedsReplay, StepGraphError
 from .failures import after_failed_trace, capture_failed
 from .capture.rollback import Rollback
 from .capture.compiled import note_compiled_parts

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from .. import config
-from ..errors import CaptureError
+from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
 from . import Backend
 from .replay import generate, without_grad
 
@@ -144,14 +144,6 @@ def absorb_floats(reg) -> None:
                 if isinstance(h, torch.Tensor) and x is not h:
                     h.fill_(x)
             group[key] = held
-
-
-class NeedsReplay(CaptureError):
-    """The graph needs host work every call; only the ``replay`` backend can run it."""
-
-
-class NeedsHostScalars(NeedsReplay):
-    """The graph recomputes host scalars each call (an optimizer without a capturable form)."""
 
 
 def check_graph(gm: fx.GraphModule, problems_out: list) -> None:

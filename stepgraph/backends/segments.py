@@ -26,7 +26,8 @@ import torch
 from torch import fx
 
 from ..capture.hostreads import host_guard
-from .cudagraph import (NeedsReplay, _drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
+from ..errors import NeedsReplay
+from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
                         refuse_uncapturable)
 from .replay import generate
 

@@ -25,17 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import user_frame
+from ..errors import GuardMiss, user_frame
 from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
-
-
-class GuardMiss(Exception):
-    """A replayed host read saw another value than the capture: the graph restored what it
-    wrote and this call must be captured for the new value."""
-
-    def __init__(self, site: str, what: str, expected, actual):
-        super().__init__(f"host read at {site}: {what} was {expected!r} at capture, now {actual!r}")
-        self.site, self.what, self.expected, self.actual = site, what, expected, actual
 
 
 def host_guard(actual, expected, site: str, what: str, restore=(), rng=None):
