@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
 
+from .backends.runner import Runner
 from .capture.trace import TraceResult
 from .capture.numchecks import checks_hold
 from .errors import StepGraphError
@@ -31,7 +33,7 @@ class CapturedStep:
     """One captured graph and everything needed to replay it and to explain it."""
     key: tuple
     graph: torch.fx.GraphModule
-    run: object                # backend callable: flat inputs -> flat outputs
+    run: Runner                # the backend's runner: flat inputs -> flat outputs
     trace: TraceResult
     summary: GraphSummary
     backend: str
@@ -40,7 +42,7 @@ class CapturedStep:
     n_user_outputs: int
     tensor_pos: list
     flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
-    stale: object = None     # backend check: a reason string when held addresses moved
+    stale: Callable[[], str | None] = None  # run.stale, bound at capture: why held addresses moved
     distributed: bool = False  # the graph runs collectives (DDP gradient sync)
     python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host

@@ -34,15 +34,15 @@ def explain(self) -> str:
     for i, e in enumerate(self._order):
         s = e.summary
         tr = e.trace
-        compile_s = getattr(e.run, "compile_seconds", None)
-        background = getattr(e.run, "describe", None)
+        compile_s = e.run.compile_seconds
+        background = e.run.describe()   # (a background compile says its own times)
         lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
-                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None
-                        and background is None else "")
+                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s and background is None
+                        else "")
                      + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
                      f"{s.random_ops} random")
         if background is not None:
-            lines.append(f"    {background()}")
+            lines.append(f"    {background}")
         k = e.key
         ins = [x for x in k[1] if len(x) == 7]
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
@@ -79,7 +79,7 @@ def explain(self) -> str:
                             f"({plan.saved_bytes / 2**20:.2f} MiB)" if plan.saved else "; nothing to undo on a miss"))
             for site, what, value in plan.guards[:6]:
                 lines.append(f"      guard {what} == {value!r} at {site}")
-        segs = getattr(e.run, "segments", None)
+        segs = e.run.segments
         if segs:
             lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
@@ -123,6 +123,6 @@ def overhead_us(step, args, kwargs, repeat: int) -> dict:
         return {}
     out = {"quick_guard": med(lambda: step._guards.quick_key(args, kwargs) == step._last_quick),
            "full_signature": med(lambda: step._guards.signature(args, kwargs))}
-    if step._last is not None and step._last.stale is not None:
+    if step._last is not None:
         out["state_address_check"] = med(step._last.stale)
     return out

@@ -139,7 +139,7 @@ class StepFunction(DroppedState):
                     hit = quick == self._last_quick
                 except Exception:  # a tensor compared by value: not the same object
                     hit = False
-                if hit and (last.stale is None or last.stale() is None) and last.checks_hold(list(args), args):
+                if hit and last.stale() is None and last.checks_hold(list(args), args):
                     out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
                     if miss is None:
                         return out  # (a miss was undone: go on to the full lookup)
@@ -148,7 +148,7 @@ class StepFunction(DroppedState):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
-            stale_reason = entry.stale() if entry is not None and entry.stale is not None else None
+            stale_reason = entry.stale() if entry is not None else None
             if stale_reason is not None:
                 self._drop(entry)
                 return self._capture(sig, args, kwargs, reason=stale_reason)
@@ -234,9 +234,7 @@ class StepFunction(DroppedState):
         ok = True
         with self._lock:
             for e in list(self._order):
-                wait = getattr(e.run, "wait", None)
-                if wait is not None:
-                    ok &= wait(timeout)
+                ok &= e.run.wait(timeout)
         return ok
 
     def _on_fused(self, seconds: float) -> None:
@@ -389,7 +387,7 @@ class StepFunction(DroppedState):
         self._hook_notes += hooks_left_registered(tr, self.__name__)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
         entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
-                             sig.tensor_pos, flat, getattr(run, "stale", None), bool(self._reg.ddp),
+                             sig.tensor_pos, flat, run.stale, bool(self._reg.ddp),
                              [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
                               for r in ddp_records], plan, device_scalars=scalars,
                              checks=checks)
@@ -401,7 +399,7 @@ class StepFunction(DroppedState):
         self.stats.captures += 1
         self.stats.capture_seconds += seconds
         note_compiled_parts(self, args, kwargs)
-        self.stats.compile_seconds += getattr(run, "compile_seconds", 0.0)
+        self.stats.compile_seconds += run.compile_seconds
         # The quick key must describe the state *before* a call: recompute it at the next call.
         self._last = self._last_quick = None
         if reason is not None:

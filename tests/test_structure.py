@@ -18,3 +18,81 @@ def test_exceptions_every_backend_may_raise_live_in_errors():
     assert cudagraph.NeedsReplay is errors.NeedsReplay and segments.NeedsReplay is errors.NeedsReplay
     assert cudagraph.NeedsHostScalars is errors.NeedsHostScalars
     assert hostreads.GuardMiss is errors.GuardMiss
+
+
+# ---- the Runner contract ------------------------------------------------------------------
+def _tiny_graph():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(lambda x: (x * 2 + 1,))(torch.ones(3))
+
+
+def test_runner_abilities_have_defaults():
+    """Callers ask a runner directly (no getattr probes): every ability has a default."""
+    from stepgraph.backends import Runner
+
+    class Plain(Runner):
+        def __call__(self, inputs):
+            return inputs
+    r = Plain()
+    assert r.stale() is None and r.wait() is True and r.wait(0.1) is True and r.describe() is None
+    assert (r.compile_seconds, r.source, r.segments, r.graph) == (0.0, None, None, None)
+    assert r([1]) == [1]
+
+
+def test_every_backend_returns_a_runner():
+    import torch
+    import stepgraph
+    from stepgraph.backends import Runner, background, cudagraph, inductor, replay, segments
+    run = replay.compile_replay(_tiny_graph())
+    assert isinstance(run, Runner) and "def step_graph" in run.source
+    assert torch.equal(run([torch.ones(3)])[0], torch.full((3,), 3.0))
+    assert isinstance(replay.without_grad(lambda x: [x]), Runner)
+    assert isinstance(cudagraph.record_after_first_call(lambda x: [x]), Runner)
+    for cls in (cudagraph.CudaGraphRunner, segments.SegmentedRunner, inductor._Unfused,
+                background.FusedWhenReady):
+        assert issubclass(cls, Runner), cls
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    for _ in range(3):
+        sg(torch.ones(2, 4))
+    assert isinstance(sg.captures[0].run, Runner)
+
+
+def test_a_misspelt_runner_ability_fails_loudly():
+    """A misspelt ``stale`` used to switch the moved-storage check off silently (the caller read
+    ``getattr(run, "stale", None)``): now defining, setting or reading one raises."""
+    from stepgraph.backends import Runner, replay
+    with pytest.raises(TypeError, match="stael"):
+        class Bad(Runner):
+            def __call__(self, inputs):
+                return inputs
+
+            def stael(self):
+                return "moved"
+    run = replay.compile_replay(_tiny_graph())
+    with pytest.raises(AttributeError, match="stael"):
+        run.stael = lambda: "moved"
+    with pytest.raises(AttributeError):
+        run.stael()
+    with pytest.raises(AttributeError, match="compile_secs"):
+        run.compile_secs = 1.0
+    run.compile_seconds = 1.0   # an ability: settable
+    run._private = 1            # private names are the runner's own business
+
+
+def test_callers_do_not_probe_runners():
+    import inspect
+    import re
+    from stepgraph import check, explain, partial, runtime
+    for mod in (runtime, explain, check, partial):
+        src = inspect.getsource(mod)
+        assert not re.search(r"getattr\((e\.|entry\.|last\.|self\._)?run\b", src), mod.__name__

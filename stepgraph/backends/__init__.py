@@ -1,8 +1,9 @@
 """Backends turn a cleaned whole-step graph into something fast to call.
 
-Each backend is a ``Backend`` with ``compile(gm, example_inputs) -> Callable[[list], list]``:
-it receives the flat graph inputs (user tensors then persistent grads) and returns the flat
-graph outputs. The registry below is the single place that names them.
+Each backend is a ``Backend`` whose ``compile(gm, example_inputs, ...)`` returns a
+:class:`Runner` (runner.py): called with the flat graph inputs (user tensors then persistent
+grads), it returns the flat graph outputs, and declares its optional abilities (``stale()``,
+``wait()``, ``describe()``, ...). The registry below is the single place that names backends.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..errors import StepGraphError
+from .runner import Runner
 
 
 @dataclass(frozen=True)
@@ -54,4 +56,4 @@ def names() -> list[str]:
     return ["auto", *_registry()]
 
 
-__all__ = ["Backend", "pick", "names", "torch"]
+__all__ = ["Backend", "Runner", "pick", "names", "torch"]

@@ -18,6 +18,7 @@ from .. import config
 from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
 from . import Backend
 from .replay import generate, without_grad
+from .runner import Runner
 
 log = logging.getLogger("stepgraph")
 
@@ -262,7 +263,7 @@ def _clear_cublas_workspaces() -> None:
 
 
 def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=True, n_user_outputs=None,
-           state_tensors=(), **_):
+           state_tensors=(), **_) -> "CudaGraphRunner":
     """Record ``fn(*static_inputs)`` into one CUDA graph; return the per-call runner.
 
     ``fn`` must already have run once (lazy kernel loading and autotuning cannot happen inside
@@ -271,29 +272,38 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
     graph, outs = capture_graph(fn, static, pool)
-    static_ptrs = [x.data_ptr() for x in static]
-    written = set(inputs_written)
     n_user = len(outs) if n_user_outputs is None else n_user_outputs
+    return CudaGraphRunner(graph, static, outs, set(inputs_written), n_user, clone_outputs,
+                           moved_state_check(state_tensors))
 
-    def run(inputs):
+
+class CudaGraphRunner(Runner):
+    """One recorded CUDA graph: copy inputs whose address differs into the static buffers,
+    replay, copy written inputs back, return (cloned) outputs."""
+    extras = ("static_inputs", "static_outputs")
+
+    def __init__(self, graph, static, outs, written, n_user, clone_outputs, moved):
+        self.graph, self.static_inputs, self.static_outputs = graph, static, outs
+        self._ptrs = [x.data_ptr() for x in static]
+        self._written, self._n_user, self._clone, self._moved = written, n_user, clone_outputs, moved
+
+    def __call__(self, inputs):
+        static, ptrs, outs = self.static_inputs, self._ptrs, self.static_outputs
         copied = []
         for i, x in enumerate(inputs):
-            if x.data_ptr() != static_ptrs[i]:
+            if x.data_ptr() != ptrs[i]:
                 static[i].copy_(x)
                 copied.append(i)
-        graph.replay()
+        self.graph.replay()
         for i in copied:
-            if i in written:
+            if i in self._written:
                 inputs[i].copy_(static[i])
-        if clone_outputs:
-            return [o.clone() for o in outs[:n_user]] + outs[n_user:]
+        if self._clone:
+            return [o.clone() for o in outs[:self._n_user]] + outs[self._n_user:]
         return outs
 
-    run.graph = graph
-    run.static_inputs = static
-    run.static_outputs = outs
-    run.stale = moved_state_check(state_tensors)
-    return run
+    def stale(self) -> str | None:
+        return self._moved()
 
 
 def capture_graph(fn, args, pool):
@@ -337,7 +347,7 @@ def moved_state_check(state_tensors):
     return stale
 
 
-def record_after_first_call(fn, **opts):
+def record_after_first_call(fn, **opts) -> "RecordAfterFirstCall":
     """A runner that calls ``fn`` directly on its first call and records it for later calls.
 
     For compiled code (Inductor's), whose kernels load and autotune on their first run. That
@@ -345,28 +355,32 @@ def record_after_first_call(fn, **opts):
     of every state tensor: no step runs twice and the state is never held twice (the copies
     raised the switch's peak memory by 1.12x on a 6-layer GPT).
     """
-    recorded = None
-    direct = without_grad(fn)
+    return RecordAfterFirstCall(fn, opts)
 
-    def run(inputs):
-        nonlocal recorded
-        if recorded is not None:
-            return recorded(inputs)
-        outs = direct(inputs)
+
+class RecordAfterFirstCall(Runner):
+    def __init__(self, fn, opts: dict):
+        self._fn, self._opts = fn, opts
+        self._direct = without_grad(fn)
+        self._recorded = None
+
+    def __call__(self, inputs):
+        if self._recorded is not None:
+            return self._recorded(inputs)
+        outs = self._direct(inputs)
         try:
-            recorded = record(fn, inputs, **opts)
+            self._recorded = record(self._fn, inputs, **self._opts)
         except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
             msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
                    f"without one from now on (same results, one launch per kernel): "
                    f"{type(e).__name__}: {str(e).strip()[:300]}")
             warnings.warn(msg, stacklevel=2)
             log.warning(msg)
-            recorded = direct
+            self._recorded = self._direct  # (holds nothing by address: stale() is None)
         return outs
 
-    direct.stale = lambda: None  # nothing held by address without a graph
-    run.stale = lambda: recorded.stale() if recorded is not None else None
-    return run
+    def stale(self) -> str | None:
+        return self._recorded.stale() if self._recorded is not None else None
 
 
 def _segmented(gm, example_inputs, **opts):

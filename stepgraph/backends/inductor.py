@@ -28,6 +28,7 @@ from . import Backend
 from .background import BackgroundCompile, FusedWhenReady, can_background
 from .cudagraph import make_capturable, record, record_after_first_call, refuse_uncapturable
 from .replay import compile_replay, generate, without_grad
+from .runner import Runner
 
 log = logging.getLogger("stepgraph")
 
@@ -161,15 +162,18 @@ def _unfused(gm, example_inputs, cuda, opts):
     return compile_replay(gm)
 
 
-class _Unfused:
+class _Unfused(Runner):
     """A step whose in-process Inductor compile failed: the unfused graph, said in explain()."""
+    extras = ("error",)
 
-    def __init__(self, run, error: str):
-        self._run, self.error, self.compile_seconds = run, error, 0.0
-        self.stale = getattr(run, "stale", None)
+    def __init__(self, run: Runner, error: str):
+        self._run, self.error = run, error
 
     def __call__(self, inputs):
         return self._run(inputs)
+
+    def stale(self) -> str | None:
+        return self._run.stale()
 
     def describe(self) -> str:
         return f"Inductor compile failed, running the unfused graph: {self.error}"

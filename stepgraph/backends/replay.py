@@ -14,6 +14,7 @@ import torch
 from torch import fx
 
 from . import Backend
+from .runner import Runner
 
 _LITERALS = (int, bool, str, type(None))
 
@@ -127,24 +128,30 @@ def _in_grad_mode(op):
     return call
 
 
-def without_grad(fn):
-    """The per-call runner ``run(inputs) = fn(*inputs)`` with grad mode off (the graph already
-    holds the backward: nothing it computes should record autograd history)."""
-    def run(inputs):
+class ReplayRunner(Runner):
+    """``run(inputs) = fn(*inputs)`` with grad mode off (the graph already holds the backward:
+    nothing it computes should record autograd history)."""
+
+    def __init__(self, fn, source: str | None = None):
+        self._fn = fn
+        self.source = source
+
+    def __call__(self, inputs):
         prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            return fn(*inputs)
+            return self._fn(*inputs)
         finally:
             torch._C._set_grad_enabled(prev)
-    return run
+
+
+def without_grad(fn) -> ReplayRunner:
+    return ReplayRunner(fn)
 
 
 def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
     _, fn = generate(gm, grad_bindings=grad_bindings)
-    run = without_grad(fn)
-    run.source = fn.__stepgraph_source__
-    return run
+    return ReplayRunner(fn, fn.__stepgraph_source__)
 
 
 BACKEND = Backend("replay", compile_replay,
