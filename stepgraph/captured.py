@@ -8,6 +8,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .backends.runner import Runner
+from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
 from .capture.numchecks import checks_hold
 from .errors import StepGraphError
@@ -28,10 +29,10 @@ class Stats:
     guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CapturedStep:
-    """One captured graph and everything needed to replay it and to explain it."""
-    key: tuple
+    """One captured graph and everything needed to replay it and to explain it (keyword-built)."""
+    key: SignatureKey
     graph: torch.fx.GraphModule
     run: Runner                # the backend's runner: flat inputs -> flat outputs
     trace: TraceResult
@@ -42,7 +43,7 @@ class CapturedStep:
     n_user_outputs: int
     tensor_pos: list
     flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
-    stale: Callable[[], str | None] = None  # run.stale, bound at capture: why held addresses moved
+    stale: Callable[[], str | None]  # run.stale, bound at capture: why held addresses moved
     distributed: bool = False  # the graph runs collectives (DDP gradient sync)
     python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .capture.numchecks import describe, roots_of
+from .capture.sigkey import TensorMeta
 
 
 def _names(xs, limit=12) -> str:
@@ -43,11 +44,10 @@ def explain(self) -> str:
                      f"{s.random_ops} random")
         if background is not None:
             lines.append(f"    {background}")
-        k = e.key
-        ins = [x for x in k[1] if len(x) == 7]
+        ins = [x for x in e.key.inputs if isinstance(x, TensorMeta)]
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
                                       else "used in place, never copied") + "): "
-                     + ", ".join(f"{str(m[1]).replace('torch.', '')}{list(m[3])}@{m[2]}" for m in ins))
+                     + ", ".join(f"{str(m.dtype).replace('torch.', '')}{list(m.shape)}@{m.device}" for m in ins))
         if tr.grad_inputs:
             lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
         lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")

@@ -16,6 +16,7 @@ import warnings
 import torch
 
 from . import backends, config
+from .backends import CompileRequest
 from .capture.guards import Guards, arg_names
 from .dropped import Busy, DroppedState
 from .check import checked_call
@@ -342,10 +343,11 @@ class StepFunction(DroppedState):
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
                       and isinstance(getattr(gm, n.target), torch.Tensor)]
-            opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
-                        n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
-                        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
-                        grad_bindings=bindings, on_fused=self._on_fused)
+            request = CompileRequest(
+                pool=self._pool, inputs_written=tuple(summary.inputs_written), clone_outputs=self.clone_outputs,
+                n_user_outputs=n_user, state_tensors=tuple({id(t): t for t in consts}.values()),
+                host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
+                grad_bindings=tuple(bindings), on_fused=self._on_fused)
             scalars = None
             try:
                 if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
@@ -364,9 +366,9 @@ class StepFunction(DroppedState):
                             op="host read", where=tr.reads.sites()[0],
                             fix="return the value from the step and read it outside, or use "
                                 "backend='cudagraph' (segments) or 'replay'")
-                    run = backend.segmented(gm, example, **opts)
+                    run = backend.segmented(gm, example, request)
                 else:
-                    run = backend.compile(gm, example, **opts)
+                    run = backend.compile(gm, example, request)
             except NeedsReplay as e:
                 if self.backend != "auto":
                     raise
@@ -376,7 +378,7 @@ class StepFunction(DroppedState):
                 self._prepared.append(note)
                 warnings.warn(f"stepgraph: {self.__name__}: {note}", stacklevel=3)
                 log.warning("stepgraph: %s: %s", self.__name__, note)
-                run = backend.compile(gm, example, **opts)
+                run = backend.compile(gm, example, request)
         except BaseException as e:
             self.stats.failed_captures += 1
             # The user's own exceptions (and Ctrl-C) propagate and leave capture on (failures.py).
@@ -386,11 +388,13 @@ class StepFunction(DroppedState):
             + read_notes
         self._hook_notes += hooks_left_registered(tr, self.__name__)
         flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
-        entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
-                             sig.tensor_pos, flat, run.stale, bool(self._reg.ddp),
-                             [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records], plan, device_scalars=scalars,
-                             checks=checks)
+        entry = CapturedStep(
+            key=sig.key, graph=gm, run=run, trace=tr, summary=summary, backend=backend.name, seconds=seconds,
+            captured_at_call=self._calls, n_user_outputs=n_user, tensor_pos=sig.tensor_pos, flat_args=flat,
+            stale=run.stale, distributed=bool(self._reg.ddp),
+            python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
+                            for r in ddp_records],
+            guard_plan=plan, device_scalars=scalars, checks=checks)
         if sibling_of is not None:
             sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
         else:

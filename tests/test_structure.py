@@ -96,3 +96,43 @@ def test_callers_do_not_probe_runners():
     for mod in (runtime, explain, check, partial):
         src = inspect.getsource(mod)
         assert not re.search(r"getattr\((e\.|entry\.|last\.|self\._)?run\b", src), mod.__name__
+
+
+# ---- stage objects ----------------------------------------------------------------------
+def test_backends_get_a_frozen_compile_request_and_no_loose_options():
+    import dataclasses
+    import inspect
+    from stepgraph.backends import CompileRequest, cudagraph, inductor, replay, segments
+    req = CompileRequest(n_user_outputs=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.pool = object()
+    for f in (replay.compile_replay, cudagraph.compile_cudagraph, cudagraph.record, cudagraph._segmented,
+              segments.compile_segmented, inductor.compile_inductor, cudagraph.record_after_first_call):
+        kinds = {p.kind for p in inspect.signature(f).parameters.values()}
+        assert inspect.Parameter.VAR_KEYWORD not in kinds, f.__name__
+
+
+def test_signature_key_is_named_and_captured_step_keyword_built():
+    import torch
+    import stepgraph
+    from stepgraph.captured import CapturedStep
+    from stepgraph.capture.sigkey import SignatureKey, TensorMeta
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    for n in (2, 2, 3, 3):
+        sg(torch.ones(n, 4))
+    k0, k1 = (c.key for c in sg.captures)
+    assert isinstance(k0, SignatureKey) and isinstance(k0.inputs[0], TensorMeta)
+    assert (k0.inputs[0].shape, k1.inputs[0].shape) == ((2, 4), (3, 4))
+    assert k0.hypers == k1.hypers and k0 == tuple(k0) and hash(k0) == hash(tuple(k0))
+    assert sg.stats.recaptures == ["arg 0 (x) shape (2, 4) -> (3, 4)"]
+    with pytest.raises(TypeError):
+        CapturedStep(k0, sg.captures[0].graph)   # positional: 13 fields in a row were misread

@@ -16,7 +16,7 @@ from torch import fx
 
 from .. import config
 from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
-from . import Backend
+from . import Backend, CompileRequest
 from .replay import generate, without_grad
 from .runner import Runner
 
@@ -167,10 +167,10 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 
 
-def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0, **opts):
-    refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
+def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileRequest):
+    refuse_uncapturable(gm, request.host_scalar_ops, request.rng_state_calls)
     _, fn = generate(gm)
-    return record(fn, example_inputs, **opts)
+    return record(fn, example_inputs, request)
 
 
 def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
@@ -262,8 +262,7 @@ def _clear_cublas_workspaces() -> None:
         clear()
 
 
-def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=True, n_user_outputs=None,
-           state_tensors=(), **_) -> "CudaGraphRunner":
+def record(fn, example_inputs, request: CompileRequest = CompileRequest()) -> "CudaGraphRunner":
     """Record ``fn(*static_inputs)`` into one CUDA graph; return the per-call runner.
 
     ``fn`` must already have run once (lazy kernel loading and autotuning cannot happen inside
@@ -271,10 +270,10 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
     """
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
-    graph, outs = capture_graph(fn, static, pool)
-    n_user = len(outs) if n_user_outputs is None else n_user_outputs
-    return CudaGraphRunner(graph, static, outs, set(inputs_written), n_user, clone_outputs,
-                           moved_state_check(state_tensors))
+    graph, outs = capture_graph(fn, static, request.pool)
+    n_user = len(outs) if request.n_user_outputs is None else request.n_user_outputs
+    return CudaGraphRunner(graph, static, outs, set(request.inputs_written), n_user, request.clone_outputs,
+                           moved_state_check(request.state_tensors))
 
 
 class CudaGraphRunner(Runner):
@@ -347,7 +346,7 @@ def moved_state_check(state_tensors):
     return stale
 
 
-def record_after_first_call(fn, **opts) -> "RecordAfterFirstCall":
+def record_after_first_call(fn, request: CompileRequest = CompileRequest()) -> "RecordAfterFirstCall":
     """A runner that calls ``fn`` directly on its first call and records it for later calls.
 
     For compiled code (Inductor's), whose kernels load and autotune on their first run. That
@@ -355,12 +354,12 @@ def record_after_first_call(fn, **opts) -> "RecordAfterFirstCall":
     of every state tensor: no step runs twice and the state is never held twice (the copies
     raised the switch's peak memory by 1.12x on a 6-layer GPT).
     """
-    return RecordAfterFirstCall(fn, opts)
+    return RecordAfterFirstCall(fn, request)
 
 
 class RecordAfterFirstCall(Runner):
-    def __init__(self, fn, opts: dict):
-        self._fn, self._opts = fn, opts
+    def __init__(self, fn, request: CompileRequest):
+        self._fn, self._request = fn, request
         self._direct = without_grad(fn)
         self._recorded = None
 
@@ -369,7 +368,7 @@ class RecordAfterFirstCall(Runner):
             return self._recorded(inputs)
         outs = self._direct(inputs)
         try:
-            self._recorded = record(self._fn, inputs, **self._opts)
+            self._recorded = record(self._fn, inputs, self._request)
         except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
             msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
                    f"without one from now on (same results, one launch per kernel): "
@@ -383,9 +382,9 @@ class RecordAfterFirstCall(Runner):
         return self._recorded.stale() if self._recorded is not None else None
 
 
-def _segmented(gm, example_inputs, **opts):
+def _segmented(gm, example_inputs, request: CompileRequest):
     from .segments import compile_segmented
-    return compile_segmented(gm, example_inputs, **opts)
+    return compile_segmented(gm, example_inputs, request)
 
 
 BACKEND = Backend("cudagraph", compile_cudagraph,

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import fx
 
-from . import Backend
+from . import Backend, CompileRequest
 from .runner import Runner
 
 _LITERALS = (int, bool, str, type(None))
@@ -149,8 +149,8 @@ def without_grad(fn) -> ReplayRunner:
     return ReplayRunner(fn)
 
 
-def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
-    _, fn = generate(gm, grad_bindings=grad_bindings)
+def compile_replay(gm: fx.GraphModule, example_inputs=None, request: CompileRequest = CompileRequest()):
+    _, fn = generate(gm, grad_bindings=request.grad_bindings)
     return ReplayRunner(fn, fn.__stepgraph_source__)
 
 

@@ -27,6 +27,7 @@ from torch import fx
 
 from ..capture.hostreads import host_guard
 from ..errors import NeedsReplay
+from . import CompileRequest
 from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
                         refuse_uncapturable)
 from .replay import generate
@@ -127,10 +128,9 @@ def _segment_module(gm: fx.GraphModule, nodes: list) -> Segment:
 _record = capture_graph
 
 
-def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
-                      clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0,
-                      rng_state_calls=0, **_):
+def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileRequest):
     """The step as CUDA-graph segments between its host reads; the per-call runner."""
+    host_scalar_ops, rng_state_calls = request.host_scalar_ops, request.rng_state_calls
     problems: list = []
     check_graph(gm, problems)
     if "sparse" in problems or "dynamic-shape" in problems:
@@ -162,7 +162,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
                     "graph segment would bake it", op="host read", where="the step",
                     fix="use backend='replay' (backend='auto' does so)")
         _, fn = generate(seg.module, "segment")
-        seg.graph, seg.static_outputs = _record(fn, args, pool)
+        seg.graph, seg.static_outputs = _record(fn, args, request.pool)
         env.update(zip(seg.outputs, seg.static_outputs))
     # The per-call program: host nodes as they are, each segment a replay of its graph.
     top = fx.Graph()
@@ -181,8 +181,8 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
     out = next(n for n in gm.graph.nodes if n.op == "output")
     top.output(fx.node.map_arg(out.args[0], lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv)))
     _, program = generate(fx.GraphModule(gm, top), "segmented_step")
-    return SegmentedRunner(program, static, segments, set(inputs_written), n_user_outputs, clone_outputs,
-                           moved_state_check(state_tensors))
+    return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
+                           request.clone_outputs, moved_state_check(request.state_tensors))
 
 
 class SegmentedRunner(Runner):
