@@ -1,6 +1,7 @@
 """What a capture produces: ``CapturedStep`` (one graph and how to replay it) and ``Stats``."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -15,9 +16,18 @@ from .errors import StepGraphError
 from .passes import GraphSummary
 
 
+class Branch(enum.Enum):
+    """Which way the call policy (``StepFunction.__call__``) sent a call."""
+    WARMUP = "warm-up"    # ran eagerly to create the state the capture is for
+    CAPTURE = "capture"   # traced while it ran (eager's result if the capture failed)
+    REPLAY = "replay"     # a captured graph ran instead of the step's Python
+    EAGER = "eager"       # ran eagerly: disabled, eager-only after a failure, or past max_captures
+
+
 @dataclass
 class Stats:
-    """Counters of what each call did. ``recaptures`` holds one reason line per recapture."""
+    """Counters of what each call did. ``recaptures`` holds one reason line per recapture;
+    ``branches`` counts calls per :class:`Branch`, ``last_branch`` is the latest call's."""
     eager_calls: int = 0
     captures: int = 0
     replays: int = 0
@@ -27,6 +37,12 @@ class Stats:
     capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
     compile_seconds: float = 0.0   # of which backend compilation (Inductor)
     guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
+    branches: dict = field(default_factory=dict)  # Branch -> calls
+    last_branch: Branch | None = None
+
+    def took(self, branch: Branch) -> None:
+        self.branches[branch] = self.branches.get(branch, 0) + 1
+        self.last_branch = branch
 
 
 @dataclass(kw_only=True)

@@ -136,3 +136,36 @@ def test_signature_key_is_named_and_captured_step_keyword_built():
     assert sg.stats.recaptures == ["arg 0 (x) shape (2, 4) -> (3, 4)"]
     with pytest.raises(TypeError):
         CapturedStep(k0, sg.captures[0].graph)   # positional: 13 fields in a row were misread
+
+
+def test_call_policy_branches_are_named_in_stats():
+    import torch
+    import stepgraph
+    from stepgraph.captured import Branch
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step, max_captures=1)
+    seen = []
+    for n in (2, 2, 2, 3):
+        sg(torch.ones(n, 4))
+        seen.append(sg.stats.last_branch)
+    assert seen == [Branch.WARMUP, Branch.CAPTURE, Branch.REPLAY, Branch.EAGER]
+    assert sg.stats.branches == {Branch.WARMUP: 1, Branch.CAPTURE: 1, Branch.REPLAY: 1, Branch.EAGER: 1}
+    assert (sg.stats.eager_calls, sg.stats.captures, sg.stats.replays) == (2, 1, 1)   # the old fields stay
+
+
+def test_capture_is_a_pipeline_of_named_stages():
+    import inspect
+    from stepgraph import pipeline, runtime
+    assert not hasattr(runtime.StepFunction, "_capture")
+    src = inspect.getsource(pipeline.capture)
+    order = [src.index(f"{name}(") for name in ("plan_capture", "adapt_optimizers", "trace", "clean", "lower", "keep")]
+    assert order == sorted(order)
+    assert len(inspect.getsource(runtime).splitlines()) < 400

@@ -122,7 +122,7 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
     if unsafe is not None and cuda:
         msg = (f"stepgraph: Inductor is not used for this step: {unsafe}; it runs as one unfused CUDA "
                "graph (backend='cudagraph'), with eager's results")
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg)
         _, fn = generate(gm)
         return record(fn, example_inputs, opts)
@@ -145,7 +145,7 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
         error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
         msg = ("stepgraph: Inductor could not compile the captured step; it runs its unfused graph "
                f"(same results as backend='replay'/'cudagraph', no fusion): {error}")
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg, exc_info=e)
         return _Unfused(_unfused(gm, example_inputs, cuda, opts), error)
     seconds = time.perf_counter() - t0
