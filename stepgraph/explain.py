@@ -16,23 +16,24 @@ def _names(xs, limit=12) -> str:
 def explain(self) -> str:
     """What was captured: ops, state by source name, inputs, written state, guards."""
     lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "
-             f"{len(self._order)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
+             f"{len(self.captures)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
              + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
              f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
              f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
              f"capture_seconds={self.stats.capture_seconds:.3f} "
              f"compile_seconds={self.stats.compile_seconds:.3f}"
              + (f" guard_misses={sum(self.stats.guard_misses.values())}" if self.stats.guard_misses else "")]
-    for note in self._prepared:
+    for note in self.prepared_notes:
         lines.append(f"  prepared: {note}")
-    for note in self._hook_notes:
+    for note in self.capture_notes:
         lines.append(f"  runs only at capture: {note}")
-    if self._reg is not None:
-        lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
-                     + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
+    reg = self.registry
+    if reg is not None:
+        lines.append("  state found: modules " + (", ".join(n for n, _ in reg.modules) or "-")
+                     + "; optimizers " + (", ".join(n for n, _ in reg.optimizers) or "-"))
     for r in self.stats.recaptures:
         lines.append(f"  recapture: {r}")
-    for i, e in enumerate(self._order):
+    for i, e in enumerate(self.captures):
         s = e.summary
         tr = e.trace
         compile_s = e.run.compile_seconds
@@ -99,30 +100,19 @@ def explain(self) -> str:
                          "recomputed on the host each replay (eager-identical numerics)")
         lines.append("    guards: input shapes/dtypes/devices/strides/requires_grad and non-tensor "
                      "values; grad mode; autocast; train/eval of "
-                     f"{len(self._reg.all_modules) if self._reg else 0} modules; optimizer "
+                     f"{len(reg.all_modules) if reg else 0} modules; optimizer "
                      "hyper-parameters; optimizer state identity; module parameter registration; "
                      ".grad presence and layout")
     return "\n".join(lines)
 
 
-
-def overhead_us(step, args, kwargs, repeat: int) -> dict:
-    """``StepFunction.overhead_us``: median µs of the quick guard, the full signature and the
-    CUDA backend's address check, for these arguments."""
+def median_us(f, repeat: int) -> float:
+    """Median µs of ``f()`` over ``repeat`` calls (``StepFunction.overhead_us``)."""
     import statistics
     import time
-
-    def med(f):
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts) * 1e6
-    if step._guards is None:
-        return {}
-    out = {"quick_guard": med(lambda: step._guards.quick_key(args, kwargs) == step._last_quick),
-           "full_signature": med(lambda: step._guards.signature(args, kwargs))}
-    if step._last is not None:
-        out["state_address_check"] = med(step._last.stale)
-    return out
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6

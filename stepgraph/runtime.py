@@ -101,6 +101,22 @@ class StepFunction(DroppedState):
         """The captured steps alive now, oldest first (read-only: each has ``.backend``, ``.graph``)."""
         return tuple(self._order)
 
+    @property
+    def registry(self) -> StateRegistry | None:
+        """The modules, optimizers and tensors found for this step (None before the first call)."""
+        return self._reg
+
+    @property
+    def prepared_notes(self) -> tuple[str, ...]:
+        """What stepgraph changed on the user's state for its graphs (capturable optimizers,
+        device-held hyper-parameters, backend fallbacks), for explain()."""
+        return tuple(self._prepared)
+
+    @property
+    def capture_notes(self) -> tuple[str, ...]:
+        """Python effects of the last capture that run only at capture (hooks, appends, prints)."""
+        return tuple(self._hook_notes)
+
     def __call__(self, *args, **kwargs):
         with self._lock, self._busy:
             self._calls += 1
@@ -219,8 +235,14 @@ class StepFunction(DroppedState):
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
         the step: the quick guard (the replay fast path), the full signature (the miss path),
         and the CUDA backend's input-address check. For benchmarks and explain()."""
-        from .explain import overhead_us
-        return overhead_us(self, args, kwargs, repeat)
+        from .explain import median_us
+        if self._guards is None:
+            return {}
+        out = {"quick_guard": median_us(lambda: self._guards.quick_key(args, kwargs) == self._last_quick, repeat),
+               "full_signature": median_us(lambda: self._guards.signature(args, kwargs), repeat)}
+        if self._last is not None:
+            out["state_address_check"] = median_us(self._last.stale, repeat)
+        return out
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until background Inductor compiles are done and switch to them now (e.g. before

@@ -17,7 +17,9 @@ def test_exceptions_every_backend_may_raise_live_in_errors():
     # the backends and the graph's host guard raise these very classes (imported, not redefined)
     assert cudagraph.NeedsReplay is errors.NeedsReplay and segments.NeedsReplay is errors.NeedsReplay
     assert cudagraph.NeedsHostScalars is errors.NeedsHostScalars
-    assert hostreads.GuardMiss is errors.GuardMiss
+    assert hostreads.host_guard.__module__ == "stepgraph.markers"
+    with pytest.raises(errors.GuardMiss):
+        hostreads.host_guard(1, 2, "site", "x")
 
 
 # ---- the Runner contract ------------------------------------------------------------------
@@ -169,3 +171,37 @@ def test_capture_is_a_pipeline_of_named_stages():
     order = [src.index(f"{name}(") for name in ("plan_capture", "adapt_optimizers", "trace", "clean", "lower", "keep")]
     assert order == sorted(order)
     assert len(inspect.getsource(runtime).splitlines()) < 400
+
+
+def _imports(path):
+    import ast
+    tree = ast.parse(open(path).read())
+    for node in ast.walk(tree):   # (function-level imports too)
+        if isinstance(node, ast.ImportFrom):
+            yield "." * node.level + (node.module or "")
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+def test_passes_and_backends_import_nothing_from_capture():
+    """Shared graph markers live in stepgraph/markers.py: passes/ imports neither capture/ nor
+    backends/, and backends/ does not import capture/ (which runs only while tracing)."""
+    import glob
+    import os
+    import stepgraph
+    root = os.path.dirname(stepgraph.__file__)
+    for layer, banned in (("passes", ("capture", "backends")), ("backends", ("capture",))):
+        for path in glob.glob(os.path.join(root, layer, "*.py")):
+            for mod in _imports(path):
+                parts = mod.lstrip(".").split(".")
+                up = mod.startswith("..") or mod.startswith("stepgraph.")
+                assert not (up and any(p in banned for p in parts)), (path, mod)
+
+
+def test_explain_and_check_read_public_fields_only():
+    import inspect
+    import re
+    from stepgraph import check, explain
+    for mod in (explain, check):
+        src = inspect.getsource(mod)
+        assert not re.search(r"\b(self|step|stepfn)\._[a-z]", src), mod.__name__

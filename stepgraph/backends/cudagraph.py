@@ -176,7 +176,7 @@ def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileReques
 def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
     """Checkpointing saves/restores the RNG state even when the region draws no random numbers;
     with no random op in the graph those calls change nothing and can go. True if dropped."""
-    from ..capture.effects import RNG_STATE_FUNCS
+    from ..markers import RNG_STATE_FUNCS
     nodes = list(gm.graph.nodes)
     if any(isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
            for n in nodes if n.op == "call_function"):

@@ -54,7 +54,7 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
     if an op raises mid-graph, bind the parameters' fresh grads computed so far unless the
     step's ``zero_grad()`` had already run: ``.grad`` ends as the eager call leaves it.
     """
-    from ..capture.effects import zero_grad_marker
+    from ..markers import zero_grad_marker
     binds = [(p, n.name) for kind, p, n in grad_bindings if kind == "bind"]
     keep = {name for _, name in binds}
     g = _Gen(gm)

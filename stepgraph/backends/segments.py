@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..capture.hostreads import host_guard
+from ..markers import host_guard
 from ..errors import NeedsReplay
 from . import CompileRequest
 from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,

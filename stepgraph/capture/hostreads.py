@@ -25,22 +25,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import GuardMiss, user_frame
+from ..errors import user_frame
+from ..markers import host_guard
 from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
 
 
-def host_guard(actual, expected, site: str, what: str, restore=(), rng=None):
-    """Graph node: continue when the host read equals the traced value, else undo and raise."""
-    if actual == expected or (actual != actual and expected != expected):  # nan == nan here
-        return None
-    for dst, saved in restore:
-        dst.copy_(saved)
-    if rng is not None:
-        rng[0].set_state(rng[1])
-    raise GuardMiss(site, what, expected, actual)
-
-
-host_guard.stepgraph_impure = True  # kept by dead-code elimination although nothing uses it
 
 
 @dataclass
