@@ -100,7 +100,7 @@ def test_inductor_background_compile_does_not_block_and_switches_seamlessly():
         b = case.make_batch(i)
         assert torch.equal(sg(*b), eager(*b)), "unfused calls are eager's kernels: bitwise"
     unfused_s = time.perf_counter() - t0
-    run = sg._order[0].run
+    run = sg.captures[0].run
     assert run.state == "compiling", "a C++ compile of a whole step takes seconds: still running"
     assert "compiling in a background process" in sg.explain()
     assert sg.wait_compiled()
