@@ -60,7 +60,7 @@ def main():
         out[name] = timed(fn, case.make_batch(0), args.steps)
         if compiled:
             e = fn.captures[-1]
-            segs = len(getattr(e.run, "segments", [])) or 1
+            segs = len(e.run.segments or []) or 1
             print(f"{name}: backend {e.backend}, {segs} CUDA graph(s)")
     for k, v in out.items():
         print(f"{k:28s} {v:8.3f} ms")

@@ -23,7 +23,7 @@ import torch
 os.environ.setdefault("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
-from stepgraph import runtime
+from stepgraph import pipeline  # noqa: E402
 from stepgraph.tools import bench, models  # noqa: E402
 from stepgraph.backends import cudagraph, inductor  # noqa: E402
 
@@ -43,7 +43,7 @@ def _timed(mod, name, key):
     setattr(mod, name, g)
 
 
-_timed(runtime, "trace_step", "trace")
+_timed(pipeline, "trace_step", "trace")
 _timed(inductor, "_compile", "inductor compile_fx")
 # The first fused call runs the step directly, then records it (cudagraph.record_after_first_call).
 _timed(cudagraph, "record", "CUDA-graph record")

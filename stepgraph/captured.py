@@ -1,20 +1,34 @@
 """What a capture produces: ``CapturedStep`` (one graph and how to replay it) and ``Stats``."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.utils._pytree as pytree
 
+from .backends.runner import Runner
+from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
 from .capture.numchecks import checks_hold
 from .errors import StepGraphError
 from .passes import GraphSummary
 
 
+class Branch(str, enum.Enum):
+    """Which way the call policy (``StepFunction.__call__``) sent a call. (A str enum: its hash
+    is str's, in C; a plain Enum's Python ``__hash__`` cost ~0.5 µs per replay in stats.)"""
+    WARMUP = "warm-up"    # ran eagerly to create the state the capture is for
+    CAPTURE = "capture"   # traced while it ran (eager's result if the capture failed)
+    REPLAY = "replay"     # a captured graph ran instead of the step's Python
+    EAGER = "eager"       # ran eagerly: disabled, eager-only after a failure, or past max_captures
+
+
 @dataclass
 class Stats:
-    """Counters of what each call did. ``recaptures`` holds one reason line per recapture."""
+    """Counters of what each call did. ``recaptures`` holds one reason line per recapture;
+    ``branches`` counts calls per :class:`Branch`, ``last_branch`` is the latest call's."""
     eager_calls: int = 0
     new_state_warmups: int = 0     # of which warm-ups of a model/optimizer argument new to the step
     captures: int = 0
@@ -25,14 +39,20 @@ class Stats:
     capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
     compile_seconds: float = 0.0   # of which backend compilation (Inductor)
     guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
+    branches: dict = field(default_factory=dict)  # Branch -> calls
+    last_branch: Branch | None = None
+
+    def took(self, branch: Branch) -> None:
+        self.branches[branch] = self.branches.get(branch, 0) + 1
+        self.last_branch = branch
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CapturedStep:
-    """One captured graph and everything needed to replay it and to explain it."""
-    key: tuple
+    """One captured graph and everything needed to replay it and to explain it (keyword-built)."""
+    key: SignatureKey
     graph: torch.fx.GraphModule
-    run: object                # backend callable: flat inputs -> flat outputs
+    run: Runner                # the backend's runner: flat inputs -> flat outputs
     trace: TraceResult
     summary: GraphSummary
     backend: str
@@ -41,7 +61,7 @@ class CapturedStep:
     n_user_outputs: int
     tensor_pos: list
     flat_args: bool          # the call was f(*tensors_or_scalars) with no containers or kwargs
-    stale: object = None     # backend check: a reason string when held addresses moved
+    stale: Callable[[], str | None]  # run.stale, bound at capture: why held addresses moved
     distributed: bool = False  # the graph runs collectives (DDP gradient sync)
     python_effects: list = field(default_factory=list)  # (object, attribute, value) the step sets
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host

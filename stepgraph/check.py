@@ -65,7 +65,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     """Replay with an eager shadow; returns the eager result (state as eager leaves it)."""
-    reg = stepfn._reg
+    reg = stepfn.registry
     before = _snapshot(reg)
     out_r = replay()
     after_r = {name: t.detach().clone() for name, t in _state(reg)}

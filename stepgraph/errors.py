@@ -44,6 +44,25 @@ class CaptureError(StepGraphError):
         super().__init__("\n".join(parts))
 
 
+class NeedsReplay(CaptureError):
+    """A backend cannot run this graph (it needs host work every call); only ``replay`` can.
+    Any backend may raise it from ``compile``; ``backend="auto"`` then uses ``replay``, warned."""
+
+
+class NeedsHostScalars(NeedsReplay):
+    """The graph recomputes host scalars each call (an optimizer without a capturable form)."""
+
+
+class GuardMiss(Exception):
+    """A replayed host read saw another value than the capture: the graph restored what it
+    wrote and this call must be captured for the new value. Raised from inside a replay on
+    every backend (the graph's ``host_guard`` node, capture/hostreads.py)."""
+
+    def __init__(self, site: str, what: str, expected, actual):
+        super().__init__(f"host read at {site}: {what} was {expected!r} at capture, now {actual!r}")
+        self.site, self.what, self.expected, self.actual = site, what, expected, actual
+
+
 def user_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
     """``file:line (code)`` of the innermost frame outside torch, stepgraph and the stdlib."""
     stack = stack if stack is not None else traceback.extract_stack()

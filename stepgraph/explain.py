@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .capture.numchecks import describe, roots_of
+from .capture.sigkey import TensorMeta
 
 
 def _names(xs, limit=12) -> str:
@@ -15,39 +16,39 @@ def _names(xs, limit=12) -> str:
 def explain(self) -> str:
     """What was captured: ops, state by source name, inputs, written state, guards."""
     lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "
-             f"{len(self._order)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
+             f"{len(self.captures)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
              + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
              f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
              f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
              f"capture_seconds={self.stats.capture_seconds:.3f} "
              f"compile_seconds={self.stats.compile_seconds:.3f}"
              + (f" guard_misses={sum(self.stats.guard_misses.values())}" if self.stats.guard_misses else "")]
-    for note in self._prepared:
+    for note in self.prepared_notes:
         lines.append(f"  prepared: {note}")
-    for note in self._hook_notes:
+    for note in self.capture_notes:
         lines.append(f"  runs only at capture: {note}")
-    if self._reg is not None:
-        lines.append("  state found: modules " + (", ".join(n for n, _ in self._reg.modules) or "-")
-                     + "; optimizers " + (", ".join(n for n, _ in self._reg.optimizers) or "-"))
+    reg = self.registry
+    if reg is not None:
+        lines.append("  state found: modules " + (", ".join(n for n, _ in reg.modules) or "-")
+                     + "; optimizers " + (", ".join(n for n, _ in reg.optimizers) or "-"))
     for r in self.stats.recaptures:
         lines.append(f"  recapture: {r}")
-    for i, e in enumerate(self._order):
+    for i, e in enumerate(self.captures):
         s = e.summary
         tr = e.trace
-        compile_s = getattr(e.run, "compile_seconds", None)
-        background = getattr(e.run, "describe", None)
+        compile_s = e.run.compile_seconds
+        background = e.run.describe()   # (a background compile says its own times)
         lines.append(f"  graph {i} (captured at call {e.captured_at_call} in {e.seconds:.3f}s"
-                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s is not None
-                        and background is None else "")
+                     + (f", of which Inductor compile {compile_s:.2f}s" if compile_s and background is None
+                        else "")
                      + f", backend {e.backend}): {s.ops} aten ops, {s.inplace_ops} in-place, "
                      f"{s.random_ops} random")
         if background is not None:
-            lines.append(f"    {background()}")
-        k = e.key
-        ins = [x for x in k[1] if len(x) == 7]
+            lines.append(f"    {background}")
+        ins = [x for x in e.key.inputs if isinstance(x, TensorMeta)]
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
                                       else "used in place, never copied") + "): "
-                     + ", ".join(f"{str(m[1]).replace('torch.', '')}{list(m[3])}@{m[2]}" for m in ins))
+                     + ", ".join(f"{str(m.dtype).replace('torch.', '')}{list(m.shape)}@{m.device}" for m in ins))
         if tr.grad_inputs:
             lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
         lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")
@@ -85,7 +86,7 @@ def explain(self) -> str:
                             f"({plan.saved_bytes / 2**20:.2f} MiB)" if plan.saved else "; nothing to undo on a miss"))
             for site, what, value in plan.guards[:6]:
                 lines.append(f"      guard {what} == {value!r} at {site}")
-        segs = getattr(e.run, "segments", None)
+        segs = e.run.segments
         if segs:
             lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
@@ -105,30 +106,19 @@ def explain(self) -> str:
                          "recomputed on the host each replay (eager-identical numerics)")
         lines.append("    guards: input shapes/dtypes/devices/strides/requires_grad and non-tensor "
                      "values; grad mode; autocast; train/eval of "
-                     f"{len(self._reg.all_modules) if self._reg else 0} modules; optimizer "
+                     f"{len(reg.all_modules) if reg else 0} modules; optimizer "
                      "hyper-parameters; optimizer state identity; module parameter registration; "
                      ".grad presence and layout")
     return "\n".join(lines)
 
 
-
-def overhead_us(step, args, kwargs, repeat: int) -> dict:
-    """``StepFunction.overhead_us``: median µs of the quick guard, the full signature and the
-    CUDA backend's address check, for these arguments."""
+def median_us(f, repeat: int) -> float:
+    """Median µs of ``f()`` over ``repeat`` calls (``StepFunction.overhead_us``)."""
     import statistics
     import time
-
-    def med(f):
-        ts = []
-        for _ in range(repeat):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts) * 1e6
-    if step._guards is None:
-        return {}
-    out = {"quick_guard": med(lambda: step._guards.quick_key(args, kwargs) == step._last_quick),
-           "full_signature": med(lambda: step._guards.signature(args, kwargs))}
-    if step._last is not None and step._last.stale is not None:
-        out["state_address_check"] = med(step._last.stale)
-    return out
+    ts = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts) * 1e6

@@ -6,11 +6,9 @@ traced and captured, returning its real result. Every decision is counted in ``s
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
-import time
 import warnings
 
 import torch
@@ -19,24 +17,15 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .dropped import Busy, DroppedState
 from .check import checked_call
-from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
-from .capture import distributed, fsdp
+from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
-from .capture.effects import resolve_bindings
-from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
-from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
-from .capture.hostreads import GuardMiss
-from .passes.guards import place_guards
-from .captured import CapturedStep, Stats, log_recapture, plain_floats
-from .backends.cudagraph import NeedsReplay, absorb_floats, capture_stream, refuse_uncapturable
-from .errors import StepGraphError
-from .failures import after_failed_trace, capture_failed
-from .capture.rollback import Rollback
-from .capture.compiled import note_compiled_parts
-from .capture.libraries import untraceable_modules
-from .passes import cleanup, summarize
+from .capture.trace import discover_stepping_optimizers
+from .captured import Branch, CapturedStep, Stats
+from .backends.cudagraph import absorb_floats
+from .errors import GuardMiss, StepGraphError
 from .livefloats import LiveFloats
+from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
 
@@ -112,12 +101,29 @@ class StepFunction(DroppedState):
         """The captured steps alive now, oldest first (read-only: each has ``.backend``, ``.graph``)."""
         return tuple(self._order)
 
+    @property
+    def registry(self) -> StateRegistry | None:
+        """The modules, optimizers and tensors found for this step (None before the first call)."""
+        return self._reg
+
+    @property
+    def prepared_notes(self) -> tuple[str, ...]:
+        """What stepgraph changed on the user's state for its graphs (capturable optimizers,
+        device-held hyper-parameters, backend fallbacks), for explain()."""
+        return tuple(self._prepared)
+
+    @property
+    def capture_notes(self) -> tuple[str, ...]:
+        """Python effects of the last capture that run only at capture (hooks, appends, prints)."""
+        return tuple(self._hook_notes)
+
     def __call__(self, *args, **kwargs):
         with self._lock, self._busy:
             self._calls += 1
             if self._agree.aborted:
                 raise StepGraphError(self._agree.aborted_message())
             if self.disabled or self._eager_only:
+                self.stats.took(Branch.EAGER)
                 return self._eager(args, kwargs)
             if self._reg is None:
                 names = arg_names(self.fn)
@@ -140,7 +146,7 @@ class StepFunction(DroppedState):
                     hit = quick == self._last_quick
                 except Exception:  # a tensor compared by value: not the same object
                     hit = False
-                if hit and (last.stale is None or last.stale() is None) and last.checks_hold(list(args), args):
+                if hit and last.stale() is None and last.checks_hold(list(args), args):
                     out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
                     if miss is None:
                         return out  # (a miss was undone: go on to the full lookup)
@@ -150,16 +156,18 @@ class StepFunction(DroppedState):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
-            stale_reason = entry.stale() if entry is not None and entry.stale is not None else None
+            stale_reason = entry.stale() if entry is not None else None
             if stale_reason is not None:
                 self._drop(entry)
-                return self._capture(sig, args, kwargs, reason=stale_reason)
+                self.stats.took(Branch.CAPTURE)
+                return capture(self, sig, args, kwargs, reason=stale_reason)
             if entry is not None:
                 return self._replay_entry(entry, sig, args, kwargs)
             if self._warm_done < self.warmup and not self._order:
                 if self.backend == "inductor" and config.get("inductor_background"):
                     from .backends.background import prestart
                     prestart()  # the compile process starts up while warm-up and tracing run
+                self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
                 with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
                     out = self._eager(args, kwargs)
@@ -170,6 +178,7 @@ class StepFunction(DroppedState):
                 # exist eagerly, so its graph is traced once, with them (captured now, it would
                 # trace the optimizer's state init with grads None, then recapture next call).
                 self.stats.new_state_warmups += 1
+                self.stats.took(Branch.WARMUP)
                 with discover_stepping_optimizers(self._reg):
                     return self._eager(args, kwargs)
             if len(self._order) >= self.max_captures:
@@ -181,12 +190,15 @@ class StepFunction(DroppedState):
                     warnings.warn(msg, stacklevel=2)
                     log.warning(msg)
                 self._agree(self._reg, sig.leaves, self._calls, "eager call")  # (no-op without DDP)
+                self.stats.took(Branch.EAGER)
                 return self._eager(args, kwargs)
-            return self._capture(sig, args, kwargs)
+            self.stats.took(Branch.CAPTURE)
+            return capture(self, sig, args, kwargs)
 
     def _replay_entry(self, entry, sig, args, kwargs):
         """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
         if entry.gave_up:
+            self.stats.took(Branch.EAGER)
             return self._eager(args, kwargs)
         miss = None
         for e in [entry] + entry.siblings:
@@ -206,8 +218,10 @@ class StepFunction(DroppedState):
                    "max_captures if it takes few values")
             warnings.warn(msg, stacklevel=3)
             log.warning(msg)
+            self.stats.took(Branch.EAGER)
             return self._eager(args, kwargs)
-        return self._capture(sig, args, kwargs, reason=str(miss), sibling_of=entry)
+        self.stats.took(Branch.CAPTURE)
+        return capture(self, sig, args, kwargs, reason=str(miss), sibling_of=entry)
 
     def _try_replay(self, entry, replay, args, kwargs):
         """``(output, None)``, or ``(None, GuardMiss)`` when a host read differed from the
@@ -215,9 +229,11 @@ class StepFunction(DroppedState):
         self.stats.replays += 1
         try:
             if len(self.stats.check_reports) < self.check:
-                return checked_call(self, entry, replay, args, kwargs, self.check_rtol), None
-            out = replay()
-            entry.number_effects(args, kwargs)
+                out = checked_call(self, entry, replay, args, kwargs, self.check_rtol)
+            else:
+                out = replay()
+                entry.number_effects(args, kwargs)
+            self.stats.took(Branch.REPLAY)
             return out, None
         except GuardMiss as miss:
             self.stats.replays -= 1
@@ -228,8 +244,14 @@ class StepFunction(DroppedState):
         """Median per-call cost (µs) of stepgraph's own work for these arguments, without running
         the step: the quick guard (the replay fast path), the full signature (the miss path),
         and the CUDA backend's input-address check. For benchmarks and explain()."""
-        from .explain import overhead_us
-        return overhead_us(self, args, kwargs, repeat)
+        from .explain import median_us
+        if self._guards is None:
+            return {}
+        out = {"quick_guard": median_us(lambda: self._guards.quick_key(args, kwargs) == self._last_quick, repeat),
+               "full_signature": median_us(lambda: self._guards.signature(args, kwargs), repeat)}
+        if self._last is not None:
+            out["state_address_check"] = median_us(self._last.stale, repeat)
+        return out
 
     def wait_compiled(self, timeout: float | None = None) -> bool:
         """Block until background Inductor compiles are done and switch to them now (e.g. before
@@ -243,9 +265,7 @@ class StepFunction(DroppedState):
         ok = True
         with self._lock:
             for e in list(self._order):
-                wait = getattr(e.run, "wait", None)
-                if wait is not None:
-                    ok &= wait(timeout)
+                ok &= e.run.wait(timeout)
         return ok
 
     def _on_fused(self, seconds: float) -> None:
@@ -281,156 +301,3 @@ class StepFunction(DroppedState):
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
         return self.fn(*args, **kwargs)
-
-    def _capture(self, sig, args, kwargs, reason=None, sibling_of=None):
-        if reason is None and self._order:
-            reason = self._guards.diff(self._order[-1].key, sig.key, args, kwargs)
-        device = _device_of(sig.leaves, self._reg)
-        backend = backends.pick(self.backend, device)
-        reason, resign = self._live.before_prepare(backend.name, device, args, reason,
-                                                   self._order[-1].key if self._order else None, sig.key)
-        if resign:
-            sig = self._guards.signature(args, kwargs)
-        if self._guards.pin_objects(args):
-            sig = self._guards.signature(args, kwargs)
-        t0 = time.perf_counter()
-        self._reg.refresh_names()
-        self._agree(self._reg, sig.leaves, self._calls, "capture")  # ranks meet (DDP steps only)
-        # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
-        refusal = fsdp.refusal(self._reg, device, backend.name) or untraceable_modules(self._reg, device)
-        if backend.prepare is not None and refusal is None:
-            changed = backend.prepare(self._reg)
-            if changed:
-                self._prepared += changed
-                log.info("stepgraph: %s: %s", self.__name__, "; ".join(changed))
-                sig = self._guards.signature(args, kwargs)  # state changed: key it as it is now
-        reason, resign = self._live.after_prepare(backend.name, args, reason)
-        if resign:
-            sig = self._guards.signature(args, kwargs)
-        try:
-            done = None  # (result,) once this call has run to its end
-            if refusal is not None:
-                done = (self._eager(args, kwargs),)  # this call runs as eager would, then the error
-                raise refusal
-            around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
-            rollback = Rollback.take(self._reg, sig.leaves)   # what the trace writes, to undo if it fails
-            try:
-                with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records, \
-                        fsdp.tracing(self._reg, rollback) as fsdp_record:
-                    live = self._guards.live
-                    track = self._guards.tracking(args, kwargs)   # numbers checked only where used
-                    py_before = self._guards.py.key(args)
-                    frozen = self._guards.frozen_key(args, kwargs)
-                    sizes_before = container_sizes(self._guards.py, args)
-                    tr = trace_step(self.fn, args, kwargs, self._reg, device,
-                                    live_hypers=sorted(h for h in live if isinstance(h, tuple)),
-                                    live_sources=[h for h in live if not isinstance(h, tuple)],
-                                    host_reads=self.host_reads == "guard", rollback=rollback,
-                                    track=track)
-            except BaseException as e:
-                done = after_failed_trace(e, rollback, lambda: self._eager(args, kwargs))
-                raise
-            finally:
-                rollback = None   # its copies of the state: not kept past the trace
-            done = (tr.result,)
-            raise_problems(tr.problems)
-            if fsdp_record is not None:
-                fsdp_record.raise_problems()
-            refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args),
-                                       scheduled=bool(tr.scheduler_steps),
-                                       replayed=[e.source for e in tr.number_effects])
-            append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
-                                        self.__name__)
-            live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
-            read_notes = read_side_effects(tr, self.__name__)
-            distributed.refuse_direct_collectives(tr.graph_module)
-            sig = self._live.after_trace(tr, sig, frozen, self._entries)
-            gm = cleanup(tr.graph_module)
-            tr.graph_module = gm
-            checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
-            plan = place_guards(gm, device, self._reg.name_of)
-            bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
-            summary = summarize(gm, self._reg.name_of)
-            n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
-            example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
-            if device == "cuda" and self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
-                      and isinstance(getattr(gm, n.target), torch.Tensor)]
-            opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
-                        n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
-                        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
-                        grad_bindings=bindings, on_fused=self._on_fused)
-            scalars = None
-            try:
-                if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
-                    refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
-                if not backend.runs_host_reads and self._guards.live:
-                    scalars, sig = self._live.to_device(gm, device, sig, frozen)
-                    self._prepared += self._live.notes
-                    self._live.notes.clear()
-                    if scalars is not None:
-                        example.append(scalars.pack())
-                if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
-                    if backend.segmented is None:
-                        raise NeedsReplay(
-                            f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "
-                            f"backend {backend.name!r} has no graph segments between host reads yet",
-                            op="host read", where=tr.reads.sites()[0],
-                            fix="return the value from the step and read it outside, or use "
-                                "backend='cudagraph' (segments) or 'replay'")
-                    run = backend.segmented(gm, example, **opts)
-                else:
-                    run = backend.compile(gm, example, **opts)
-            except NeedsReplay as e:
-                if self.backend != "auto":
-                    raise
-                # Not silent: warned once, logged, and shown by explain().
-                backend = backends.pick("replay", device)
-                note = f"backend auto chose 'replay' for this graph: {str(e).splitlines()[0]}"
-                self._prepared.append(note)
-                warnings.warn(f"stepgraph: {self.__name__}: {note}", stacklevel=3)
-                log.warning("stepgraph: %s: %s", self.__name__, note)
-                run = backend.compile(gm, example, **opts)
-        except BaseException as e:
-            self.stats.failed_captures += 1
-            # The user's own exceptions (and Ctrl-C) propagate and leave capture on (failures.py).
-            return capture_failed(self, e, done)
-        seconds = time.perf_counter() - t0
-        self._hook_notes = warn_side_effects(registered_hooks(self._reg) + tr.hooks, self.__name__) + append_notes \
-            + read_notes
-        self._hook_notes += hooks_left_registered(tr, self.__name__)
-        flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
-        entry = CapturedStep(sig.key, gm, run, tr, summary, backend.name, seconds, self._calls, n_user,
-                             sig.tensor_pos, flat, getattr(run, "stale", None),
-                             bool(self._reg.ddp or self._reg.fsdp),
-                             [(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                              for r in ddp_records], plan, device_scalars=scalars,
-                             checks=checks)
-        if sibling_of is not None:
-            sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
-        else:
-            self._entries[sig.key] = entry
-        self._order.append(entry)
-        self.stats.captures += 1
-        self.stats.capture_seconds += seconds
-        note_compiled_parts(self, args, kwargs)
-        self.stats.compile_seconds += getattr(run, "compile_seconds", 0.0)
-        # The quick key must describe the state *before* a call: recompute it at the next call.
-        self._last = self._last_quick = None
-        if reason is not None:
-            self.stats.recaptures.append(reason)
-            log_recapture(self, reason, seconds)
-        else:
-            log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", self.__name__,
-                     summary.ops, seconds, backend.name)
-        return plain_floats(tr.result)
-
-
-def _device_of(leaves, reg: StateRegistry) -> str:
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            return x.device.type
-    for _, p in reg.params:
-        return p.device.type
-    return "cpu"

@@ -147,7 +147,7 @@ def test_failure_after_the_trace_returns_the_call_result(where, monkeypatch):
     its result comes back, warned, and the step runs eagerly from then on."""
     import dataclasses
 
-    from stepgraph import runtime
+    from stepgraph import pipeline
     from stepgraph.backends import replay
 
     def boom(*a, **k):
@@ -155,7 +155,7 @@ def test_failure_after_the_trace_returns_the_call_result(where, monkeypatch):
     if where == "backend":
         monkeypatch.setattr(replay, "BACKEND", dataclasses.replace(replay.BACKEND, compile=boom))
     else:
-        monkeypatch.setattr(runtime, where, boom)
+        monkeypatch.setattr(pipeline, where, boom)
     p = Pair()
     p()
     with pytest.warns(UserWarning, match="could not be captured: KeyError"):

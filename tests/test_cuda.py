@@ -79,7 +79,7 @@ def test_single_graph_replay_and_outputs_not_overwritten():
         step(*_batch(seed=10 + i))
     assert all(torch.equal(a, b) for a, b in zip(outs, kept)), "a replay overwrote an earlier output"
     assert step.stats.captures == 1 and step.stats.replays == 4 + 3
-    assert step._order[0].backend == "cudagraph"
+    assert step.captures[0].backend == "cudagraph"
 
 
 def test_recapture_on_shape_change_and_shared_pool():

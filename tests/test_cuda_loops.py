@@ -78,7 +78,7 @@ def _run(make_step, net_kw=None, opt_kw=None, seeded=False, expect_backend="cuda
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q)
     assert sg.stats.captures == 1 and sg.stats.replays == STEPS - 2, sg.stats
-    assert sg._order[0].backend == expect_backend
+    assert sg.captures[0].backend == expect_backend
     return sg
 
 
@@ -215,7 +215,7 @@ def _zoo_gpu(feat, build, make_opt, batches, step_fn, rtol):
     print(f"{feat} on GPU: max rel err {worst:.2e}")
     assert worst <= rtol, f"{feat}: {worst:.3g}"
     assert (sg.stats.captures, sg.stats.replays) == (1, len(batches) - 2), sg.stats
-    assert sg._order[-1].backend == "cudagraph"
+    assert sg.captures[-1].backend == "cudagraph"
 
 
 def test_hf_bert_masked_lm_on_gpu():
@@ -285,4 +285,4 @@ def test_accumulation_with_optimizer_outside_every_3_calls_on_gpu(set_to_none):
                 o.zero_grad(set_to_none=set_to_none)
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q)
-    assert sg.stats.replays >= 5 and sg._order[-1].backend == "cudagraph", sg.stats
+    assert sg.stats.replays >= 5 and sg.captures[-1].backend == "cudagraph", sg.stats

@@ -266,7 +266,7 @@ def test_replay_fault_in_run(exc, monkeypatch):
     for k in range(1, 4):
         t(*batch(k))
     assert t.counts() == (1, 1, 1)
-    entry = t.step._order[0]
+    entry = t.step.captures[0]
     before = snapshot(t.model, t.opt)
     injected = EXCEPTIONS[exc]()
 

@@ -279,11 +279,11 @@ def test_n_inductor_switches_from_unfused_to_fused_when_its_compile_is_done():
     eager = models.train_step(twin.model, twin.loss_fn, opt2)
     for k in range(3):
         assert torch.equal(step(*case.make_batch(k)), eager(*case.make_batch(k)))
-    assert step._order[0].run.state == "compiling"  # seconds of C++/Triton compile: not yet
+    assert step.captures[0].run.state == "compiling"  # seconds of C++/Triton compile: not yet
     assert step.wait_compiled()  # the user picks the switch call
     for k in range(3, 6):
         torch.testing.assert_close(step(*case.make_batch(k)), eager(*case.make_batch(k)), rtol=1e-5, atol=1e-6)
-    assert step._order[0].run.fused_at_call == 2  # this graph's 2nd replay ran fused
+    assert step.captures[0].run.fused_at_call == 2  # this graph's 2nd replay ran fused
 
 
 def test_o_number_from_an_lr_a_scheduler_changed_inside_the_step_is_frozen_and_warned():

@@ -100,7 +100,7 @@ def test_inductor_background_compile_does_not_block_and_switches_seamlessly():
         b = case.make_batch(i)
         assert torch.equal(sg(*b), eager(*b)), "unfused calls are eager's kernels: bitwise"
     unfused_s = time.perf_counter() - t0
-    run = sg._order[0].run
+    run = sg.captures[0].run
     assert run.state == "compiling", "a C++ compile of a whole step takes seconds: still running"
     assert "compiling in a background process" in sg.explain()
     assert sg.wait_compiled()
@@ -120,7 +120,9 @@ def test_inductor_blocking_compile_when_background_is_off(monkeypatch):
     for i in range(2):
         sg(*case.make_batch(i))
     assert sg.stats.compile_seconds > 0, "compiled inside the capturing call"
-    assert not hasattr(sg._order[0].run, "wait")
+    from stepgraph.backends.background import FusedWhenReady
+    run = sg.captures[0].run
+    assert not isinstance(run, FusedWhenReady) and run.describe() is None and run.wait(0)
 
 
 def test_inductor_failed_background_compile_warns_and_keeps_the_unfused_graph(monkeypatch):

@@ -140,7 +140,7 @@ def test_200_shapes_with_max_captures_8_stay_bounded():
         x, y = torch.randn(n, 8, generator=gg), torch.randint(0, 4, (n,), generator=gg)
         got, want = step(x, y), eager(x.clone(), y.clone())
         assert torch.equal(got, want), f"call {calls} (batch {n}): {got} != eager {want}"
-        assert len(step._order) <= 8 and len(step.graphs) <= 8, f"{len(step._order)} graphs held"
+        assert len(step.captures) <= 8 and len(step.graphs) <= 8, f"{len(step.captures)} graphs held"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for k, n in enumerate(sizes):
@@ -175,7 +175,7 @@ def test_reset_and_recapture_cycles_free_their_graphs():
         for x, y in data[:3]:
             assert torch.equal(step(x, y), eager(x.clone(), y.clone()))
         assert (step.stats.eager_calls, step.stats.captures, step.stats.replays) == (1, 1, 1)
-        refs.append((weakref.ref(step._order[0]), weakref.ref(step._order[0].graph)))
+        refs.append((weakref.ref(step.captures[0]), weakref.ref(step.captures[0].graph)))
         if cycle == 2:
             mem0 = footprint()
     step.reset()

@@ -133,7 +133,7 @@ def test_replays_never_overlap(monkeypatch):
     for args in warm:
         step(*args)
         eager(*args)
-    entry = step._order[0]
+    entry = step.captures[0]
     probe = Probe()
     inner = entry.run
 

@@ -1,8 +1,9 @@
 """Backends turn a cleaned whole-step graph into something fast to call.
 
-Each backend is a ``Backend`` with ``compile(gm, example_inputs) -> Callable[[list], list]``:
-it receives the flat graph inputs (user tensors then persistent grads) and returns the flat
-graph outputs. The registry below is the single place that names them.
+Each backend is a ``Backend`` whose ``compile(gm, example_inputs, ...)`` returns a
+:class:`Runner` (runner.py): called with the flat graph inputs (user tensors then persistent
+grads), it returns the flat graph outputs, and declares its optional abilities (``stale()``,
+``wait()``, ``describe()``, ...). The registry below is the single place that names backends.
 """
 from __future__ import annotations
 
@@ -12,6 +13,21 @@ from typing import Callable
 import torch
 
 from ..errors import StepGraphError
+from .runner import Runner
+
+
+@dataclass(frozen=True)
+class CompileRequest:
+    """What a backend's ``compile(gm, example_inputs, request)`` gets besides the graph."""
+    pool: object = None               # CUDA graph memory pool shared by one step's graphs
+    inputs_written: tuple = ()        # graph input positions the step writes in place
+    clone_outputs: bool = True        # return copies, so results never live in a graph's pool
+    n_user_outputs: int | None = None  # outputs before the rebound slots and grads
+    state_tensors: tuple = ()         # tensors the graph holds by address (Runner.stale)
+    host_scalar_ops: int = 0          # CPU 0-dim ops in a CUDA step (only replay runs them)
+    rng_state_calls: int = 0          # host RNG get/set calls (checkpointing)
+    grad_bindings: tuple = ()         # (kind, param, node): .grad bound if the graph raises midway
+    on_fused: Callable | None = None  # (seconds) -> None when a background compile switches
 
 
 @dataclass(frozen=True)
@@ -22,7 +38,7 @@ class Backend:
     device_types: tuple = ("cpu", "cuda")
     prepare: Callable | None = None   # (StateRegistry) -> list of changes, run before tracing
     trace_context: Callable | None = None  # (StateRegistry) -> context manager around the trace
-    # (gm, example_inputs, **opts) -> runner for a graph with host reads (segments between the
+    # (gm, example_inputs, CompileRequest) -> runner for a graph with host reads (segments between the
     # reads); None: such graphs run on ``replay`` (NeedsReplay; ``auto`` falls back, warned).
     segmented: Callable | None = None
     runs_host_reads: bool = False  # the plain ``compile`` runs host reads itself (replay)
@@ -54,4 +70,4 @@ def names() -> list[str]:
     return ["auto", *_registry()]
 
 
-__all__ = ["Backend", "pick", "names", "torch"]
+__all__ = ["Backend", "CompileRequest", "Runner", "pick", "names", "torch"]

@@ -32,6 +32,7 @@ import weakref
 import torch
 
 from .compile_worker import ARTIFACT, InputSpec, Job
+from .runner import Runner
 
 log = logging.getLogger("stepgraph")
 
@@ -153,7 +154,7 @@ class BackgroundCompile:
             self._finalizer()
 
 
-class FusedWhenReady:
+class FusedWhenReady(Runner):
     """The per-call runner of a background-compiled step: unfused until the fused one is ready.
 
     ``finish(job) -> runner`` loads the fused runner and is called on the first call after the
@@ -161,6 +162,7 @@ class FusedWhenReady:
     directly and records it. A failed compile is logged and warned once; the step then stays
     on the unfused graph, same results.
     """
+    extras = ("job", "state", "error", "switch_seconds", "calls", "phases", "fused_at_call")
 
     def __init__(self, unfused, job: BackgroundCompile, finish, on_fused=None):
         self._run, self.job, self._finish, self._on_fused = unfused, job, finish, on_fused
@@ -216,8 +218,7 @@ class FusedWhenReady:
         return self.state == "fused"
 
     def stale(self) -> str | None:
-        f = getattr(self._run, "stale", None)
-        return f() if f is not None else None
+        return self._run.stale()
 
     def describe(self) -> str:
         if self.state == "compiling":

@@ -15,9 +15,10 @@ import torch
 from torch import fx
 
 from .. import config
-from ..errors import CaptureError
-from . import Backend
+from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
+from . import Backend, CompileRequest
 from .replay import generate, without_grad
+from .runner import Runner
 
 log = logging.getLogger("stepgraph")
 
@@ -146,14 +147,6 @@ def absorb_floats(reg) -> None:
             group[key] = held
 
 
-class NeedsReplay(CaptureError):
-    """The graph needs host work every call; only the ``replay`` backend can run it."""
-
-
-class NeedsHostScalars(NeedsReplay):
-    """The graph recomputes host scalars each call (an optimizer without a capturable form)."""
-
-
 def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
     """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
     (CPU tensor work is classified while tracing, op by op: capture/trace.py:_cpu_work.)"""
@@ -174,16 +167,16 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
 
 
-def compile_cudagraph(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0, **opts):
-    refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
+def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileRequest):
+    refuse_uncapturable(gm, request.host_scalar_ops, request.rng_state_calls)
     _, fn = generate(gm)
-    return record(fn, example_inputs, **opts)
+    return record(fn, example_inputs, request)
 
 
 def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
     """Checkpointing saves/restores the RNG state even when the region draws no random numbers;
     with no random op in the graph those calls change nothing and can go. True if dropped."""
-    from ..capture.effects import RNG_STATE_FUNCS
+    from ..markers import RNG_STATE_FUNCS
     nodes = list(gm.graph.nodes)
     if any(isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
            for n in nodes if n.op == "call_function"):
@@ -275,8 +268,7 @@ def _clear_cublas_workspaces() -> None:
         clear()
 
 
-def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=True, n_user_outputs=None,
-           state_tensors=(), **_):
+def record(fn, example_inputs, request: CompileRequest = CompileRequest()) -> "CudaGraphRunner":
     """Record ``fn(*static_inputs)`` into one CUDA graph; return the per-call runner.
 
     ``fn`` must already have run once (lazy kernel loading and autotuning cannot happen inside
@@ -284,30 +276,39 @@ def record(fn, example_inputs, *, pool=None, inputs_written=(), clone_outputs=Tr
     """
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
-    graph, outs = capture_graph(fn, static, pool)
-    static_ptrs = [x.data_ptr() for x in static]
-    written = set(inputs_written)
-    n_user = len(outs) if n_user_outputs is None else n_user_outputs
+    graph, outs = capture_graph(fn, static, request.pool)
+    n_user = len(outs) if request.n_user_outputs is None else request.n_user_outputs
+    return CudaGraphRunner(graph, static, outs, set(request.inputs_written), n_user, request.clone_outputs,
+                           moved_state_check(request.state_tensors))
 
-    def run(inputs):
+
+class CudaGraphRunner(Runner):
+    """One recorded CUDA graph: copy inputs whose address differs into the static buffers,
+    replay, copy written inputs back, return (cloned) outputs."""
+    extras = ("static_inputs", "static_outputs")
+
+    def __init__(self, graph, static, outs, written, n_user, clone_outputs, moved):
+        self.graph, self.static_inputs, self.static_outputs = graph, static, outs
+        self._ptrs = [x.data_ptr() for x in static]
+        self._written, self._n_user, self._clone, self._moved = written, n_user, clone_outputs, moved
+
+    def __call__(self, inputs):
+        static, ptrs, outs = self.static_inputs, self._ptrs, self.static_outputs
         copied = []
         for i, x in enumerate(inputs):
-            if x.data_ptr() != static_ptrs[i]:
+            if x.data_ptr() != ptrs[i]:
                 static[i].copy_(x)
                 copied.append(i)
-        graph.replay()
+        self.graph.replay()
         for i in copied:
-            if i in written:
+            if i in self._written:
                 inputs[i].copy_(static[i])
-        if clone_outputs:
-            return [o.clone() for o in outs[:n_user]] + outs[n_user:]
+        if self._clone:
+            return [o.clone() for o in outs[:self._n_user]] + outs[self._n_user:]
         return outs
 
-    run.graph = graph
-    run.static_inputs = static
-    run.static_outputs = outs
-    run.stale = moved_state_check(state_tensors)
-    return run
+    def stale(self) -> str | None:
+        return self._moved()
 
 
 def capture_graph(fn, args, pool):
@@ -351,7 +352,7 @@ def moved_state_check(state_tensors):
     return stale
 
 
-def record_after_first_call(fn, **opts):
+def record_after_first_call(fn, request: CompileRequest = CompileRequest()) -> "RecordAfterFirstCall":
     """A runner that calls ``fn`` directly on its first call and records it for later calls.
 
     For compiled code (Inductor's), whose kernels load and autotune on their first run. That
@@ -359,33 +360,37 @@ def record_after_first_call(fn, **opts):
     of every state tensor: no step runs twice and the state is never held twice (the copies
     raised the switch's peak memory by 1.12x on a 6-layer GPT).
     """
-    recorded = None
-    direct = without_grad(fn)
+    return RecordAfterFirstCall(fn, request)
 
-    def run(inputs):
-        nonlocal recorded
-        if recorded is not None:
-            return recorded(inputs)
-        outs = direct(inputs)
+
+class RecordAfterFirstCall(Runner):
+    def __init__(self, fn, request: CompileRequest):
+        self._fn, self._request = fn, request
+        self._direct = without_grad(fn)
+        self._recorded = None
+
+    def __call__(self, inputs):
+        if self._recorded is not None:
+            return self._recorded(inputs)
+        outs = self._direct(inputs)
         try:
-            recorded = record(fn, inputs, **opts)
+            self._recorded = record(self._fn, inputs, self._request)
         except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
             msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
                    f"without one from now on (same results, one launch per kernel): "
                    f"{type(e).__name__}: {str(e).strip()[:300]}")
             warnings.warn(msg, stacklevel=2)
             log.warning(msg)
-            recorded = direct
+            self._recorded = self._direct  # (holds nothing by address: stale() is None)
         return outs
 
-    direct.stale = lambda: None  # nothing held by address without a graph
-    run.stale = lambda: recorded.stale() if recorded is not None else None
-    return run
+    def stale(self) -> str | None:
+        return self._recorded.stale() if self._recorded is not None else None
 
 
-def _segmented(gm, example_inputs, **opts):
+def _segmented(gm, example_inputs, request: CompileRequest):
     from .segments import compile_segmented
-    return compile_segmented(gm, example_inputs, **opts)
+    return compile_segmented(gm, example_inputs, request)
 
 
 BACKEND = Backend("cudagraph", compile_cudagraph,

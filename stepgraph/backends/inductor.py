@@ -24,10 +24,11 @@ import torch
 from torch import fx
 
 from ..passes.alpha import fold_alpha
-from . import Backend
+from . import Backend, CompileRequest
 from .background import BackgroundCompile, FusedWhenReady, can_background
 from .cudagraph import make_capturable, record, record_after_first_call, refuse_uncapturable
 from .replay import compile_replay, generate, without_grad
+from .runner import Runner
 
 log = logging.getLogger("stepgraph")
 
@@ -102,16 +103,16 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
         torch._C._set_grad_enabled(prev)
 
 
-def _runner(compiled, state_in: list, cuda: bool, opts: dict):
+def _runner(compiled, state_in: list, cuda: bool, opts: CompileRequest):
     """The per-call runner of a compiled step: state tensors passed after the user inputs."""
     def fn(*inputs):
         return list(compiled(*inputs, *state_in))
 
-    return record_after_first_call(fn, **opts) if cuda else without_grad(fn)
+    return record_after_first_call(fn, opts) if cuda else without_grad(fn)
 
 
-def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, rng_state_calls=0,
-                     on_fused=None, **opts):
+def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
+    host_scalar_ops, rng_state_calls, on_fused = opts.host_scalar_ops, opts.rng_state_calls, opts.on_fused
     cuda = any(x.is_cuda for x in example_inputs) or any(
         isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
         for n in gm.graph.nodes if n.op == "get_attr")
@@ -121,10 +122,10 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
     if unsafe is not None and cuda:
         msg = (f"stepgraph: Inductor is not used for this step: {unsafe}; it runs as one unfused CUDA "
                "graph (backend='cudagraph')")
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg)
         _, fn = generate(gm)
-        return record(fn, example_inputs, **opts)
+        return record(fn, example_inputs, opts)
     lifted, state = lift_state(gm)
     fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
     # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
@@ -144,7 +145,7 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, *, host_scalar_ops=0, r
         error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:300]}"
         msg = ("stepgraph: Inductor could not compile the captured step; it runs its unfused graph "
                f"(same results as backend='replay'/'cudagraph', no fusion): {error}")
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg, exc_info=e)
         return _Unfused(_unfused(gm, example_inputs, cuda, opts), error)
     seconds = time.perf_counter() - t0
@@ -157,19 +158,22 @@ def _unfused(gm, example_inputs, cuda, opts):
     """The same graph without Inductor: one CUDA graph on the GPU, the replay backend on the CPU."""
     if cuda:
         _, fn = generate(gm)
-        return record(fn, example_inputs, **opts)
+        return record(fn, example_inputs, opts)
     return compile_replay(gm)
 
 
-class _Unfused:
+class _Unfused(Runner):
     """A step whose in-process Inductor compile failed: the unfused graph, said in explain()."""
+    extras = ("error",)
 
-    def __init__(self, run, error: str):
-        self._run, self.error, self.compile_seconds = run, error, 0.0
-        self.stale = getattr(run, "stale", None)
+    def __init__(self, run: Runner, error: str):
+        self._run, self.error = run, error
 
     def __call__(self, inputs):
         return self._run(inputs)
+
+    def stale(self) -> str | None:
+        return self._run.stale()
 
     def describe(self) -> str:
         return f"Inductor compile failed, running the unfused graph: {self.error}"

@@ -13,7 +13,8 @@ import math
 import torch
 from torch import fx
 
-from . import Backend
+from . import Backend, CompileRequest
+from .runner import Runner
 
 _LITERALS = (int, bool, str, type(None))
 
@@ -53,7 +54,7 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
     if an op raises mid-graph, bind the parameters' fresh grads computed so far unless the
     step's ``zero_grad()`` had already run: ``.grad`` ends as the eager call leaves it.
     """
-    from ..capture.effects import zero_grad_marker
+    from ..markers import zero_grad_marker
     binds = [(p, n.name) for kind, p, n in grad_bindings if kind == "bind"]
     keep = {name for _, name in binds}
     g = _Gen(gm)
@@ -127,24 +128,30 @@ def _in_grad_mode(op):
     return call
 
 
-def without_grad(fn):
-    """The per-call runner ``run(inputs) = fn(*inputs)`` with grad mode off (the graph already
-    holds the backward: nothing it computes should record autograd history)."""
-    def run(inputs):
+class ReplayRunner(Runner):
+    """``run(inputs) = fn(*inputs)`` with grad mode off (the graph already holds the backward:
+    nothing it computes should record autograd history)."""
+
+    def __init__(self, fn, source: str | None = None):
+        self._fn = fn
+        self.source = source
+
+    def __call__(self, inputs):
         prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            return fn(*inputs)
+            return self._fn(*inputs)
         finally:
             torch._C._set_grad_enabled(prev)
-    return run
 
 
-def compile_replay(gm: fx.GraphModule, example_inputs=None, grad_bindings=(), **_):
-    _, fn = generate(gm, grad_bindings=grad_bindings)
-    run = without_grad(fn)
-    run.source = fn.__stepgraph_source__
-    return run
+def without_grad(fn) -> ReplayRunner:
+    return ReplayRunner(fn)
+
+
+def compile_replay(gm: fx.GraphModule, example_inputs=None, request: CompileRequest = CompileRequest()):
+    _, fn = generate(gm, grad_bindings=request.grad_bindings)
+    return ReplayRunner(fn, fn.__stepgraph_source__)
 
 
 BACKEND = Backend("replay", compile_replay,

@@ -25,10 +25,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..capture.hostreads import host_guard
-from .cudagraph import (NeedsReplay, _drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
+from ..markers import host_guard
+from ..errors import NeedsReplay
+from . import CompileRequest
+from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
                         refuse_uncapturable)
 from .replay import generate
+from .runner import Runner
 
 _READ = torch.ops.aten._local_scalar_dense.default
 
@@ -125,10 +128,9 @@ def _segment_module(gm: fx.GraphModule, nodes: list) -> Segment:
 _record = capture_graph
 
 
-def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_written=(),
-                      clone_outputs=True, n_user_outputs=None, state_tensors=(), host_scalar_ops=0,
-                      rng_state_calls=0, **_):
+def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileRequest):
     """The step as CUDA-graph segments between its host reads; the per-call runner."""
+    host_scalar_ops, rng_state_calls = request.host_scalar_ops, request.rng_state_calls
     problems: list = []
     check_graph(gm, problems)
     if "sparse" in problems or "dynamic-shape" in problems:
@@ -160,7 +162,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
                     "graph segment would bake it", op="host read", where="the step",
                     fix="use backend='replay' (backend='auto' does so)")
         _, fn = generate(seg.module, "segment")
-        seg.graph, seg.static_outputs = _record(fn, args, pool)
+        seg.graph, seg.static_outputs = _record(fn, args, request.pool)
         env.update(zip(seg.outputs, seg.static_outputs))
     # The per-call program: host nodes as they are, each segment a replay of its graph.
     top = fx.Graph()
@@ -179,10 +181,20 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
     out = next(n for n in gm.graph.nodes if n.op == "output")
     top.output(fx.node.map_arg(out.args[0], lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv)))
     _, program = generate(fx.GraphModule(gm, top), "segmented_step")
-    written = set(inputs_written)
-    n_user = n_user_outputs
+    return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
+                           request.clone_outputs, moved_state_check(request.state_tensors))
 
-    def run(inputs):
+
+class SegmentedRunner(Runner):
+    """The per-call program: host nodes run in Python, each segment replays its CUDA graph."""
+    extras = ("static_inputs",)
+
+    def __init__(self, program, static, segments, written, n_user, clone_outputs, moved):
+        self._program, self.static_inputs, self.segments = program, static, segments
+        self._written, self._n_user, self._clone, self._moved = written, n_user, clone_outputs, moved
+
+    def __call__(self, inputs):
+        static = self.static_inputs
         copied = []
         for i, x in enumerate(inputs):
             if x.data_ptr() != static[i].data_ptr():
@@ -191,21 +203,19 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, *, pool=None, inputs_w
         prev = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
         try:
-            outs = list(program(*static))
+            outs = list(self._program(*static))
         finally:
             torch._C._set_grad_enabled(prev)
         for i in copied:
-            if i in written:
+            if i in self._written:
                 inputs[i].copy_(static[i])
-        k = len(outs) if n_user is None else n_user
-        if clone_outputs:
+        k = len(outs) if self._n_user is None else self._n_user
+        if self._clone:
             return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[:k]] + outs[k:]
         return outs
 
-    run.segments = segments
-    run.stale = moved_state_check(state_tensors)
-    run.static_inputs = static
-    return run
+    def stale(self) -> str | None:
+        return self._moved()
 
 
 def _attr(top: fx.Graph, gm: fx.GraphModule, x: fx.Node, tenv: dict):

@@ -64,4 +64,4 @@ def note_compiled_parts(step, args, kwargs) -> None:
     step._prepared.append(note)
     logging.getLogger("stepgraph").info("stepgraph: %s: %s", step.__name__, note)
     if step.backend != "inductor":
-        warnings.warn(f"stepgraph: {step.__name__}: {note}", stacklevel=4)
+        warnings.warn(f"stepgraph: {step.__name__}: {note}", stacklevel=5)

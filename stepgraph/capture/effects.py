@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
 from ..errors import library_frame, user_frame
+from ..markers import RNG_STATE_FUNCS, zero_grad_marker
 from .state import StateRegistry
 
 _T = torch.Tensor
@@ -60,10 +61,6 @@ def _is_traced(t) -> bool:
     return mode is not None and isinstance(t, torch.Tensor) and has_proxy_slot(t, mode.tracer)
 
 
-# Host-side RNG state calls (activation checkpointing's preserve_rng_state, fork_rng): not aten
-# ops, so a plain trace drops them and a recompute would draw a different dropout mask.
-# They are recorded as Python call nodes and replayed in order (replay backend only).
-RNG_STATE_FUNCS: dict = {}
 
 
 class _RngStateRecorder:
@@ -218,13 +215,6 @@ def _opaque_outputs(out_leaves) -> str | None:
         if not isinstance(v, torch.Tensor) and holds(v):
             return type(v).__name__
     return None
-
-
-def zero_grad_marker():
-    """Graph marker: the step's ``optimizer.zero_grad()`` ran here (see record_grad_bindings)."""
-
-
-RNG_STATE_FUNCS[zero_grad_marker] = zero_grad_marker  # kept by the cleanup pass like RNG calls
 
 
 @contextlib.contextmanager

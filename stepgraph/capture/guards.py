@@ -17,6 +17,7 @@ import torch.utils._pytree as pytree
 from .hostscalar import LIVE_HYPERS, predicate_results
 from .pyvalues import _MISSING, PyValues, find_sources, module_sources
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
+from .sigkey import DIFF_ORDER, SECTION_NAMES, SignatureKey, TensorMeta
 from .state import StateRegistry
 from .watch import registration_epoch
 
@@ -32,11 +33,11 @@ def _grad_state(t: torch.Tensor) -> str:
     return "-"
 
 
-def tensor_meta(t: torch.Tensor) -> tuple:
+def tensor_meta(t: torch.Tensor) -> TensorMeta:
     # requires_grad of a non-leaf input (a hidden state returned by the previous call, which a
     # replay hands back without autograd history) changes nothing the graph computes.
-    return (type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad and t.is_leaf,
-            _grad_state(t))
+    return TensorMeta(type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad and t.is_leaf,
+                      _grad_state(t))
 
 
 def _hyper_value(v):
@@ -78,7 +79,7 @@ def _spec_key(spec):
 @dataclass
 class Signature:
     """The guard key of one call; ``key`` is hashed, the rest explains a miss."""
-    key: tuple
+    key: SignatureKey
     leaves: list
     tensor_pos: list
 
@@ -167,7 +168,7 @@ class Guards:
         ids = [id(leaves[i]) for i in tensor_pos]
         alias = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else ()
         reg = self.reg
-        key = (
+        key = SignatureKey(
             _spec_key(spec),
             inputs,
             alias,
@@ -195,7 +196,7 @@ class Guards:
     def changed_hypers(self, old: tuple, new: tuple) -> list:
         """(optimizer index, group index, key) of float hyper-parameters that differ."""
         out = []
-        for oi, (ga, gb) in enumerate(zip(old[6], new[6])):
+        for oi, (ga, gb) in enumerate(zip(old.hypers, new.hypers)):
             for gi, (x, y) in enumerate(zip(ga, gb)):
                 dx, dy = dict(x), dict(y)
                 for k in dx:
@@ -225,7 +226,7 @@ class Guards:
                 out.append(s)
         return out
 
-    def frozen_key(self, args, kwargs) -> tuple:
+    def frozen_key(self, args, kwargs) -> SignatureKey:
         """The signature key with nothing read live (every value as it is now): taken before a
         capture, so that values the capture ends up baking are guarded as they were *before*
         the call (the call itself changes grads, counters, ...)."""
@@ -237,19 +238,19 @@ class Guards:
         finally:
             self.live, self.keyed = saved, saved_keyed
 
-    def rebake(self, sig: "Signature", frozen: tuple, baked) -> "Signature":
+    def rebake(self, sig: "Signature", frozen: SignatureKey, baked) -> "Signature":
         """``sig`` with the live markers of ``baked`` replaced by their values in ``frozen``, and
         those of values with predicates answered for their ``frozen`` (pre-call) values."""
         def entry(h, v, fv):
             if h in baked:
                 return fv
             return self._marker(h, fv) if h in self.live else v
-        key = list(sig.key)
-        key[6] = tuple(tuple(tuple((k, entry((oi, gi, k), v, fv)) for (k, v), (_, fv) in zip(g, fg))
+        key = sig.key
+        hypers = tuple(tuple(tuple((k, entry((oi, gi, k), v, fv)) for (k, v), (_, fv) in zip(g, fg))
                              for gi, (g, fg) in enumerate(zip(go, fo)))
-                       for oi, (go, fo) in enumerate(zip(key[6], frozen[6])))
-        key[11] = tuple(entry(s, v, fv) for s, v, fv in zip(self.py.sources, key[11], frozen[11]))
-        return Signature(tuple(key), sig.leaves, sig.tensor_pos)
+                       for oi, (go, fo) in enumerate(zip(key.hypers, frozen.hypers)))
+        py_values = tuple(entry(s, v, fv) for s, v, fv in zip(self.py.sources, key.py_values, frozen.py_values))
+        return Signature(key._replace(hypers=hypers, py_values=py_values), sig.leaves, sig.tensor_pos)
 
     def add_predicates(self, preds) -> dict:
         """Record ``(hyper, path, op, constant)`` comparisons a trace made on live values;
@@ -262,37 +263,35 @@ class Guards:
                 added[h] = added.get(h, 0) + 1
         return added
 
-    def rekey(self, key: tuple, added: dict) -> list:
+    def rekey(self, key: SignatureKey, added: dict) -> list:
         """The keys an older graph (which did not branch on the comparisons just ``added``) now
         answers to: its key with every combination of answers to those comparisons."""
         import itertools
-        slots = []  # (component, position path) of each marker to extend
-        for oi, go in enumerate(key[6]):
+        slots = []  # (section, position path) of each marker to extend
+        for oi, go in enumerate(key.hypers):
             for gi, g in enumerate(go):
                 for j, (k, v) in enumerate(g):
                     if (oi, gi, k) in added and (v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",)):
-                        slots.append((6, (oi, gi, j, k), added[(oi, gi, k)]))
-        for i, (src, v) in enumerate(zip(self.py.sources, key[11])):
+                        slots.append(("hypers", (oi, gi, j, k), added[(oi, gi, k)]))
+        for i, (src, v) in enumerate(zip(self.py.sources, key.py_values)):
             if src in added:
-                slots.append((11, i, added[src]))
+                slots.append(("py_values", i, added[src]))
         if not slots:
             return [key]
         out = []
         for combo in itertools.product(*[list(itertools.product((True, False), repeat=n)) for *_, n in slots]):
-            k6 = [[list(g) for g in go] for go in key[6]]
-            k11 = list(key[11])
+            k6 = [[list(g) for g in go] for go in key.hypers]
+            k11 = list(key.py_values)
             for (comp, where, _), answers in zip(slots, combo):
-                if comp == 6:
+                if comp == "hypers":
                     oi, gi, j, name = where
                     old = k6[oi][gi][j][1]
                     k6[oi][gi][j] = (name, ("<live>", (old[1] if isinstance(old, tuple) else ()) + answers))
                 else:
                     old = k11[where]
                     k11[where] = ("<live>", (old[1] if isinstance(old, tuple) else ()) + answers)
-            new = list(key)
-            new[6] = tuple(tuple(tuple(g) for g in go) for go in k6)
-            new[11] = tuple(k11)
-            out.append(tuple(new))
+            out.append(key._replace(hypers=tuple(tuple(tuple(g) for g in go) for go in k6),
+                                    py_values=tuple(k11)))
         return out
 
     def live_label(self, h) -> str:
@@ -314,36 +313,31 @@ class Guards:
         return out
 
     # ---- explaining a miss -------------------------------------------------------------
-    def diff(self, old: tuple, new: tuple, args=(), kwargs=None) -> str:
+    def diff(self, old: SignatureKey, new: SignatureKey, args=(), kwargs=None) -> str:
         """One line naming the first difference between two signature keys."""
         self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
-        names = ("argument structure", "inputs", "input aliasing", "grad mode", "autocast",
-                 "train/eval", "optimizer hyper-parameters", "optimizer state", "module structure",
-                 "grads", "hooks", "Python values")
-        # Most fundamental first: a replaced optimizer state also changes its hyper-parameters.
-        order = [0, 1, 2, 8, 7, 6, 3, 4, 5, 9, 10, 11]
-        for i in order:
-            a, b = old[i], new[i]
+        fine = dict(inputs=self._diff_inputs, training=self._diff_training, hypers=self._diff_hyper,
+                    opt_state=self._diff_optstate, grads=self._diff_grads)
+        for section in DIFF_ORDER:
+            a, b = getattr(old, section), getattr(new, section)
             if a == b:
                 continue
-            if i == 8:
+            if section == "registration":
                 return "a module parameter, buffer or submodule was assigned (module structure changed)"
-            if i == 4:
+            if section == "autocast":
                 return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
-            if i == 11 and len(a) == len(b):
+            if section == "py_values" and len(a) == len(b):
                 return self.py.diff(a, b) or "a Python value the step reads changed"
-            if i == 10:
-                if a[2] != b[2]:
+            if section == "hooks":
+                if a[2] != b[2]:   # (StateRegistry.hook_key: DDP's sync flags)
                     return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "
                             f"{a[2]} -> {b[2]} (no_sync() around the call?)")
                 if a[3] != b[3]:
                     return "FSDP2 settings changed (set_reshard_after_forward, set_requires_gradient_sync, ...)"
                 return "a hook was added to or removed from the step's modules or parameters"
-            fine = [self._diff_inputs, None, None, None, self._diff_training, self._diff_hyper,
-                    self._diff_optstate, None, self._diff_grads]
-            f = fine[i - 1] if 0 < i <= len(fine) else None
+            f = fine.get(section)
             detail = f(a, b) if f else None
-            return detail or f"{names[i]} {_short(a)} -> {_short(b)}"
+            return detail or f"{SECTION_NAMES[section]} {_short(a)} -> {_short(b)}"
         return "signature changed"
 
     def _diff_inputs(self, a, b):
@@ -423,12 +417,12 @@ def _short(v) -> str:
 
 
 def _is_tensor_meta(x) -> bool:
-    return len(x) == 7 and isinstance(x[0], type) and issubclass(x[0], torch.Tensor)
+    return isinstance(x, TensorMeta)
 
 
 def _describe_leaf(x) -> str:
     if _is_tensor_meta(x):
-        return f"tensor {_short(x[1])}{list(x[3])}"
+        return f"tensor {_short(x.dtype)}{list(x.shape)}"
     if x[0] == "value":
         return _short(x[2])
     if x[0] == "number":

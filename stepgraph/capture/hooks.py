@@ -90,7 +90,7 @@ def warn_side_effects(hooks, step_name: str):
     if lines:
         warnings.warn(f"stepgraph: {step_name}: these hooks have Python side effects that run only at "
                       "warm-up and capture, not on replays (their tensor effects are captured):\n  "
-                      + "\n  ".join(lines), stacklevel=4)
+                      + "\n  ".join(lines), stacklevel=5)
     return lines
 
 
@@ -105,5 +105,5 @@ def hooks_left_registered(tr, name: str) -> list[str]:
     msg = (f"stepgraph: {name} registers hooks on {', '.join(dict.fromkeys(left))} and leaves "
            "them registered: in eager they stack up call after call, so every call will "
            "recapture; register them once outside the step, or remove them before it returns")
-    warnings.warn(msg, stacklevel=4)
+    warnings.warn(msg, stacklevel=5)
     return [msg]

@@ -26,30 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..errors import user_frame
+from ..markers import host_guard
 from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
 
 
-class GuardMiss(Exception):
-    """A replayed host read saw another value than the capture: the graph restored what it
-    wrote and this call must be captured for the new value."""
-
-    def __init__(self, site: str, what: str, expected, actual):
-        super().__init__(f"host read at {site}: {what} was {expected!r} at capture, now {actual!r}")
-        self.site, self.what, self.expected, self.actual = site, what, expected, actual
-
-
-def host_guard(actual, expected, site: str, what: str, restore=(), rng=None):
-    """Graph node: continue when the host read equals the traced value, else undo and raise."""
-    if actual == expected or (actual != actual and expected != expected):  # nan == nan here
-        return None
-    for dst, saved in restore:
-        dst.copy_(saved)
-    if rng is not None:
-        rng[0].set_state(rng[1])
-    raise GuardMiss(site, what, expected, actual)
-
-
-host_guard.stepgraph_impure = True  # kept by dead-code elimination although nothing uses it
 
 
 @dataclass

@@ -33,7 +33,7 @@ def warn_appends(py, before: list, after: list, step_name: str) -> list:
              for s, a, b in zip(py.sources, before, after) if a is not None and b is not None and a != b]
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg)
     return notes
 
@@ -82,7 +82,7 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
         msg = (f"stepgraph: {step_name} returns Python number(s) {', '.join(unsure[:4])}: a replay returns "
                "the value this capture computed; return a tensor (e.g. torch.tensor(x)) for a value "
                "that changes from call to call")
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg)
 
 
@@ -115,6 +115,6 @@ def read_side_effects(tr, step_name: str) -> list:
                      "value; return the values from the step and update those objects outside it")
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
-        warnings.warn(msg, stacklevel=4)
+        warnings.warn(msg, stacklevel=5)
         log.warning(msg)
     return notes

@@ -31,7 +31,7 @@ def _impure(node: fx.Node) -> bool:
     t = node.target
     if getattr(t, "stepgraph_impure", False):  # e.g. host-read guards
         return True
-    from ..capture.effects import RNG_STATE_FUNCS
+    from ..markers import RNG_STATE_FUNCS
     if t in RNG_STATE_FUNCS:
         return True
     if isinstance(t, torch._ops.OpOverload):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import fx
 
-from ..capture.hostreads import host_guard
+from ..markers import host_guard
 from .analysis import _base, _written_args
 
 _RNG = "<rng>"
@@ -54,7 +54,7 @@ def _effects(n: fx.Node) -> tuple[set, set]:
             reads.add(_RNG)
             writes.add(_RNG)
     else:
-        from ..capture.effects import RNG_STATE_FUNCS
+        from ..markers import RNG_STATE_FUNCS
         if t in RNG_STATE_FUNCS:
             reads.add(_RNG)
             writes.add(_RNG)

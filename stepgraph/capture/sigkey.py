@@ -1,0 +1,43 @@
+"""The named shapes of a guard signature: ``SignatureKey`` (the graph cache's key) and
+``TensorMeta`` (one tensor's part of it). NamedTuples, so they hash and compare as the plain
+tuples they replaced, and every reader names the section it means instead of an index."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class TensorMeta(NamedTuple):
+    """What a graph assumed about one tensor input (or a persistent ``.grad``)."""
+    type: type
+    dtype: object
+    device: object
+    shape: tuple
+    stride: tuple
+    requires_grad: bool     # requires_grad and is_leaf: the graph binds its .grad
+    grad: str               # grad state of a leaf (capture/guards.py:_grad_state)
+
+
+class SignatureKey(NamedTuple):
+    """One call's guard key, section by section (built by ``Guards.signature``)."""
+    spec: object            # pytree structure of (args, kwargs)
+    inputs: tuple           # per leaf: TensorMeta, or how a non-tensor leaf is keyed
+    alias: tuple            # positions of tensors passed twice; () when none is
+    grad_mode: bool
+    autocast: tuple
+    training: tuple         # train/eval of every module
+    hypers: tuple           # per optimizer, per group: ((key, value or live marker), ...)
+    opt_state: tuple        # per optimizer: (id(state), len(state))
+    registration: int       # parameter/buffer/submodule registration epoch (watch.py)
+    grads: tuple            # per parameter: None or TensorMeta of its .grad
+    hooks: tuple
+    py_values: tuple        # Python values the step's code reads (pyvalues.py)
+
+
+# The order a miss is explained in: most fundamental first (a replaced optimizer state also
+# changes its hyper-parameters).
+DIFF_ORDER = ("spec", "inputs", "alias", "registration", "opt_state", "hypers", "grad_mode", "autocast",
+              "training", "grads", "hooks", "py_values")
+SECTION_NAMES = dict(spec="argument structure", inputs="inputs", alias="input aliasing", grad_mode="grad mode",
+                     autocast="autocast", training="train/eval", hypers="optimizer hyper-parameters",
+                     opt_state="optimizer state", registration="module structure", grads="grads", hooks="hooks",
+                     py_values="Python values")

@@ -1,0 +1,284 @@
+"""The capture pipeline: one call of the step becomes a :class:`CapturedStep`, in named stages.
+
+    plan -> adapt_optimizers -> trace -> clean -> lower -> keep
+
+``plan`` picks the device and backend and says why this call captures; ``adapt_optimizers``
+runs the backend's ``prepare`` (capturable optimizers) and the live-float choices, then signs
+the call once as the state now is; ``trace`` runs the step for real under make_fx (a trace that
+stops midway is undone and the call runs eagerly); ``clean`` checks what the trace saw and runs
+the graph passes, giving a :class:`Traced`; ``lower`` hands it to the backend as a
+:class:`~stepgraph.backends.CompileRequest` (``auto`` falls back to ``replay`` on NeedsReplay);
+``keep`` files the :class:`CapturedStep` and counts it.
+
+Any exception from ``trace`` on goes to ``failures.capture_failed``: the call still ends as
+eager would. ``plan`` and ``adapt_optimizers`` raise as they are (a DDP rank that aborted).
+Warnings raised by helpers of the stages name the user's line: their stacklevels count
+helper -> stage -> capture -> StepFunction.__call__ -> user.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from . import backends
+from .backends import Backend, CompileRequest, Runner
+from .backends.cudagraph import capture_stream, refuse_uncapturable
+from .captured import CapturedStep, log_recapture, plain_floats
+from .capture import distributed, fsdp
+from .capture.compiled import note_compiled_parts
+from .capture.effects import resolve_bindings
+from .capture.guards import Signature
+from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
+from .capture.libraries import untraceable_modules
+from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
+from .capture.rollback import Rollback
+from .capture.sigkey import SignatureKey
+from .capture.state import StateRegistry
+from .capture.trace import TraceResult, raise_problems, trace_step
+from .errors import NeedsReplay
+from .failures import after_failed_trace, capture_failed
+from .passes import GraphSummary, cleanup, summarize
+from .passes.guards import place_guards
+
+log = logging.getLogger("stepgraph")
+
+
+@dataclass
+class Plan:
+    """What this capture is for: the call's signature, where it runs, and why it captures."""
+    sig: Signature
+    device: str
+    backend: Backend
+    reason: str | None    # the recapture reason (None for the first capture)
+    started: float = 0.0  # perf_counter at the start of the capture proper (stats.capture_seconds)
+    refusal: Exception | None = None  # decided before prepare: the call runs eagerly, then raises it
+
+
+@dataclass
+class Traced:
+    """The traced graph and the facts about it that lowering and replay need (``clean``'s output)."""
+    trace: TraceResult
+    frozen: SignatureKey            # the key with nothing read live, taken before the call
+    ddp_records: list               # DDP modules seen while tracing
+    fsdp_record: object = None      # fsdp.FSDPTrace: what the trace did to FSDP2's Python state
+    py_before: tuple = ()           # Python values the step reads, before the call
+    sizes_before: list = field(default_factory=list)  # sizes of containers the step reads, before
+    graph: torch.fx.GraphModule | None = None   # cleaned
+    checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
+    guard_plan: object = None                   # passes.guards.GuardPlan
+    bindings: list = field(default_factory=list)  # .grad bindings if the graph raises midway
+    summary: GraphSummary | None = None
+    n_user: int = 0                             # tensor outputs the user gets
+    notes: list = field(default_factory=list)   # what runs only at capture (for explain())
+
+
+@dataclass
+class Lowered:
+    run: Runner
+    backend: Backend            # replay when auto fell back
+    device_scalars: object      # passes.device_scalars.DeviceScalars or None
+
+
+class _Done:
+    """The call's result, once it has run to its end (eager or traced): a failure after that
+    point returns it instead of running the step again."""
+    result: tuple | None = None
+
+
+def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
+    """Capture this call; returns its real result (eager's, if the capture failed)."""
+    plan = plan_capture(step, sig, args, kwargs, reason)
+    adapt_optimizers(step, plan, args, kwargs)
+    done = _Done()
+    try:
+        traced = trace(step, plan, args, kwargs, done)
+        clean(step, plan, traced, args)
+        lowered = lower(step, plan, traced)
+    except BaseException as e:
+        step.stats.failed_captures += 1
+        # The user's own exceptions (and Ctrl-C) propagate and leave capture on (failures.py).
+        return capture_failed(step, e, done.result)
+    return keep(step, plan, traced, lowered, args, kwargs, sibling_of)
+
+
+def plan_capture(step, sig: Signature, args, kwargs, reason) -> Plan:
+    if reason is None and step._order:
+        reason = step._guards.diff(step._order[-1].key, sig.key, args, kwargs)
+    device = _device_of(sig.leaves, step._reg)
+    return Plan(sig, device, backends.pick(step.backend, device), reason)
+
+
+def adapt_optimizers(step, plan: Plan, args, kwargs) -> None:
+    """Live floats and the backend's optimizer forms, then one signature of the state as it
+    now is (each of these may change what the key must say)."""
+    live, guards, backend = step._live, step._guards, plan.backend
+    plan.reason, resign = live.before_prepare(backend.name, plan.device, args, plan.reason,
+                                              step._order[-1].key if step._order else None, plan.sig.key)
+    resign |= guards.pin_objects(args)
+    plan.started = time.perf_counter()
+    step._reg.refresh_names()
+    step._agree(step._reg, plan.sig.leaves, step._calls, "capture")  # ranks meet (DDP steps only)
+    # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
+    plan.refusal = (fsdp.refusal(step._reg, plan.device, backend.name)
+                    or untraceable_modules(step._reg, plan.device))
+    if backend.prepare is not None and plan.refusal is None:
+        changed = backend.prepare(step._reg)
+        if changed:
+            step._prepared += changed
+            log.info("stepgraph: %s: %s", step.__name__, "; ".join(changed))
+            resign = True
+    plan.reason, resign_after = live.after_prepare(backend.name, args, plan.reason)
+    if resign or resign_after:
+        plan.sig = guards.signature(args, kwargs)
+
+
+def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
+    """Run the step once, for real, under make_fx; a trace that stops midway is undone and the
+    call runs eagerly from its start (``done``)."""
+    reg, guards = step._reg, step._guards
+    if plan.refusal is not None:
+        done.result = (step._eager(args, kwargs),)  # this call runs as eager would, then the error
+        raise plan.refusal
+    backend = plan.backend
+    around = backend.trace_context(reg) if backend.trace_context else contextlib.nullcontext()
+    rollback = Rollback.take(reg, plan.sig.leaves)   # what the trace writes, to undo if it fails
+    try:
+        with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
+                fsdp.tracing(reg, rollback) as fsdp_record:
+            live = guards.live
+            track = guards.tracking(args, kwargs)   # numbers checked only where used
+            py_before = guards.py.key(args)
+            frozen = guards.frozen_key(args, kwargs)
+            traced = Traced(trace=None, frozen=frozen, ddp_records=ddp_records, fsdp_record=fsdp_record,
+                            py_before=py_before,
+                            sizes_before=container_sizes(guards.py, args))
+            traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
+                                      live_hypers=sorted(h for h in live if isinstance(h, tuple)),
+                                      live_sources=[h for h in live if not isinstance(h, tuple)],
+                                      host_reads=step.host_reads == "guard", rollback=rollback, track=track)
+    except BaseException as e:
+        done.result = after_failed_trace(e, rollback, lambda: step._eager(args, kwargs))
+        raise
+    finally:
+        rollback = None   # its copies of the state: not kept past the trace
+    done.result = (traced.trace.result,)
+    return traced
+
+
+def clean(step, plan: Plan, traced: Traced, args) -> None:
+    """Refuse what a replay could not repeat, re-key on what the step branched on, and run the
+    graph passes (cleanup, number checks, host-read guards, grad bindings, summary)."""
+    tr, guards, reg = traced.trace, step._guards, step._reg
+    raise_problems(tr.problems)
+    if traced.fsdp_record is not None:
+        traced.fsdp_record.raise_problems()
+    refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
+                               scheduled=bool(tr.scheduler_steps),
+                               replayed=[e.source for e in tr.number_effects])
+    traced.notes = warn_appends(guards.py, traced.sizes_before, container_sizes(guards.py, args), step.__name__)
+    live_outputs(tr, reg, guards.py, args, step.__name__)
+    traced.notes += read_side_effects(tr, step.__name__)
+    distributed.refuse_direct_collectives(tr.graph_module)
+    plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
+    gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)
+    traced.checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
+    traced.guard_plan = place_guards(gm, plan.device, reg.name_of)
+    traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")
+    traced.summary = summarize(gm, reg.name_of)
+    traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
+
+
+def lower(step, plan: Plan, traced: Traced) -> Lowered:
+    """The backend's runner for the cleaned graph; ``auto`` falls back to ``replay``, warned."""
+    tr, gm, backend, device = traced.trace, traced.graph, plan.backend, plan.device
+    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
+    if device == "cuda" and step._pool is None:
+        step._pool = torch.cuda.graph_pool_handle()
+    consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
+              and isinstance(getattr(gm, n.target), torch.Tensor)]
+    request = CompileRequest(
+        pool=step._pool, inputs_written=tuple(traced.summary.inputs_written), clone_outputs=step.clone_outputs,
+        n_user_outputs=traced.n_user, state_tensors=tuple({id(t): t for t in consts}.values()),
+        host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
+        grad_bindings=tuple(traced.bindings), on_fused=step._on_fused)
+    scalars = None
+    try:
+        if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
+            refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
+        if not backend.runs_host_reads and step._guards.live:
+            scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen)
+            step._prepared += step._live.notes
+            step._live.notes.clear()
+            if scalars is not None:
+                example.append(scalars.pack())
+        if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
+            if backend.segmented is None:
+                raise NeedsReplay(
+                    f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "
+                    f"backend {backend.name!r} has no graph segments between host reads yet",
+                    op="host read", where=tr.reads.sites()[0],
+                    fix="return the value from the step and read it outside, or use "
+                        "backend='cudagraph' (segments) or 'replay'")
+            run = backend.segmented(gm, example, request)
+        else:
+            run = backend.compile(gm, example, request)
+    except NeedsReplay as e:
+        if step.backend != "auto":
+            raise
+        # Not silent: warned once, logged, and shown by explain().
+        backend = backends.pick("replay", device)
+        note = f"backend auto chose 'replay' for this graph: {str(e).splitlines()[0]}"
+        step._prepared.append(note)
+        warnings.warn(f"stepgraph: {step.__name__}: {note}", stacklevel=4)
+        log.warning("stepgraph: %s: %s", step.__name__, note)
+        run = backend.compile(gm, example, request)
+    return Lowered(run, backend, scalars)
+
+
+def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibling_of):
+    """File the captured step (or a sibling for another host-read value), count it, log it;
+    returns the call's result."""
+    tr, run, sig = traced.trace, lowered.run, plan.sig
+    seconds = time.perf_counter() - plan.started
+    step._hook_notes = warn_side_effects(registered_hooks(step._reg) + tr.hooks, step.__name__) + traced.notes
+    step._hook_notes += hooks_left_registered(tr, step.__name__)
+    flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
+    entry = CapturedStep(
+        key=sig.key, graph=traced.graph, run=run, trace=tr, summary=traced.summary, backend=lowered.backend.name,
+        seconds=seconds, captured_at_call=step._calls, n_user_outputs=traced.n_user, tensor_pos=sig.tensor_pos,
+        flat_args=flat, stale=run.stale, distributed=bool(step._reg.ddp or step._reg.fsdp),
+        python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
+                        for r in traced.ddp_records],
+        guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks)
+    if sibling_of is not None:
+        sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
+    else:
+        step._entries[sig.key] = entry
+    step._order.append(entry)
+    step.stats.captures += 1
+    step.stats.capture_seconds += seconds
+    note_compiled_parts(step, args, kwargs)
+    step.stats.compile_seconds += run.compile_seconds
+    # The quick key must describe the state *before* a call: recompute it at the next call.
+    step._last = step._last_quick = None
+    if plan.reason is not None:
+        step.stats.recaptures.append(plan.reason)
+        log_recapture(step, plan.reason, seconds)
+    else:
+        log.info("stepgraph: captured %s (%d ops, %.3fs, backend %s)", step.__name__,
+                 traced.summary.ops, seconds, lowered.backend.name)
+    return plain_floats(tr.result)
+
+
+def _device_of(leaves, reg: StateRegistry) -> str:
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            return x.device.type
+    for _, p in reg.params:
+        return p.device.type
+    return "cpu"

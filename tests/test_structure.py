@@ -1,0 +1,207 @@
+"""The package's structure (issue 16): where shared exceptions live, the Runner contract every
+backend returns, and the keyword-built stage objects. Behaviour is covered by the parity suites."""
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_exceptions_every_backend_may_raise_live_in_errors():
+    """``NeedsReplay`` lived in backends/cudagraph.py although every backend may raise it."""
+    from stepgraph import errors
+    from stepgraph.backends import cudagraph, segments
+    from stepgraph.capture import hostreads
+    assert errors.NeedsReplay.__module__ == "stepgraph.errors"
+    assert issubclass(errors.NeedsHostScalars, errors.NeedsReplay)
+    assert issubclass(errors.NeedsReplay, errors.CaptureError)
+    assert errors.GuardMiss.__module__ == "stepgraph.errors"
+    # the backends and the graph's host guard raise these very classes (imported, not redefined)
+    assert cudagraph.NeedsReplay is errors.NeedsReplay and segments.NeedsReplay is errors.NeedsReplay
+    assert cudagraph.NeedsHostScalars is errors.NeedsHostScalars
+    assert hostreads.host_guard.__module__ == "stepgraph.markers"
+    with pytest.raises(errors.GuardMiss):
+        hostreads.host_guard(1, 2, "site", "x")
+
+
+# ---- the Runner contract ------------------------------------------------------------------
+def _tiny_graph():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+    return make_fx(lambda x: (x * 2 + 1,))(torch.ones(3))
+
+
+def test_runner_abilities_have_defaults():
+    """Callers ask a runner directly (no getattr probes): every ability has a default."""
+    from stepgraph.backends import Runner
+
+    class Plain(Runner):
+        def __call__(self, inputs):
+            return inputs
+    r = Plain()
+    assert r.stale() is None and r.wait() is True and r.wait(0.1) is True and r.describe() is None
+    assert (r.compile_seconds, r.source, r.segments, r.graph) == (0.0, None, None, None)
+    assert r([1]) == [1]
+
+
+def test_every_backend_returns_a_runner():
+    import torch
+    import stepgraph
+    from stepgraph.backends import Runner, background, cudagraph, inductor, replay, segments
+    run = replay.compile_replay(_tiny_graph())
+    assert isinstance(run, Runner) and "def step_graph" in run.source
+    assert torch.equal(run([torch.ones(3)])[0], torch.full((3,), 3.0))
+    assert isinstance(replay.without_grad(lambda x: [x]), Runner)
+    assert isinstance(cudagraph.record_after_first_call(lambda x: [x]), Runner)
+    for cls in (cudagraph.CudaGraphRunner, segments.SegmentedRunner, inductor._Unfused,
+                background.FusedWhenReady):
+        assert issubclass(cls, Runner), cls
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    for _ in range(3):
+        sg(torch.ones(2, 4))
+    assert isinstance(sg.captures[0].run, Runner)
+
+
+def test_a_misspelt_runner_ability_fails_loudly():
+    """A misspelt ``stale`` used to switch the moved-storage check off silently (the caller read
+    ``getattr(run, "stale", None)``): now defining, setting or reading one raises."""
+    from stepgraph.backends import Runner, replay
+    with pytest.raises(TypeError, match="stael"):
+        class Bad(Runner):
+            def __call__(self, inputs):
+                return inputs
+
+            def stael(self):
+                return "moved"
+    run = replay.compile_replay(_tiny_graph())
+    with pytest.raises(AttributeError, match="stael"):
+        run.stael = lambda: "moved"
+    with pytest.raises(AttributeError):
+        run.stael()
+    with pytest.raises(AttributeError, match="compile_secs"):
+        run.compile_secs = 1.0
+    run.compile_seconds = 1.0   # an ability: settable
+    run._private = 1            # private names are the runner's own business
+
+
+def test_callers_do_not_probe_runners():
+    import inspect
+    import re
+    from stepgraph import check, explain, partial, runtime
+    for mod in (runtime, explain, check, partial):
+        src = inspect.getsource(mod)
+        assert not re.search(r"getattr\((e\.|entry\.|last\.|self\._)?run\b", src), mod.__name__
+
+
+# ---- stage objects ----------------------------------------------------------------------
+def test_backends_get_a_frozen_compile_request_and_no_loose_options():
+    import dataclasses
+    import inspect
+    from stepgraph.backends import CompileRequest, cudagraph, inductor, replay, segments
+    req = CompileRequest(n_user_outputs=1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.pool = object()
+    for f in (replay.compile_replay, cudagraph.compile_cudagraph, cudagraph.record, cudagraph._segmented,
+              segments.compile_segmented, inductor.compile_inductor, cudagraph.record_after_first_call):
+        kinds = {p.kind for p in inspect.signature(f).parameters.values()}
+        assert inspect.Parameter.VAR_KEYWORD not in kinds, f.__name__
+
+
+def test_signature_key_is_named_and_captured_step_keyword_built():
+    import torch
+    import stepgraph
+    from stepgraph.captured import CapturedStep
+    from stepgraph.capture.sigkey import SignatureKey, TensorMeta
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    for n in (2, 2, 3, 3):
+        sg(torch.ones(n, 4))
+    k0, k1 = (c.key for c in sg.captures)
+    assert isinstance(k0, SignatureKey) and isinstance(k0.inputs[0], TensorMeta)
+    assert (k0.inputs[0].shape, k1.inputs[0].shape) == ((2, 4), (3, 4))
+    assert k0.hypers == k1.hypers and k0 == tuple(k0) and hash(k0) == hash(tuple(k0))
+    assert sg.stats.recaptures == ["arg 0 (x) shape (2, 4) -> (3, 4)"]
+    with pytest.raises(TypeError):
+        CapturedStep(k0, sg.captures[0].graph)   # positional: 13 fields in a row were misread
+
+
+def test_call_policy_branches_are_named_in_stats():
+    import torch
+    import stepgraph
+    from stepgraph.captured import Branch
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step, max_captures=1)
+    seen = []
+    for n in (2, 2, 2, 3):
+        sg(torch.ones(n, 4))
+        seen.append(sg.stats.last_branch)
+    assert seen == [Branch.WARMUP, Branch.CAPTURE, Branch.REPLAY, Branch.EAGER]
+    assert sg.stats.branches == {Branch.WARMUP: 1, Branch.CAPTURE: 1, Branch.REPLAY: 1, Branch.EAGER: 1}
+    assert (sg.stats.eager_calls, sg.stats.captures, sg.stats.replays) == (2, 1, 1)   # the old fields stay
+
+
+def test_capture_is_a_pipeline_of_named_stages():
+    import inspect
+    from stepgraph import pipeline, runtime
+    assert not hasattr(runtime.StepFunction, "_capture")
+    src = inspect.getsource(pipeline.capture)
+    order = [src.index(f"{name}(") for name in ("plan_capture", "adapt_optimizers", "trace", "clean", "lower", "keep")]
+    assert order == sorted(order)
+    assert len(inspect.getsource(runtime).splitlines()) < 400
+
+
+def _imports(path):
+    import ast
+    tree = ast.parse(open(path).read())
+    for node in ast.walk(tree):   # (function-level imports too)
+        if isinstance(node, ast.ImportFrom):
+            yield "." * node.level + (node.module or "")
+        elif isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+
+
+def test_passes_and_backends_import_nothing_from_capture():
+    """Shared graph markers live in stepgraph/markers.py: passes/ imports neither capture/ nor
+    backends/, and backends/ does not import capture/ (which runs only while tracing)."""
+    import glob
+    import os
+    import stepgraph
+    root = os.path.dirname(stepgraph.__file__)
+    for layer, banned in (("passes", ("capture", "backends")), ("backends", ("capture",))):
+        for path in glob.glob(os.path.join(root, layer, "*.py")):
+            for mod in _imports(path):
+                parts = mod.lstrip(".").split(".")
+                up = mod.startswith("..") or mod.startswith("stepgraph.")
+                assert not (up and any(p in banned for p in parts)), (path, mod)
+
+
+def test_explain_and_check_read_public_fields_only():
+    import inspect
+    import re
+    from stepgraph import check, explain
+    for mod in (explain, check):
+        src = inspect.getsource(mod)
+        assert not re.search(r"\b(self|step|stepfn)\._[a-z]", src), mod.__name__
