@@ -77,6 +77,7 @@ class CapturedStep:
         tr = self.trace
         inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
+        inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
         if self.device_scalars is not None:
             inputs.append(self.device_scalars.pack())
         try:
@@ -100,6 +101,8 @@ class CapturedStep:
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
+        for e in tr.source_effects:
+            e.source.write(outs[e.index])   # total_loss = <this replay's tensor> (pyeffects.py)
         leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(leaves, tr.out_spec)
 

@@ -316,7 +316,8 @@ class StepFunction(DroppedState):
                                     live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                     live_sources=[h for h in live if not isinstance(h, tuple)],
                                     host_reads=self.host_reads == "guard", rollback=rollback,
-                                    track=track)
+                                    track=track, live_tensors=self._guards.tensor_sources(args),
+                                    effect_sources=self._guards.effect_sources(args))
             except BaseException as e:
                 done = after_failed_trace(e, rollback, lambda: self._eager(args, kwargs))
                 raise
@@ -326,7 +327,7 @@ class StepFunction(DroppedState):
             raise_problems(tr.problems)
             refuse_python_side_effects(self._guards.py, py_before, self._guards.py.key(args),
                                        scheduled=bool(tr.scheduler_steps),
-                                       replayed=[e.source for e in tr.number_effects])
+                                       replayed=[e.source for e in tr.number_effects + tr.source_effects])
             append_notes = warn_appends(self._guards.py, sizes_before, container_sizes(self._guards.py, args),
                                         self.__name__)
             live_outputs(tr, self._reg, self._guards.py, args, self.__name__)
@@ -339,8 +340,11 @@ class StepFunction(DroppedState):
             plan = place_guards(gm, device, self._reg.name_of)
             bindings = resolve_bindings(gm, tr.grad_bindings, backend.name == "replay")
             summary = summarize(gm, self._reg.name_of)
-            n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
-            example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
+            # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
+            n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor") \
+                + sum(1 for e in tr.source_effects if e.kind == "tensor")
+            example = [sig.leaves[i] for i in sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs] \
+                + [s.read(()) for s in tr.source_inputs]
             if device == "cuda" and self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"

@@ -16,7 +16,8 @@ import torch.utils._pytree as pytree
 
 from .hostscalar import LIVE_HYPERS, predicate_results
 from .pyvalues import _MISSING, PyValues, find_sources, module_sources
-from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
+from .pyeffects import live_tensor, reachable, tensor_key
+from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key, writable
 from .state import StateRegistry
 from .watch import registration_epoch
 
@@ -107,8 +108,20 @@ class Guards:
     def _py_key(self, args) -> tuple:
         live = self.live
         skip = live | self.keyed if self.keyed else live
-        return tuple(self._marker(s, s.read_or(args, _MISSING)) if s in live
-                     else key_of(s, s.read_or(args, _MISSING), args, skip) for s in self.py.sources)
+        known = self.reg.names
+        return tuple(self._marker(s, v) if s in live
+                     else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
+                     else key_of(s, v, args, skip)
+                     for s in self.py.sources for v in (s.read_or(args, _MISSING),))
+
+    def tensor_sources(self, args) -> list:
+        """Variables whose tensor the graph reads as an input (pyeffects.py)."""
+        return [s for s in self.py.sources if s not in self.live
+                and live_tensor(s, s.read_or(args), args, self.reg.names)]
+
+    def effect_sources(self, args) -> list:
+        """Variables whose rebinding to a graph value a replay redoes (pyeffects.py)."""
+        return [s for s in self.py.sources if reachable(s) and writable(s, args)]
 
     def _marker(self, h, value):
         """A live value's part of a signature: only what the graphs decided from it."""

@@ -209,6 +209,10 @@ def _code_chains(code: types.CodeType):
                     break
                 j += 1
             yield x.opname, x.argval, tuple(path), line
+        elif x.opname in ("STORE_GLOBAL", "STORE_DEREF"):
+            # A variable the step only assigns is Python state it changes: keyed like a read one,
+            # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
+            yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
         i += 1
 
 

@@ -1,0 +1,120 @@
+"""Python variables the step accumulates into: read live, written back after each replay.
+
+``total_loss += loss.detach().float()`` (the Hugging Face no_trainer scripts) and
+``train_loss += loss.item()`` (a global of kuangliu's CIFAR script) rebind a variable of the
+training loop to a value the step computed. A replay runs no Python, so this used to be
+refused. Now:
+
+* a variable holding a plain tensor that the step reads (a global, a closure cell, an attribute
+  or dict item of a plain object) is a **graph input**, read at each call and keyed by its
+  dtype/shape/device/stride instead of its identity: a new epoch's ``total_loss`` is no new
+  graph, and ``total_loss += x`` on it is an in-place write of that input, as in eager;
+* a variable the step **rebinds** to a tensor it computed (``0 -> tensor``, ``t = t + x``)
+  gets that tensor as an extra graph output, written back after each replay (a fresh tensor
+  per replay on every backend: these outputs are cloned like the user's);
+* a variable rebound to a float the graph computes (``train_loss += loss.item()``, with
+  ``train_loss`` read live) gets that float as an output and is written back the same way.
+
+Rebinding to anything else (a tensor that existed before the step) stays a clear error.
+Only variables that need no call argument to reach (not ``args.x``) take part: the replay
+writes them without the call's arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .effects import Problem, _is_traced
+from .hostscalar import _plain, current
+
+
+@dataclass(eq=False)
+class SourceEffect:
+    """A variable the step rebinds to a graph value: written back after each replay."""
+    source: object   # pyvalues.Source
+    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number)
+    index: int = -1  # its graph output position (reads: set once the graph is made)
+    node: object = None  # a read's graph node, until placed
+
+
+def reachable(s) -> bool:
+    """The step's own variable, reachable without the call's arguments."""
+    return s.from_step and not s.identity_only and s.kind != "arg"
+
+
+def live_tensor(s, v, args, known) -> bool:
+    """``s`` holds a tensor the graph reads as an input (keyed by metadata, not identity):
+    a plain tensor without autograd, not a view, not model or optimizer state (``known``: ids)."""
+    from .trackplan import writable
+    return (type(v) is torch.Tensor and reachable(s) and not v.requires_grad and v._base is None
+            and id(v) not in known and writable(s, args))
+
+
+def tensor_key(v) -> tuple:
+    return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
+
+
+def before(sources) -> list:
+    """What each candidate holds before the step (compared by identity after it)."""
+    return [s.read_or(()) for s in sources]
+
+
+def collect(sources, olds, graph_outs: list, problems: list, where) -> tuple[list, list]:
+    """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
+    appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
+    cannot redo is a problem."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    tracer = get_proxy_mode().tracer
+    tensors, reads = [], []
+    for s, old in zip(sources, olds):
+        new = s.read_or(())
+        if new is old:
+            continue
+        if isinstance(new, torch.Tensor) and _is_traced(new):
+            tensors.append(SourceEffect(s, "tensor", len(graph_outs)))
+            graph_outs.append(new)
+        elif isinstance(new, float) and current(new, tracer):
+            reads.append(SourceEffect(s, "read", node=new.node))
+            s.write(_plain(new))   # eager leaves a plain float there
+        elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor):
+            problems.append(Problem(
+                f"the step rebinds {s.describe()} to a value it did not compute (a tensor from "
+                "before the step, or a non-tensor where a tensor was): a replay could not redo that",
+                s.where or where, f"compute the new value of {s.describe()} in the step, or "
+                "rebind it outside the step", plain=True))
+    return tensors, reads
+
+
+def place_reads(gm, reads: list) -> None:
+    """Read effects become graph outputs (after all others)."""
+    if not reads:
+        return
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out.args[0])
+    for e in reads:
+        e.index = len(outs)
+        outs.append(e.node)
+        e.node = None
+    out.args = (outs,)
+    gm.recompile()
+
+
+def write_back(effects, outs) -> None:
+    for e in effects:
+        e.source.write(outs[e.index])
+
+
+def snapshot(tr):
+    """For check mode: what the variables and the tensor inputs hold now, to put back after a
+    replay (the eager shadow then runs the step's Python on them)."""
+    srcs = list(tr.source_inputs) + [e.source for e in tr.source_effects]
+    saved = [(s, v, v.clone() if isinstance(v, torch.Tensor) else None)
+             for s in srcs for v in [s.read_or(())]]
+
+    def restore():
+        for s, v, data in saved:
+            if data is not None:
+                v.copy_(data)
+            s.write(v)
+    return restore

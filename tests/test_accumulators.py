@@ -1,0 +1,173 @@
+"""Python variables of the training loop that the step accumulates into (issue 14).
+
+``total_loss += loss.detach().float()`` (the Hugging Face no_trainer scripts) and
+``train_loss += loss.item()`` (kuangliu's CIFAR script) were refused as Python side effects.
+A replay now reads such a variable live and writes the step's new value back, as eager's
+Python would. Each test runs the client's pattern eager and under stepgraph on the same
+batches and compares the variable after every call, the parameters and the loss.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import stepgraph
+from stepgraph.errors import CaptureError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _pair():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    m2 = copy.deepcopy(m)
+    return (m, torch.optim.SGD(m.parameters(), lr=0.1)), (m2, torch.optim.SGD(m2.parameters(), lr=0.1))
+
+
+def _same_params(a, b) -> bool:
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _cell_accumulator(model, opt):
+    """hf_bert_classification / hf_t5: a closure cell reset to 0 each epoch, += a tensor."""
+    box = {}
+    total_loss = 0
+
+    def step(x, y):
+        nonlocal total_loss
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        total_loss += loss.detach().float()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    def reset(v=0):
+        nonlocal total_loss
+        total_loss = v
+
+    box["step"], box["reset"], box["get"] = step, reset, lambda: total_loss
+    return box
+
+
+def test_tensor_accumulated_into_a_closure_cell_is_written_back_each_replay():
+    (m, o), (m2, o2) = _pair()
+    a, b = _cell_accumulator(m, o), _cell_accumulator(m2, o2)
+    sg = stepgraph.compile(a["step"])
+    ends = []    # the user keeps each epoch's tensor: a later replay must not overwrite it
+    for epoch in range(3):
+        a["reset"](), b["reset"]()
+        for _ in range(4):
+            x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+            assert torch.equal(sg(x, y), b["step"](x, y))
+            assert torch.equal(a["get"](), b["get"]()), epoch
+        ends.append((a["get"](), b["get"]().clone()))
+    for got, want in ends:
+        assert torch.equal(got, want)
+    assert _same_params(m, m2)
+    # One graph for "0 -> tensor" (each epoch's first call), one for "tensor -> tensor".
+    assert sg.stats.captures == 2 and sg.stats.replays == 9, sg.stats
+
+
+def test_accumulator_of_another_dtype_or_shape_recaptures_and_stays_equal():
+    (m, o), (m2, o2) = _pair()
+    a, b = _cell_accumulator(m, o), _cell_accumulator(m2, o2)
+    sg = stepgraph.compile(a["step"])
+    starts = [0, 0, torch.zeros((), dtype=torch.float64), torch.zeros(2), 0]
+    for start in starts:
+        a["reset"](start.clone() if isinstance(start, torch.Tensor) else start)
+        b["reset"](start.clone() if isinstance(start, torch.Tensor) else start)
+        for _ in range(3):
+            x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+            assert torch.equal(sg(x, y), b["step"](x, y))
+            got, want = a["get"](), b["get"]()
+            assert got.dtype == want.dtype and torch.equal(got, want)
+    assert _same_params(m, m2)
+    assert any("total_loss" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+TOTAL = 0
+
+
+def _global_step(model, opt):
+    def step(x, y):
+        global TOTAL
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        TOTAL = TOTAL + loss.detach() * 2   # rebinding to a new tensor every call
+        return loss.detach()
+    return step
+
+
+def test_tensor_accumulated_into_a_global_is_written_back_each_replay():
+    global TOTAL
+    (m, o), (m2, o2) = _pair()
+    sg, eager = stepgraph.compile(_global_step(m, o)), _global_step(m2, o2)
+    for _ in range(2):
+        TOTAL = 0
+        want = 0
+        for _ in range(4):
+            x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+            saved = TOTAL
+            sg(x, y)
+            got, TOTAL = TOTAL, saved
+            eager(x, y)
+            want, TOTAL = TOTAL, got
+            assert torch.equal(got, want)
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 2, sg.stats
+
+
+def test_swapping_two_tensor_variables_is_replayed():
+    """``cur, nxt = nxt, cur``: both are graph inputs, so each replay hands them back swapped."""
+    def make(m, o):
+        cur, nxt = torch.zeros(3), torch.ones(3)
+
+        def step(x):
+            nonlocal cur, nxt
+            loss = (m(x) * cur).sum() + nxt.sum()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            cur, nxt = nxt, cur
+            return loss.detach()
+        return step, lambda: (cur, nxt)
+    (m, o), (m2, o2) = _pair()
+    (f, get), (g, get2) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    for _ in range(6):
+        x = torch.randn(2, 4)
+        assert torch.equal(sg(x), g(x))
+        assert all(torch.equal(a, b) for a, b in zip(get(), get2()))
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+def test_rebinding_to_a_tensor_from_before_the_step_is_refused():
+    """A variable rebound to a tensor the graph neither computed nor read (picked from a list
+    by a computed index) is no graph output: a replay could not redo it, so it is a clear
+    error, never a silent replay."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 3)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    pool = [torch.zeros(3), torch.ones(3)]
+    cur = pool[0]
+
+    def step(x, i):
+        nonlocal cur
+        loss = m(x).sum()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        cur = pool[i % 2]
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(torch.randn(2, 4), 0)
+    with pytest.raises(CaptureError, match="cur"):
+        sg(torch.randn(2, 4), 1)
+    assert cur is pool[1]
+
