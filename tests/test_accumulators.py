@@ -171,3 +171,78 @@ def test_rebinding_to_a_tensor_from_before_the_step_is_refused():
         sg(torch.randn(2, 4), 1)
     assert cur is pool[1]
 
+
+
+train_loss = correct = total = 0
+
+
+def _cifar_step(model, opt):
+    """kuangliu/pytorch-cifar's train(): globals accumulated with host reads in the step."""
+    def step(inputs, targets):
+        global train_loss, correct, total
+        opt.zero_grad()
+        outputs = model(inputs)
+        loss = torch.nn.functional.cross_entropy(outputs, targets)
+        loss.backward()
+        opt.step()
+        train_loss += loss.item()
+        _, predicted = outputs.max(1)
+        total += targets.size(0)
+        correct += predicted.eq(targets).sum().item()
+        return loss.detach()
+    return step
+
+
+def _run_cifar(sg, eager, epochs=3, steps=4, n=16):
+    global train_loss, correct, total
+    for _ in range(epochs):
+        train_loss = correct = total = 0
+        mine = theirs = (0, 0, 0)
+        for _ in range(steps):
+            x, y = torch.randn(n, 4), torch.randint(0, 3, (n,))
+            train_loss, correct, total = mine
+            a = sg(x, y)
+            mine = (train_loss, correct, total)
+            train_loss, correct, total = theirs
+            b = eager(x, y)
+            theirs = (train_loss, correct, total)
+            assert torch.equal(a, b)
+            assert mine == theirs and [type(v) for v in mine] == [type(v) for v in theirs], (mine, theirs)
+
+
+def test_host_read_accumulated_into_globals_is_written_back_each_replay():
+    (m, o), (m2, o2) = _pair()
+    sg, eager = stepgraph.compile(_cifar_step(m, o)), _cifar_step(m2, o2)
+    _run_cifar(sg, eager)
+    assert _same_params(m, m2)
+    # the int accumulator's first value of each epoch (0) is its own graph: at most two
+    assert sg.stats.captures <= 2 and sg.stats.replays >= 9, (sg.stats, sg.stats.recaptures)
+
+
+def test_an_int_read_the_step_also_uses_by_value_stays_guarded():
+    """``correct += n`` alone is replayed from the graph's read; when ``n`` also sizes a tensor
+    (a use by value) it is guarded where it is used: a new value misses and captures again,
+    never replays the old one."""
+    def make(model, opt):
+        correct = 0
+
+        def step(x, y):
+            nonlocal correct
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            n = out.argmax(1).eq(y).sum().item()
+            correct += n
+            return loss.detach() + torch.ones(n + 1).sum()
+        return step, lambda: correct
+    (m, o), (m2, o2) = _pair()
+    (f, s1), (g, s2) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f, max_captures=3)
+    for _ in range(10):
+        x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        assert torch.equal(sg(x, y), g(x, y))
+        assert s1() == s2()
+    assert _same_params(m, m2)
+    assert sg.stats.recaptures and all("item()" in r for r in sg.stats.recaptures), sg.stats.recaptures

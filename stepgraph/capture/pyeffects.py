@@ -100,9 +100,22 @@ def place_reads(gm, reads: list) -> None:
     gm.recompile()
 
 
-def write_back(effects, outs) -> None:
-    for e in effects:
-        e.source.write(outs[e.index])
+def place_read_roots(gm, number_effects) -> list:
+    """Int host reads a replayed number is computed from (``correct += n``, hostreads.ReadRef)
+    become graph outputs (after all others): ``[(Root, output position)]``."""
+    from .numchecks import roots_of
+    roots = {id(r): r for e in number_effects for r in roots_of(e.expr) if r.kind == "read"}
+    if not roots:
+        return []
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out.args[0])
+    placed = []
+    for r in roots.values():
+        placed.append((r, len(outs)))
+        outs.append(r.ref.node)
+    out.args = (outs,)
+    gm.recompile()
+    return placed
 
 
 def snapshot(tr):

@@ -72,6 +72,10 @@ def guard_value(v):
 
 
 def _show(g) -> str:
+    if isinstance(g, tuple) and g[:1] == ("live tensor",):   # (pyeffects.tensor_key)
+        return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
+    if g == ("number",):
+        return "a Python number"
     if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
         return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
     if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):

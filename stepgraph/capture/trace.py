@@ -70,6 +70,7 @@ class TraceResult:
     number_effects: list = field(default_factory=list)  # trackplan.NumberEffect: replayed after each call
     source_inputs: list = field(default_factory=list)   # Sources whose tensor is a graph input (pyeffects.py)
     source_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: written after each replay
+    read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
 
 
 _TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
@@ -208,7 +209,7 @@ def _tolist(t: torch.Tensor, reads: ReadLog):
         return NotImplemented
     tracer = get_proxy_mode().tracer
     flat = t.reshape(-1)
-    items = [read_scalar(tracer, flat[i], _T.item, reads) for i in range(t.numel())]
+    items = [read_scalar(tracer, flat[i], _T.item, reads, lazy=False) for i in range(t.numel())]
     if t.dim() == 0:
         return items[0]
     for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
@@ -376,7 +377,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                               f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
-        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
+        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog(uses=uses) if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
@@ -470,12 +471,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     pyeffects.place_reads(gm, read_effects)
+    read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
-                       source_effects=tensor_effects + read_effects)
+                       source_effects=tensor_effects + read_effects, read_roots=read_roots)
 
 
 def _output_reads(gm, out_leaves: list) -> list:

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .hostscalar import HostFloat
-from .numchecks import Check, Op, Root, describe
+from .numchecks import Check, Op, Root, describe, roots_of, substitute
 
 _NUMBERS = (int, float, bool)
 
@@ -270,6 +270,22 @@ Tracked.__divmod__, Tracked.__rdivmod__ = _divmod, _rdivmod
 
 
 # ---- what one trace saw ------------------------------------------------------------------
+def _reads_in(expr) -> list:
+    return [r for r in roots_of(expr) if r.kind == "read"]
+
+
+def _settle(expr):
+    """A check runs before its graph replays, when the replay's own host reads (hostreads.ReadRef)
+    are not known yet: the reads ``expr`` involves are guarded by value in the graph, where it
+    is used, and the check keeps the rest (``correct + n > 5`` -> ``n`` guarded, ``correct + 3 > 5``)."""
+    reads = _reads_in(expr)
+    if not reads:
+        return expr
+    for r in reads:
+        r.ref.guard()
+    return substitute(expr, {id(r): r.ref.value for r in reads})
+
+
 @dataclass(eq=False)
 class UseLog:
     """Uses of the tracked numbers during one trace, turned into checks by :meth:`checks`."""
@@ -297,19 +313,27 @@ class UseLog:
         return p
 
     def used(self, expr, value, where=""):
+        expr = _settle(expr)
         self.found.setdefault(("=", describe(expr)), Check(expr, value, where))
 
     def decide(self, expr, outcome: bool, where=""):
+        expr = _settle(expr)
         self.found.setdefault(("?", describe(expr)), Check(expr, outcome, where, decided=True))
 
     def node_use(self, proxy, nodes):
         """The number became a constant of these graph nodes: used only if one survives."""
+        if _reads_in(proxy._e):   # a host read: guarded now (after the trace no guard can be placed)
+            self.used(proxy._e, proxy._v, _where(3))
+            return
         self.node_uses.append((proxy._e, proxy._v, list(nodes), _where(3)))
 
     def formatted(self, proxy, frame):
         from .sinks import format_target, in_sink
         if in_sink():
             return  # formatted by print/logging themselves
+        if _reads_in(proxy._e):
+            self.used(proxy._e, proxy._v, _where(3))
+            return
         offset = format_target(frame.f_code, frame.f_lasti)
         if offset is None:
             self.used(proxy._e, proxy._v, _where(3))
