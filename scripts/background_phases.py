@@ -6,7 +6,7 @@ import time
 import torch
 
 import stepgraph
-from stepgraph import bench, models
+from stepgraph.tools import bench, models
 
 for name in (sys.argv[1] if len(sys.argv) > 1 else "mlp512").split(","):
     bc = bench.CASES[name]

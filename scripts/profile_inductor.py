@@ -23,7 +23,8 @@ import torch
 os.environ.setdefault("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
-from stepgraph import bench, models, runtime  # noqa: E402
+from stepgraph import runtime
+from stepgraph.tools import bench, models  # noqa: E402
 from stepgraph.backends import cudagraph, inductor  # noqa: E402
 
 PHASES: dict[str, float] = {}

@@ -108,7 +108,7 @@ def test_replay_backend_on_explicit_request_and_cudagraph_refused_on_cpu():
 @pytest.mark.parametrize("families", ["foo", "mlp,foo", "mlp,", ""])
 def test_demo_unknown_family_is_a_clear_usage_error(families, capsys):
     """`python -m stepgraph --families foo` ended in a KeyError traceback after the table header."""
-    from stepgraph import demo
+    from stepgraph.tools import demo
     with pytest.raises(SystemExit) as e:
         demo.main(["--families", families, "--steps", "3"])
     assert e.value.code == 2
