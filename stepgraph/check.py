@@ -69,7 +69,8 @@ def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     """Replay with an eager shadow; returns the eager result (state as eager leaves it)."""
     reg = stepfn._reg
     before = _snapshot(reg)
-    restore_vars = snapshot(entry.trace)   # loop variables the replay writes (pyeffects.py)
+    tr = entry.trace   # loop variables the replay writes (pyeffects.py)
+    restore_vars = snapshot(list(tr.source_inputs) + [e.source for e in tr.source_effects])
     out_r = replay()
     after_r = {name: t.detach().clone() for name, t in _state(reg)}
     out_r = torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, out_r)

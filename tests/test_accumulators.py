@@ -246,3 +246,76 @@ def test_an_int_read_the_step_also_uses_by_value_stays_guarded():
         assert s1() == s2()
     assert _same_params(m, m2)
     assert sg.stats.recaptures and all("item()" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+class AverageMeter:
+    """torchvision's references/classification/train.py (and the ImageNet example) meter."""
+    def __init__(self):
+        self.val = self.avg = self.sum = self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def _meter_step(model, opt):
+    meters = {}
+
+    def step(x, y):
+        losses, top1 = meters["losses"], meters["top1"]
+        out = model(x)
+        loss = torch.nn.functional.cross_entropy(out, y)
+        acc1 = out.argmax(1).eq(y).float().mean(0, keepdim=True) * 100
+        losses.update(loss.item(), x.size(0))
+        top1.update(acc1[0], x.size(0))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step, meters
+
+
+def _same_meter(a, b) -> bool:
+    va, vb = vars(a), vars(b)
+    return va.keys() == vb.keys() and all(
+        type(va[k]) is type(vb[k]) and torch.equal(torch.as_tensor(va[k]), torch.as_tensor(vb[k])) for k in va)
+
+
+def test_meters_made_each_epoch_are_found_by_path_and_replayed():
+    """A new meter each epoch, updated with a read loss and a tensor accuracy inside the step:
+    the meter is keyed by its structure (numbers, or tensors by metadata), its tensors are
+    graph inputs and its new values are written back to the meter the step reads *now*. Two
+    graphs (fresh meter, meter holding tensors) serve every epoch; each meter equals eager's."""
+    (m, o), (m2, o2) = _pair()
+    (f, mine), (g, theirs) = _meter_step(m, o), _meter_step(m2, o2)
+    sg = stepgraph.compile(f)
+    for epoch in range(3):
+        for d in (mine, theirs):
+            d.update(losses=AverageMeter(), top1=AverageMeter())
+        for _ in range(4):
+            x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+            assert torch.equal(sg(x, y), g(x, y))
+            for k in ("losses", "top1"):
+                assert _same_meter(mine[k], theirs[k]), (epoch, k, vars(mine[k]), vars(theirs[k]))
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 2 and sg.stats.replays == 9, sg.stats
+    assert "meters['top1'].val a tensor float32[] -> a Python number" in sg.stats.recaptures[0], sg.stats.recaptures
+
+
+def test_a_meter_whose_tensor_changes_dtype_recaptures():
+    (m, o), (m2, o2) = _pair()
+    (f, mine), (g, theirs) = _meter_step(m, o), _meter_step(m2, o2)
+    sg = stepgraph.compile(f)
+    for epoch in range(3):
+        for d in (mine, theirs):
+            d.update(losses=AverageMeter(), top1=AverageMeter())
+            if epoch == 2:
+                d["top1"].sum = torch.zeros((), dtype=torch.float64)
+        for _ in range(3):
+            x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+            assert torch.equal(sg(x, y), g(x, y))
+            for k in ("losses", "top1"):
+                assert _same_meter(mine[k], theirs[k]), (epoch, k, vars(mine[k]), vars(theirs[k]))
+    assert any("float64" in r for r in sg.stats.recaptures), sg.stats.recaptures

@@ -60,16 +60,22 @@ def before(sources) -> list:
     return [s.read_or(()) for s in sources]
 
 
-def collect(sources, olds, graph_outs: list, problems: list, where) -> tuple[list, list]:
+def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=()) -> tuple[list, list]:
     """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
     appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
-    cannot redo is a problem."""
+    cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
+    guards key a record by its structure, so nothing else would see it change.)"""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from .trackplan import number
     tracer = get_proxy_mode().tracer
+    replayed = {(id(e.root.ref[0]), e.root.ref[1]) for e in number_effects if e.container is not None}
     tensors, reads = [], []
     for s, old in zip(sources, olds):
         new = s.read_or(())
-        if new is old:
+        if new is old or (number(new) and type(new) is type(old) and new == old):
+            continue
+        rec = getattr(s, "record", None)
+        if rec is not None and (id(rec), s.path[-1][1]) in replayed:
             continue
         if isinstance(new, torch.Tensor) and _is_traced(new):
             tensors.append(SourceEffect(s, "tensor", len(graph_outs)))
@@ -77,7 +83,7 @@ def collect(sources, olds, graph_outs: list, problems: list, where) -> tuple[lis
         elif isinstance(new, float) and current(new, tracer):
             reads.append(SourceEffect(s, "read", node=new.node))
             s.write(_plain(new))   # eager leaves a plain float there
-        elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor):
+        elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor) or rec is not None:
             problems.append(Problem(
                 f"the step rebinds {s.describe()} to a value it did not compute (a tensor from "
                 "before the step, or a non-tensor where a tensor was): a replay could not redo that",
@@ -118,11 +124,11 @@ def place_read_roots(gm, number_effects) -> list:
     return placed
 
 
-def snapshot(tr):
-    """For check mode: what the variables and the tensor inputs hold now, to put back after a
-    replay (the eager shadow then runs the step's Python on them)."""
-    srcs = list(tr.source_inputs) + [e.source for e in tr.source_effects]
-    saved = [(s, v, v.clone() if isinstance(v, torch.Tensor) else None)
+def snapshot(srcs):
+    """What these variables and their tensors hold now, to put back: after a check-mode replay
+    (the eager shadow then runs the step's Python on them), or after a failed trace (the call
+    then runs eagerly from its start)."""
+    saved = [(s, v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
              for s in srcs for v in [s.read_or(())]]
 
     def restore():
@@ -131,3 +137,4 @@ def snapshot(tr):
                 v.copy_(data)
             s.write(v)
     return restore
+

@@ -176,8 +176,20 @@ class PyValues:
     def diff(self, a: tuple, b: tuple) -> str | None:
         for s, x, y in zip(self.sources, a, b):
             if x != y:
-                return f"{s.describe()} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
+                name = s.describe()
+                if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
+                        and len(x[2]) == len(y[2]):   # (trackplan.record_key) the first attribute
+                    u, v = next((u, v) for u, v in zip(x[2], y[2]) if u != v)
+                    name, x, y = f"{name}.{u[0]}", _attr_kind(u), _attr_kind(v)
+                return f"{name} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
         return None
+
+
+def _attr_kind(part):
+    """A record attribute's part of its key, as _show shows it."""
+    if part[1] == "tensor":
+        return ("live tensor", part[2], part[3], part[4])
+    return ("number",) if part[1] == "number" else part[2]
 
 
 # ---- finding sources -------------------------------------------------------------------

@@ -359,7 +359,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        uses = box.setdefault("uses", UseLog())
+        uses = box.setdefault("uses", UseLog(lift_ok=device == "cpu"))   # (no Python nodes in CUDA graphs)
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)
@@ -426,7 +426,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             else:
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
-        box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame())
+        box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
+                                           box.get("number_effects", ()))
         escapes, clears = [], []
         for s, old in zip(slots, before):
             new = s.get()

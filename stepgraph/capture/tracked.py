@@ -270,6 +270,14 @@ Tracked.__divmod__, Tracked.__rdivmod__ = _divmod, _rdivmod
 
 
 # ---- what one trace saw ------------------------------------------------------------------
+def _reader(root: Root):
+    """Graph node target: the root's value at the replay (the Python before the step's)."""
+    def read_number():
+        return root.read((), ())
+    read_number.__name__ = "read_" + "".join(c if c.isalnum() else "_" for c in root.label)[:40]
+    return read_number
+
+
 def _reads_in(expr) -> list:
     return [r for r in roots_of(expr) if r.kind == "read"]
 
@@ -295,6 +303,8 @@ class UseLog:
     pending: list = field(default_factory=list)     # formats waiting for a print: [frame, offset, expr, value, where, ok]
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
+    lift_ok: bool = False   # numbers meeting host reads may become graph nodes (replay backend: CPU)
+    lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
@@ -319,6 +329,37 @@ class UseLog:
     def decide(self, expr, outcome: bool, where=""):
         expr = _settle(expr)
         self.found.setdefault(("?", describe(expr)), Check(expr, outcome, where, decided=True))
+
+    def lift(self, proxy, typed: bool = True):
+        """The graph node computing ``proxy`` from its roots read at each replay, or None: where
+        a number meets a value read from a tensor (``meter.sum += loss.item() * n``) the sum is
+        then live, not baked and checked (each step would miss). Roots only the call's Python
+        holds (arguments) are not lifted. ``typed``: their types are checked (a tensor op
+        promotes an int and a float apart; Python arithmetic with a float does not)."""
+        if not self.lift_ok:
+            return None
+        from .hostscalar import _tracer
+        tracer = _tracer()
+
+        def build(e):
+            if isinstance(e, Op):
+                return tracer.create_node("call_function", e.fn, tuple(build(a) for a in e.args), {})
+            if not isinstance(e, Root):
+                return e
+            if e.kind == "read":
+                return e.ref.node
+            if e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg":
+                raise LookupError(e.label)
+            if id(e) not in self.lifted:
+                self.lifted[id(e)] = tracer.create_node("call_function", _reader(e), (), {})
+            if typed:
+                t = Op(type, (e,))
+                self.found.setdefault(("?", describe(t)), Check(t, type(e.read((), ())), "", True))
+            return self.lifted[id(e)]
+        try:
+            return build(proxy._e)
+        except LookupError:
+            return None
 
     def node_use(self, proxy, nodes):
         """The number became a constant of these graph nodes: used only if one survives."""
