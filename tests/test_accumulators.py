@@ -319,3 +319,37 @@ def test_a_meter_whose_tensor_changes_dtype_recaptures():
             for k in ("losses", "top1"):
                 assert _same_meter(mine[k], theirs[k]), (epoch, k, vars(mine[k]), vars(theirs[k]))
     assert any("float64" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+def test_a_trace_failing_after_the_step_ran_puts_the_variables_back(monkeypatch):
+    """stepgraph's own failure once the step's Python has run (here: make_fx's final pass):
+    the call runs eagerly from its start, so the loop variables must be as before it, or the
+    eager rerun adds the step twice."""
+    (m, o), (m2, o2) = _pair()
+    a, b = _cell_accumulator(m, o), _cell_accumulator(m2, o2)
+    (f, mine), (g, theirs) = _meter_step(m, o), _meter_step(m2, o2)
+    for d in (mine, theirs):
+        d.update(losses=AverageMeter(), top1=AverageMeter())
+
+    def both(x, y):
+        f(x, y)
+        return a["step"](x, y)
+
+    def both_eager(x, y):
+        g(x, y)
+        return b["step"](x, y)
+    sg = stepgraph.compile(both)
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    sg(x, y), both_eager(x, y)
+
+    scope: dict = {}   # (raised from "<injected>": not the user's code, as a stepgraph fault is)
+    exec(compile("def broken(self, *a, **k):\n    raise RuntimeError('injected')", "<injected>", "exec"), scope)
+    broken = scope["broken"]
+    monkeypatch.setattr(torch.fx.Graph, "eliminate_dead_code", broken)
+    with pytest.warns(UserWarning, match="could not be captured"):
+        got = sg(x, y)
+    assert torch.equal(got, both_eager(x, y))
+    assert torch.equal(a["get"](), b["get"]())
+    for k in ("losses", "top1"):
+        assert _same_meter(mine[k], theirs[k]), (k, vars(mine[k]), vars(theirs[k]))
+    assert _same_params(m, m2)
