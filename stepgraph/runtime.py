@@ -24,7 +24,7 @@ from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.effects import resolve_bindings
-from .capture.pyeffects import snapshot
+from .capture.pyeffects import effect_sources, snapshot, tensor_sources
 from .capture.trace import discover_stepping_optimizers, raise_problems, trace_step
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.hostreads import GuardMiss
@@ -306,9 +306,9 @@ class StepFunction(DroppedState):
                 raise refusal
             around = backend.trace_context(self._reg) if backend.trace_context else contextlib.nullcontext()
             rollback = Rollback.take(self._reg, sig.leaves)   # what the trace writes, to undo if it fails
-            live_tensors = self._guards.tensor_sources(args)
-            effect_sources = self._guards.effect_sources(args)
-            restore_vars = snapshot(live_tensors + effect_sources)   # (loop variables: pyeffects.py)
+            live_tensors = tensor_sources(self._guards, args)
+            effects_at = effect_sources(self._guards, args)
+            restore_vars = snapshot(live_tensors + effects_at)   # (loop variables: pyeffects.py)
             try:
                 with capture_stream(device), around, distributed.tracing(self._reg) as ddp_records:
                     live = self._guards.live
@@ -320,7 +320,7 @@ class StepFunction(DroppedState):
                                     live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                     live_sources=[h for h in live if not isinstance(h, tuple)],
                                     host_reads=self.host_reads == "guard", rollback=rollback,
-                                    track=track, live_tensors=live_tensors, effect_sources=effect_sources)
+                                    track=track, live_tensors=live_tensors, effect_sources=effects_at)
             except BaseException as e:
                 done = after_failed_trace(e, rollback, lambda: (restore_vars(), self._eager(args, kwargs))[1])
                 raise

@@ -16,8 +16,8 @@ import torch.utils._pytree as pytree
 
 from .hostscalar import LIVE_HYPERS, predicate_results
 from .pyvalues import _MISSING, PyValues, find_sources, module_sources
-from .pyeffects import live_tensor, reachable, tensor_key
-from .trackplan import TrackPlan, key_of, kind_of, number, plain_object, plan, record_key, record_parts, record_tensor, slot_of, writable
+from .pyeffects import live_tensor, state_free, tensor_key
+from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .state import StateRegistry
 from .watch import registration_epoch
 
@@ -111,30 +111,8 @@ class Guards:
         known = self.reg.names
         return tuple(self._marker(s, v) if s in live
                      else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
-                     else _state_free(key_of(s, v, args, skip), v, known)
+                     else state_free(key_of(s, v, args, skip), v, known)
                      for s in self.py.sources for v in (s.read_or(args, _MISSING),))
-
-    def _records(self, args) -> list:
-        """The attributes of the records the step reads (trackplan.record_parts)."""
-        skip, known = self.live | self.keyed, self.reg.names
-        return [sub for s in self.py.sources if reachable(s)
-                and kind_of(s, v := s.read_or(args), args, skip) == "record"
-                and _state_free(record_key(v), v, known)[:1] == ("record",)
-                for sub in record_parts(s, v)]
-
-    def tensor_sources(self, args) -> list:
-        """Variables whose tensor the graph reads as an input (pyeffects.py), record attributes
-        included (their metadata is in the record's key)."""
-        known = self.reg.names
-        found = [s for s in self.py.sources if s not in self.live
-                 and live_tensor(s, s.read_or(args), args, known)] + \
-            [s for s in self._records(args) if record_tensor(s.read_or(args))]
-        return _by_path(found, lambda s: id(s.read_or(args)))
-
-    def effect_sources(self, args) -> list:
-        """Variables whose rebinding to a graph value a replay redoes (pyeffects.py)."""
-        found = [s for s in self.py.sources if reachable(s) and writable(s, args)] + self._records(args)
-        return _by_path(found, lambda s: slot_of(s, args))
 
     def _marker(self, h, value):
         """A live value's part of a signature: only what the graphs decided from it."""
@@ -421,27 +399,6 @@ class Guards:
                     fx, fy = _short(x[1:]), _short(y[1:])
                 return f"{src}.grad {fx} -> {fy}"
         return None
-
-
-def _by_path(sources, place) -> list:
-    """One source per place (a tensor, an attribute), the one found by a path from the step's
-    variables first: the ``self`` of a method the step calls on ``meters['top1']`` is the meter
-    of the first call, not the one the step reads now."""
-    out, seen = [], set()
-    for s in sorted(sources, key=lambda s: s.kind == "object"):
-        k = place(s)
-        if k not in seen:
-            seen.add(k)
-            out.append(s)
-    return out
-
-
-def _state_free(key, v, known):
-    """A record holding model or optimizer state (a graph constant) is keyed by identity."""
-    if isinstance(key, tuple) and key[:1] == ("record",) and any(
-            isinstance(x, torch.Tensor) and id(x) in known for x in vars(v).values()):
-        return ("object", id(v))
-    return key
 
 
 def _autocast_str(state) -> str:

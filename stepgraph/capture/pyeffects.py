@@ -55,6 +55,55 @@ def tensor_key(v) -> tuple:
     return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
 
 
+def state_free(key, v, known):
+    """A record holding model or optimizer state (a graph constant) is keyed by identity."""
+    if isinstance(key, tuple) and key[:1] == ("record",) and any(
+            isinstance(x, torch.Tensor) and id(x) in known for x in vars(v).values()):
+        return ("object", id(v))
+    return key
+
+
+def _records(guards, args) -> list:
+    """The attributes of the records the step reads (trackplan.record_parts)."""
+    from .trackplan import kind_of, record_key, record_parts
+    skip, known = guards.live | guards.keyed, guards.reg.names
+    return [sub for s in guards.py.sources if reachable(s)
+            and kind_of(s, v := s.read_or(args), args, skip) == "record"
+            and state_free(record_key(v), v, known)[:1] == ("record",)
+            for sub in record_parts(s, v)]
+
+
+def tensor_sources(guards, args) -> list:
+    """Variables whose tensor the graph reads as an input, record attributes included (their
+    metadata is in the record's key)."""
+    from .trackplan import record_tensor
+    known = guards.reg.names
+    found = [s for s in guards.py.sources if s not in guards.live
+             and live_tensor(s, s.read_or(args), args, known)] + \
+        [s for s in _records(guards, args) if record_tensor(s.read_or(args))]
+    return _by_path(found, lambda s: id(s.read_or(args)))
+
+
+def effect_sources(guards, args) -> list:
+    """Variables whose rebinding to a graph value a replay redoes."""
+    from .trackplan import slot_of, writable
+    found = [s for s in guards.py.sources if reachable(s) and writable(s, args)] + _records(guards, args)
+    return _by_path(found, lambda s: slot_of(s, args))
+
+
+def _by_path(sources, place) -> list:
+    """One source per place (a tensor, an attribute), the one found by a path from the step's
+    variables first: the ``self`` of a method the step calls on ``meters['top1']`` is the meter
+    of the first call, not the one the step reads now."""
+    out, seen = [], set()
+    for s in sorted(sources, key=lambda s: s.kind == "object"):
+        k = place(s)
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+    return out
+
+
 def before(sources) -> list:
     """What each candidate holds before the step (compared by identity after it)."""
     return [s.read_or(()) for s in sources]
