@@ -353,3 +353,32 @@ def test_a_trace_failing_after_the_step_ran_puts_the_variables_back(monkeypatch)
     for k in ("losses", "top1"):
         assert _same_meter(mine[k], theirs[k]), (k, vars(mine[k]), vars(theirs[k]))
     assert _same_params(m, m2)
+
+
+class _Stats:
+    def __init__(self):
+        self.history, self.last = [], 0   # (a list: no record, keyed by identity)
+
+
+def test_an_int_read_stored_in_a_python_object_stays_guarded():
+    """``stats.last = n`` of an int read, on an object the guards key by identity: a replay
+    would not assign it, so the value is guarded (as before int reads were tracked): a new
+    value captures again, never leaves the object stale."""
+    def make(model, opt, stats):
+        def step(x, y):
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            stats.last = out.argmax(1).eq(y).sum().item()
+            return loss.detach()
+        return step
+    (m, o), (m2, o2) = _pair()
+    s1, s2 = _Stats(), _Stats()
+    sg, eager = stepgraph.compile(make(m, o, s1), max_captures=3), make(m2, o2, s2)
+    for _ in range(10):
+        x, y = torch.randn(8, 4), torch.randint(0, 3, (8,))
+        assert torch.equal(sg(x, y), eager(x, y))
+        assert s1.last == s2.last and type(s1.last) is int
+    assert _same_params(m, m2)

@@ -404,6 +404,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                         group[k] = v
                 box["number_effects"] = swap_out(swapped, a)
         out = unwrap_result(out, uses)
+        uses.guard_stored_reads()
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)

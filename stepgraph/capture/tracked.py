@@ -361,6 +361,13 @@ class UseLog:
         except LookupError:
             return None
 
+    def guard_stored_reads(self) -> None:
+        """At the end of the step, still in its trace: a number made from an int host read that
+        the step stored somewhere (``stats.last = n``; trackplan's write-backs are plain by now)
+        is guarded: a replay would not store it again, so it must not differ."""
+        for p in [p for p in self.proxies if _reads_in(p._e) and sys.getrefcount(p) > 3]:
+            self.used(p._e, p._v, "stored in a Python object")
+
     def node_use(self, proxy, nodes):
         """The number became a constant of these graph nodes: used only if one survives."""
         if _reads_in(proxy._e):   # a host read: guarded now (after the trace no guard can be placed)
