@@ -69,6 +69,7 @@ class CapturedStep:
     gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
     device_scalars: object = None  # passes.device_scalars.DeviceScalars: live floats fed as a tensor
     checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
+    last_reads: dict = field(default_factory=dict)  # id(Root("read")) -> the last replay's value
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)
@@ -84,7 +85,7 @@ class CapturedStep:
         if not effects:
             return
         leaves = pytree.tree_leaves((args, kwargs))
-        memo: dict = {}
+        memo: dict = dict(self.last_reads)   # host reads the effects use: this replay's values
         values = [e.value(leaves, args, memo) for e in effects]
         for e, v in zip(effects, values):
             e.write(v, args)
@@ -98,6 +99,7 @@ class CapturedStep:
         tr = self.trace
         inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
+        inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
         if self.device_scalars is not None:
             inputs.append(self.device_scalars.pack())
         try:
@@ -121,6 +123,9 @@ class CapturedStep:
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
+        self.last_reads = {id(r): outs[i] for r, i in tr.read_roots}
+        for e in tr.source_effects:
+            e.source.write(outs[e.index])   # total_loss = <this replay's tensor> (pyeffects.py)
         leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(leaves, tr.out_spec)
 

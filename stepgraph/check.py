@@ -15,6 +15,8 @@ import warnings
 
 import torch
 
+from .capture.pyeffects import snapshot
+
 log = logging.getLogger("stepgraph")
 
 
@@ -67,10 +69,13 @@ def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     """Replay with an eager shadow; returns the eager result (state as eager leaves it)."""
     reg = stepfn.registry
     before = _snapshot(reg)
+    tr = entry.trace   # loop variables the replay writes (pyeffects.py)
+    restore_vars = snapshot(list(tr.source_inputs) + [e.source for e in tr.source_effects])
     out_r = replay()
     after_r = {name: t.detach().clone() for name, t in _state(reg)}
     out_r = torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, out_r)
     _restore(before)
+    restore_vars()
     out_e = stepfn.fn(*args, **kwargs)
     worst = (0.0, "")
     for name, t in _state(reg):

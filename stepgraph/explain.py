@@ -90,6 +90,14 @@ def explain(self) -> str:
         if segs:
             lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
+        if tr.source_inputs:
+            lines.append("    tensors of loop variables read as inputs at each call: "
+                         + _names([src.describe() for src in tr.source_inputs], 6))
+        written = [f"{src.describe()} (a {k})" for src, k in
+                   [(x.source, x.kind if x.kind == "tensor" else "number") for x in tr.source_effects]]
+        written += [x.root.label for x in tr.number_effects]
+        if written:
+            lines.append("    Python values written back after each replay: " + _names(written, 6))
         if e.checks:
             lines.append("    Python numbers checked before each replay: " + _names(
                 [f"{describe(c.expr)} == {c.expected!r}" for c in e.checks], 6))

@@ -35,6 +35,7 @@ from .capture.effects import resolve_bindings
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture.libraries import untraceable_modules
+from .capture.pyeffects import effect_sources, snapshot, tensor_sources
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
@@ -147,6 +148,9 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     backend = plan.backend
     around = backend.trace_context(reg) if backend.trace_context else contextlib.nullcontext()
     rollback = Rollback.take(reg, plan.sig.leaves)   # what the trace writes, to undo if it fails
+    live_tensors = tensor_sources(guards, args)
+    effects_at = effect_sources(guards, args)
+    restore_vars = snapshot(live_tensors + effects_at)   # (loop variables: pyeffects.py)
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
                 fsdp.tracing(reg, rollback) as fsdp_record:
@@ -160,9 +164,10 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
             traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
-                                      host_reads=step.host_reads == "guard", rollback=rollback, track=track)
+                                      host_reads=step.host_reads == "guard", rollback=rollback, track=track,
+                                      live_tensors=live_tensors, effect_sources=effects_at)
     except BaseException as e:
-        done.result = after_failed_trace(e, rollback, lambda: step._eager(args, kwargs))
+        done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), step._eager(args, kwargs))[1])
         raise
     finally:
         rollback = None   # its copies of the state: not kept past the trace
@@ -179,7 +184,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
         traced.fsdp_record.raise_problems()
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
-                               replayed=[e.source for e in tr.number_effects])
+                               replayed=[e.source for e in tr.number_effects + tr.source_effects])
     traced.notes = warn_appends(guards.py, traced.sizes_before, container_sizes(guards.py, args), step.__name__)
     live_outputs(tr, reg, guards.py, args, step.__name__)
     traced.notes += read_side_effects(tr, step.__name__)
@@ -190,13 +195,16 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.guard_plan = place_guards(gm, plan.device, reg.name_of)
     traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")
     traced.summary = summarize(gm, reg.name_of)
-    traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor")
+    # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
+    traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor") \
+        + sum(1 for e in tr.source_effects if e.kind == "tensor")
 
 
 def lower(step, plan: Plan, traced: Traced) -> Lowered:
     """The backend's runner for the cleaned graph; ``auto`` falls back to ``replay``, warned."""
     tr, gm, backend, device = traced.trace, traced.graph, plan.backend, plan.device
-    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs]
+    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs] \
+        + [s.read(()) for s in tr.source_inputs]
     if device == "cuda" and step._pool is None:
         step._pool = torch.cuda.graph_pool_handle()
     consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from .hostscalar import LIVE_HYPERS, predicate_results
 from .pyvalues import _MISSING, PyValues, find_sources, module_sources
+from .pyeffects import live_tensor, state_free, tensor_key
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import DIFF_ORDER, SECTION_NAMES, SignatureKey, TensorMeta
 from .state import StateRegistry
@@ -108,8 +109,11 @@ class Guards:
     def _py_key(self, args) -> tuple:
         live = self.live
         skip = live | self.keyed if self.keyed else live
-        return tuple(self._marker(s, s.read_or(args, _MISSING)) if s in live
-                     else key_of(s, s.read_or(args, _MISSING), args, skip) for s in self.py.sources)
+        known = self.reg.names
+        return tuple(self._marker(s, v) if s in live
+                     else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
+                     else state_free(key_of(s, v, args, skip), v, known)
+                     for s in self.py.sources for v in (s.read_or(args, _MISSING),))
 
     def _marker(self, h, value):
         """A live value's part of a signature: only what the graphs decided from it."""

@@ -39,10 +39,13 @@ class ReadLog:
     printed: list = field(default_factory=list)   # sites that formatted a read value (logging)
     guarded: list = field(default_factory=list)   # plain values handed out under a guard
     reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
+    uses: object = None                           # tracked.UseLog: int reads become tracked numbers
+    int_reads: list = field(default_factory=list)  # numchecks.Root("read") of each one
 
     def sites(self) -> list[str]:
         """Where the step read values on the host (live reads and guards), in order."""
-        return list(dict.fromkeys([r.site for r in self.reads] + [g[0] for g in self.guards]))
+        return list(dict.fromkeys([r.site for r in self.reads] + [r.ref.site for r in self.int_reads]
+                                  + [g[0] for g in self.guards]))
 
     def guard(self, node, value, what: str, site: str | None = None):
         tracer = _tracer()
@@ -114,12 +117,39 @@ for _name, _op in [("lt", operator.lt), ("le", operator.le), ("gt", operator.gt)
 ReadFloat.__hash__ = float.__hash__
 
 
-def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog):
-    """The value of a host read of the traced tensor ``t`` (``func`` is the Tensor method)."""
+@dataclass(eq=False)
+class ReadRef:
+    """An int ``.item()`` the step read, handed out as a tracked number (tracked.py): arithmetic
+    on it stays an expression (``correct += n``, replayed from this graph output by
+    trackplan.NumberEffect); any other use guards its value here, where it is used."""
+    node: object
+    value: int
+    log: ReadLog
+    site: str
+    what: str
+    guarded: bool = False
+
+    def guard(self) -> None:
+        if not self.guarded and _tracer() is not None:
+            self.guarded = True
+            self.log.guard(self.node, self.value, self.what, self.site)
+            self.log.guarded.append(self.value)
+
+
+def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog, lazy: bool = True):
+    """The value of a host read of the traced tensor ``t`` (``func`` is the Tensor method);
+    ``lazy``: an int ``.item()`` may be a tracked number, guarded only where used."""
     site = user_frame()
     value, node = record_item(tracer, t)   # aten._local_scalar_dense(t)
     if t.dtype.is_floating_point and func is torch.Tensor.item:
         return ReadFloat(value, node, site, log)
+    if lazy and func is torch.Tensor.item and type(value) is int and log.uses is not None \
+            and log.uses.active:
+        from .numchecks import Root
+        what = f"item() of a {str(t.dtype).replace('torch.', '')} tensor"
+        root = Root("read", ReadRef(node, value, log, site, what), f"{what} at {site}")
+        log.int_reads.append(root)
+        return log.uses.wrap(value, root)
     # float(t) returns a plain float (Python converts a subclass): guarded like int/bool reads.
     # int/bool reads decide shapes, indices and branches: guard them by value. (.item() of an
     # int/bool tensor: ``value`` itself, exact -- an int64 above 2**53 is no float.)

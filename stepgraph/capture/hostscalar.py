@@ -86,10 +86,14 @@ def _binary(op, swap=False):
         if not live:  # used after the trace (plain float semantics) or left by an older one
             return op(_plain(a), _plain(b))
         value = op(*(float(x._v) if _tracked(x) else _plain(x) for x in (a, b)))
-        node = tracer.create_node("call_function", op, (node_arg(a, tracer), node_arg(b, tracer)), {})
         by_node = all(x.number_use_by_node for x in live)
-        for x in (a, b):
-            if _tracked(x):   # ``meter.sum + loss.item()``: used only if the node survives
+        # ``meter.sum + loss.item()``: the number read at each replay where it can be (lifted),
+        # else baked and used only if the node survives
+        lifted = [x._log.lift(x, typed=False) if by_node and _tracked(x) and x._log.active else None for x in (a, b)]
+        node = tracer.create_node("call_function", op, tuple(
+            n if n is not None else node_arg(x, tracer) for x, n in zip((a, b), lifted)), {})
+        for x, n in zip((a, b), lifted):
+            if _tracked(x) and n is None:
                 x._log.node_use(x, [node]) if by_node else x._use()
         return max(live, key=lambda x: x.derive_rank)._derive(value, node)
     return method

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 class Root:
     """Where a tracked number comes from: a leaf of the call's arguments, a Source (pyvalues)
     or an attribute of the object a Source reads (a meter's ``count``)."""
-    kind: str          # "leaf" | "source" | "attr"
-    ref: object        # leaf index | Source | (Source, attribute name)
+    kind: str          # "leaf" | "source" | "attr" | "read"
+    ref: object        # leaf index | Source | (Source, attribute name) | hostreads.ReadRef
     label: str
 
     def read(self, leaves, args):
         from .tracked import plain
+        if self.kind == "read":   # a replay's own host read: only its outputs know it
+            raise LookupError(f"{self.label} is known only after a replay")
         if self.kind == "leaf":
             return plain(leaves[self.ref])
         if self.kind == "source":
@@ -98,3 +100,12 @@ def roots_of(e) -> list:
 def checks_hold(checks, leaves, args) -> bool:
     memo: dict = {}
     return all(c.holds(leaves, args, memo) for c in checks)
+
+
+def substitute(e, values: dict):
+    """``e`` with the Roots whose id is in ``values`` replaced by those constants."""
+    if isinstance(e, Root):
+        return values.get(id(e), e)
+    if isinstance(e, Op):
+        return Op(e.fn, tuple(substitute(a, values) for a in e.args))
+    return e

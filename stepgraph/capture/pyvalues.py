@@ -72,6 +72,10 @@ def guard_value(v):
 
 
 def _show(g) -> str:
+    if isinstance(g, tuple) and g[:1] == ("live tensor",):   # (pyeffects.tensor_key)
+        return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
+    if g == ("number",):
+        return "a Python number"
     if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
         return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
     if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):
@@ -172,8 +176,20 @@ class PyValues:
     def diff(self, a: tuple, b: tuple) -> str | None:
         for s, x, y in zip(self.sources, a, b):
             if x != y:
-                return f"{s.describe()} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
+                name = s.describe()
+                if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
+                        and len(x[2]) == len(y[2]):   # (trackplan.record_key) the first attribute
+                    u, v = next((u, v) for u, v in zip(x[2], y[2]) if u != v)
+                    name, x, y = f"{name}.{u[0]}", _attr_kind(u), _attr_kind(v)
+                return f"{name} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
         return None
+
+
+def _attr_kind(part):
+    """A record attribute's part of its key, as _show shows it."""
+    if part[1] == "tensor":
+        return ("live tensor", part[2], part[3], part[4])
+    return ("number",) if part[1] == "number" else part[2]
 
 
 # ---- finding sources -------------------------------------------------------------------
@@ -209,6 +225,10 @@ def _code_chains(code: types.CodeType):
                     break
                 j += 1
             yield x.opname, x.argval, tuple(path), line
+        elif x.opname in ("STORE_GLOBAL", "STORE_DEREF"):
+            # A variable the step only assigns is Python state it changes: keyed like a read one,
+            # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
+            yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
         i += 1
 
 

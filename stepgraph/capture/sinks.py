@@ -196,9 +196,14 @@ class TrackMode(TorchFunctionMode):
             while n is not graph._root:
                 nodes.append(n)
                 n = n.next
+            # Autograd may save the number for the backward (``loss * scale``), which would
+            # bake it there: lifted only where no gradient flows.
+            grads = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                                    for t in pytree.tree_leaves((args, kwargs)))
             if nodes and isinstance(out, torch.Tensor):
                 for p in found:
-                    self.log.node_use(p, nodes)
+                    if grads or not _lift_into(nodes, p, found, self.log):
+                        self.log.node_use(p, nodes)
                 return out
             for p in found:
                 p._use(force=True)
@@ -206,6 +211,33 @@ class TrackMode(TorchFunctionMode):
         for p in found:
             p._use(force=True)
         return func(*args, **kwargs)
+
+
+def mode_graph():
+    return get_proxy_mode().tracer.graph
+
+
+def _lift_into(nodes, p, found, log) -> bool:
+    """Put the graph node reading ``p`` at each replay (UseLog.lift) where its value is the
+    op's scalar (``meter.sum / meter.count``); False when that place is not unique."""
+    v = p._v
+    if not log.lift_ok or any(q is not p and plain(q) == v for q in found):
+        return False
+    same = lambda a: type(a) is type(v) and a == v   # noqa: E731
+    places = [(n, k) for n in nodes for k in list(range(len(n.args))) + list(n.kwargs) if
+              same(n.args[k] if isinstance(k, int) else n.kwargs[k])]
+    if len(places) != 1:
+        return False
+    n, k = places[0]
+    with mode_graph().inserting_before(nodes[0]):   # (the op is recorded already: read before it)
+        node = log.lift(p)
+    if node is None:
+        return False
+    if isinstance(k, int):
+        n.args = n.args[:k] + (node,) + n.args[k + 1:]
+    else:
+        n.kwargs = {**n.kwargs, k: node}
+    return True
 
 
 def unwrap_result(result, log):

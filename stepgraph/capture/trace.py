@@ -32,6 +32,7 @@ from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, 
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
+from . import pyeffects
 from .rollback import CopyOnWrite, Rollback
 from .sinks import TrackMode, scrub, sinks, unwrap_result
 from .trackplan import TrackPlan, swap_in, swap_out
@@ -68,6 +69,9 @@ class TraceResult:
     uses: UseLog | None = None           # what the step did with tracked numbers (tracked.py)
     track: TrackPlan | None = None       # which numbers were tracked (trackplan.py)
     number_effects: list = field(default_factory=list)  # trackplan.NumberEffect: replayed after each call
+    source_inputs: list = field(default_factory=list)   # Sources whose tensor is a graph input (pyeffects.py)
+    source_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: written after each replay
+    read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
 
 
 _TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
@@ -206,7 +210,7 @@ def _tolist(t: torch.Tensor, reads: ReadLog):
         return NotImplemented
     tracer = get_proxy_mode().tracer
     flat = t.reshape(-1)
-    items = [read_scalar(tracer, flat[i], _T.item, reads) for i in range(t.numel())]
+    items = [read_scalar(tracer, flat[i], _T.item, reads, lazy=False) for i in range(t.numel())]
     if t.dim() == 0:
         return items[0]
     for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
@@ -334,10 +338,12 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
-               track: TrackPlan | None = None) -> TraceResult:
+               track: TrackPlan | None = None, live_tensors=(), effect_sources=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
-    ``track`` (trackplan.py): the Python numbers whose uses are tracked."""
+    ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
+    Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed
+    (pyeffects.py)."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -345,14 +351,16 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     grad_inputs = [(s.owner, s.source) for s, v in zip(slots, before) if s.kind == "grad" and v is not None]
     problems: list[Problem] = []
     step_ids = _step_counter_ids(reg)
-    known = set(reg.names) | {id(leaves[i]) for i in tensor_pos}
+    source_tensors = [s.read(()) for s in live_tensors]
+    known = set(reg.names) | {id(leaves[i]) for i in tensor_pos} | {id(t) for t in source_tensors}
     box: dict = {}
 
-    def traced(user_tensors, grad_tensors):
+    def traced(user_tensors, grad_tensors, source_tensors):
+        olds = pyeffects.before(effect_sources)
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        uses = box.setdefault("uses", UseLog())
+        uses = box.setdefault("uses", UseLog(lift_ok=device == "cpu"))   # (no Python nodes in CUDA graphs)
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)
@@ -370,7 +378,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                               f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
             saved_hypers.append((group, k, group[k], live))
             group[k] = live
-        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog() if host_reads else None))
+        hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog(uses=uses) if host_reads else None))
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
@@ -397,6 +405,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                         group[k] = v
                 box["number_effects"] = swap_out(swapped, a)
         out = unwrap_result(out, uses)
+        uses.guard_stored_reads()
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -419,6 +428,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             else:
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
+        box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
+                                           box.get("number_effects", ()))
         escapes, clears = [], []
         for s, old in zip(slots, before):
             new = s.get()
@@ -454,17 +465,22 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     try:
         with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])), \
                 _one_fake_mode(), inline_compiled():
-            gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors)
+            gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors,
+                                                                                    source_tensors)
     finally:
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
         if "uses" in box:
             scrub(box["uses"])  # no proxy stays in the user's objects
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
+    tensor_effects, read_effects = box.get("effects", ([], []))
+    pyeffects.place_reads(gm, read_effects)
+    read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
-                       number_effects=box.get("number_effects", []))
+                       number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
+                       source_effects=tensor_effects + read_effects, read_roots=read_roots)
 
 
 def _output_reads(gm, out_leaves: list) -> list:

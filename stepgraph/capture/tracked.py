@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass, field
 
 from .hostscalar import HostFloat
-from .numchecks import Check, Op, Root, describe
+from .numchecks import Check, Op, Root, describe, roots_of, substitute
 
 _NUMBERS = (int, float, bool)
 
@@ -270,6 +270,30 @@ Tracked.__divmod__, Tracked.__rdivmod__ = _divmod, _rdivmod
 
 
 # ---- what one trace saw ------------------------------------------------------------------
+def _reader(root: Root):
+    """Graph node target: the root's value at the replay (the Python before the step's)."""
+    def read_number():
+        return root.read((), ())
+    read_number.__name__ = "read_" + "".join(c if c.isalnum() else "_" for c in root.label)[:40]
+    return read_number
+
+
+def _reads_in(expr) -> list:
+    return [r for r in roots_of(expr) if r.kind == "read"]
+
+
+def _settle(expr):
+    """A check runs before its graph replays, when the replay's own host reads (hostreads.ReadRef)
+    are not known yet: the reads ``expr`` involves are guarded by value in the graph, where it
+    is used, and the check keeps the rest (``correct + n > 5`` -> ``n`` guarded, ``correct + 3 > 5``)."""
+    reads = _reads_in(expr)
+    if not reads:
+        return expr
+    for r in reads:
+        r.ref.guard()
+    return substitute(expr, {id(r): r.ref.value for r in reads})
+
+
 @dataclass(eq=False)
 class UseLog:
     """Uses of the tracked numbers during one trace, turned into checks by :meth:`checks`."""
@@ -279,6 +303,8 @@ class UseLog:
     pending: list = field(default_factory=list)     # formats waiting for a print: [frame, offset, expr, value, where, ok]
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
+    lift_ok: bool = False   # numbers meeting host reads may become graph nodes (replay backend: CPU)
+    lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
@@ -297,19 +323,65 @@ class UseLog:
         return p
 
     def used(self, expr, value, where=""):
+        expr = _settle(expr)
         self.found.setdefault(("=", describe(expr)), Check(expr, value, where))
 
     def decide(self, expr, outcome: bool, where=""):
+        expr = _settle(expr)
         self.found.setdefault(("?", describe(expr)), Check(expr, outcome, where, decided=True))
+
+    def lift(self, proxy, typed: bool = True):
+        """The graph node computing ``proxy`` from its roots read at each replay, or None: where
+        a number meets a value read from a tensor (``meter.sum += loss.item() * n``) the sum is
+        then live, not baked and checked (each step would miss). Roots only the call's Python
+        holds (arguments) are not lifted. ``typed``: their types are checked (a tensor op
+        promotes an int and a float apart; Python arithmetic with a float does not)."""
+        if not self.lift_ok:
+            return None
+        from .hostscalar import _tracer
+        tracer = _tracer()
+
+        def build(e):
+            if isinstance(e, Op):
+                return tracer.create_node("call_function", e.fn, tuple(build(a) for a in e.args), {})
+            if not isinstance(e, Root):
+                return e
+            if e.kind == "read":
+                return e.ref.node
+            if e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg":
+                raise LookupError(e.label)
+            if id(e) not in self.lifted:
+                self.lifted[id(e)] = tracer.create_node("call_function", _reader(e), (), {})
+            if typed:
+                t = Op(type, (e,))
+                self.found.setdefault(("?", describe(t)), Check(t, type(e.read((), ())), "", True))
+            return self.lifted[id(e)]
+        try:
+            return build(proxy._e)
+        except LookupError:
+            return None
+
+    def guard_stored_reads(self) -> None:
+        """At the end of the step, still in its trace: a number made from an int host read that
+        the step stored somewhere (``stats.last = n``; trackplan's write-backs are plain by now)
+        is guarded: a replay would not store it again, so it must not differ."""
+        for p in [p for p in self.proxies if _reads_in(p._e) and sys.getrefcount(p) > 3]:
+            self.used(p._e, p._v, "stored in a Python object")
 
     def node_use(self, proxy, nodes):
         """The number became a constant of these graph nodes: used only if one survives."""
+        if _reads_in(proxy._e):   # a host read: guarded now (after the trace no guard can be placed)
+            self.used(proxy._e, proxy._v, _where(3))
+            return
         self.node_uses.append((proxy._e, proxy._v, list(nodes), _where(3)))
 
     def formatted(self, proxy, frame):
         from .sinks import format_target, in_sink
         if in_sink():
             return  # formatted by print/logging themselves
+        if _reads_in(proxy._e):
+            self.used(proxy._e, proxy._v, _where(3))
+            return
         offset = format_target(frame.f_code, frame.f_lasti)
         if offset is None:
             self.used(proxy._e, proxy._v, _where(3))

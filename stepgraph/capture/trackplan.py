@@ -44,18 +44,44 @@ def plain_object(v) -> bool:
 
 def record_key(v):
     """The key of a record (None when ``v`` is not one): class, attribute names, the
-    non-numeric values."""
+    non-numeric values, and for a tensor attribute its metadata: a graph reads such a tensor
+    as an input and writes a rebound one back, both found by path at each call (pyeffects.py),
+    so a meter made anew each epoch (``top1.sum += acc1[0] * n``) is no new graph."""
     if not plain_object(v) or len(vars(v)) > _MAX_ATTRS:
         return None
-    out = []
+    out, storages = [], set()
     for k, x in vars(v).items():
         if number(x):
             out.append((k, "number"))   # (its type too is checked where used: tracked._class)
         elif isinstance(x, _VALUES):
             out.append((k, type(x), x))
+        elif record_tensor(x):
+            ptr = x.untyped_storage().data_ptr()
+            if ptr in storages:   # two attributes sharing memory: inputs a graph would copy apart
+                return None
+            storages.add(ptr)
+            out.append((k, "tensor", x.dtype, x.device, tuple(x.shape), x.stride()))
         else:
             return None
     return ("record", type(v), tuple(out))
+
+
+def record_tensor(x) -> bool:
+    """A tensor a record may hold: no autograd, not a Parameter, not a view of one (the step's
+    own results: ``top1.val = acc1[0]``)."""
+    return (type(x) is torch.Tensor and not x.requires_grad
+            and (x._base is None or type(x._base) is torch.Tensor and not x._base.requires_grad))
+
+
+def record_parts(s, v) -> list:
+    """One Source per attribute of the record ``v`` that ``s`` reads (pyeffects.py)."""
+    from .pyvalues import Source
+    out = []
+    for k in vars(v):
+        sub = Source(s.kind, s.root, s.name, s.path + (("attr", k),), s.where)
+        sub.record = s
+        out.append(sub)
+    return out
 
 
 def _parent(s, args):
@@ -79,6 +105,16 @@ def writable(s, args) -> bool:
     if isinstance(parent, type):
         return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
     return plain_object(parent) and k in vars(parent)
+
+
+def slot_of(s, args):
+    """Where ``s`` is bound: (id of its container, name); None when it cannot be reached."""
+    if not s.path:
+        return (id(s.root), s.name)
+    try:
+        return (id(_parent(s, args)), s.path[-1][1])
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def write(s, value, args) -> None:
@@ -121,12 +157,16 @@ def plan(sources, leaves, leaf_labels, args, exclude) -> TrackPlan:
     for i, x in enumerate(leaves):
         if number(x):
             p.leaves.append(Root("leaf", i, leaf_labels[i] if i < len(leaf_labels) else f"input {i}"))
-    for s in sources:
+    records: set = set()
+    # A record reached by a path from the step's variables first: the ``self`` of a method it
+    # calls (``meters['loss'].update``) is the object of the first call, not the one read now.
+    for s in sorted(sources, key=lambda s: s.kind == "object"):
         v = s.read_or(args)
         k = kind_of(s, v, args, exclude)
         if k == "number":
             p.sources.append(Root("source", s, s.describe()))
-        elif k == "record":
+        elif k == "record" and id(v) not in records:
+            records.add(id(v))
             p.records.append((s, [Root("attr", (s, name), f"{s.describe()}.{name}")
                                   for name, x in vars(v).items() if number(x)]))
     return p
@@ -192,8 +232,9 @@ class NumberEffect:
     def write(self, value, args) -> None:
         if self.container is None:
             write(self.root.ref, value, args)
-        else:
-            self.container[self.root.ref[1]] = value
+        else:   # the record found by its path now (a meter made anew each epoch)
+            src, name = self.root.ref
+            vars(src.read(args))[name] = value
 
 
 def swap_out(swapped: list, args) -> list:

@@ -1,0 +1,189 @@
+"""Python variables the step accumulates into: read live, written back after each replay.
+
+``total_loss += loss.detach().float()`` (the Hugging Face no_trainer scripts) and
+``train_loss += loss.item()`` (a global of kuangliu's CIFAR script) rebind a variable of the
+training loop to a value the step computed. A replay runs no Python, so this used to be
+refused. Now:
+
+* a variable holding a plain tensor that the step reads (a global, a closure cell, an attribute
+  or dict item of a plain object) is a **graph input**, read at each call and keyed by its
+  dtype/shape/device/stride instead of its identity: a new epoch's ``total_loss`` is no new
+  graph, and ``total_loss += x`` on it is an in-place write of that input, as in eager;
+* a variable the step **rebinds** to a tensor it computed (``0 -> tensor``, ``t = t + x``)
+  gets that tensor as an extra graph output, written back after each replay (a fresh tensor
+  per replay on every backend: these outputs are cloned like the user's);
+* a variable rebound to a float the graph computes (``train_loss += loss.item()``, with
+  ``train_loss`` read live) gets that float as an output and is written back the same way.
+
+Rebinding to anything else (a tensor that existed before the step) stays a clear error.
+Only variables that need no call argument to reach (not ``args.x``) take part: the replay
+writes them without the call's arguments.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .effects import Problem, _is_traced
+from .hostscalar import _plain, current
+
+
+@dataclass(eq=False)
+class SourceEffect:
+    """A variable the step rebinds to a graph value: written back after each replay."""
+    source: object   # pyvalues.Source
+    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number)
+    index: int = -1  # its graph output position (reads: set once the graph is made)
+    node: object = None  # a read's graph node, until placed
+
+
+def reachable(s) -> bool:
+    """The step's own variable, reachable without the call's arguments."""
+    return s.from_step and not s.identity_only and s.kind != "arg"
+
+
+def live_tensor(s, v, args, known) -> bool:
+    """``s`` holds a tensor the graph reads as an input (keyed by metadata, not identity):
+    a plain tensor without autograd, not a view, not model or optimizer state (``known``: ids)."""
+    from .trackplan import writable
+    return (type(v) is torch.Tensor and reachable(s) and not v.requires_grad and v._base is None
+            and id(v) not in known and writable(s, args))
+
+
+def tensor_key(v) -> tuple:
+    return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
+
+
+def state_free(key, v, known):
+    """A record holding model or optimizer state (a graph constant) is keyed by identity."""
+    if isinstance(key, tuple) and key[:1] == ("record",) and any(
+            isinstance(x, torch.Tensor) and id(x) in known for x in vars(v).values()):
+        return ("object", id(v))
+    return key
+
+
+def _records(guards, args) -> list:
+    """The attributes of the records the step reads (trackplan.record_parts)."""
+    from .trackplan import kind_of, record_key, record_parts
+    skip, known = guards.live | guards.keyed, guards.reg.names
+    return [sub for s in guards.py.sources if reachable(s)
+            and kind_of(s, v := s.read_or(args), args, skip) == "record"
+            and state_free(record_key(v), v, known)[:1] == ("record",)
+            for sub in record_parts(s, v)]
+
+
+def tensor_sources(guards, args) -> list:
+    """Variables whose tensor the graph reads as an input, record attributes included (their
+    metadata is in the record's key)."""
+    from .trackplan import record_tensor
+    known = guards.reg.names
+    found = [s for s in guards.py.sources if s not in guards.live
+             and live_tensor(s, s.read_or(args), args, known)] + \
+        [s for s in _records(guards, args) if record_tensor(s.read_or(args))]
+    return _by_path(found, lambda s: id(s.read_or(args)))
+
+
+def effect_sources(guards, args) -> list:
+    """Variables whose rebinding to a graph value a replay redoes."""
+    from .trackplan import slot_of, writable
+    found = [s for s in guards.py.sources if reachable(s) and writable(s, args)] + _records(guards, args)
+    return _by_path(found, lambda s: slot_of(s, args))
+
+
+def _by_path(sources, place) -> list:
+    """One source per place (a tensor, an attribute), the one found by a path from the step's
+    variables first: the ``self`` of a method the step calls on ``meters['top1']`` is the meter
+    of the first call, not the one the step reads now."""
+    out, seen = [], set()
+    for s in sorted(sources, key=lambda s: s.kind == "object"):
+        k = place(s)
+        if k not in seen:
+            seen.add(k)
+            out.append(s)
+    return out
+
+
+def before(sources) -> list:
+    """What each candidate holds before the step (compared by identity after it)."""
+    return [s.read_or(()) for s in sources]
+
+
+def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=()) -> tuple[list, list]:
+    """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
+    appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
+    cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
+    guards key a record by its structure, so nothing else would see it change.)"""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from .trackplan import number
+    tracer = get_proxy_mode().tracer
+    replayed = {(id(e.root.ref[0]), e.root.ref[1]) for e in number_effects if e.container is not None}
+    tensors, reads = [], []
+    for s, old in zip(sources, olds):
+        new = s.read_or(())
+        if new is old or (number(new) and type(new) is type(old) and new == old):
+            continue
+        rec = getattr(s, "record", None)
+        if rec is not None and (id(rec), s.path[-1][1]) in replayed:
+            continue
+        if isinstance(new, torch.Tensor) and _is_traced(new):
+            tensors.append(SourceEffect(s, "tensor", len(graph_outs)))
+            graph_outs.append(new)
+        elif isinstance(new, float) and current(new, tracer):
+            reads.append(SourceEffect(s, "read", node=new.node))
+            s.write(_plain(new))   # eager leaves a plain float there
+        elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor) or rec is not None:
+            problems.append(Problem(
+                f"the step rebinds {s.describe()} to a value it did not compute (a tensor from "
+                "before the step, or a non-tensor where a tensor was): a replay could not redo that",
+                s.where or where, f"compute the new value of {s.describe()} in the step, or "
+                "rebind it outside the step", plain=True))
+    return tensors, reads
+
+
+def place_reads(gm, reads: list) -> None:
+    """Read effects become graph outputs (after all others)."""
+    if not reads:
+        return
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out.args[0])
+    for e in reads:
+        e.index = len(outs)
+        outs.append(e.node)
+        e.node = None
+    out.args = (outs,)
+    gm.recompile()
+
+
+def place_read_roots(gm, number_effects) -> list:
+    """Int host reads a replayed number is computed from (``correct += n``, hostreads.ReadRef)
+    become graph outputs (after all others): ``[(Root, output position)]``."""
+    from .numchecks import roots_of
+    roots = {id(r): r for e in number_effects for r in roots_of(e.expr) if r.kind == "read"}
+    if not roots:
+        return []
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    outs = list(out.args[0])
+    placed = []
+    for r in roots.values():
+        placed.append((r, len(outs)))
+        outs.append(r.ref.node)
+    out.args = (outs,)
+    gm.recompile()
+    return placed
+
+
+def snapshot(srcs):
+    """What these variables and their tensors hold now, to put back: after a check-mode replay
+    (the eager shadow then runs the step's Python on them), or after a failed trace (the call
+    then runs eagerly from its start)."""
+    saved = [(s, v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
+             for s in srcs for v in [s.read_or(())]]
+
+    def restore():
+        for s, v, data in saved:
+            if data is not None:
+                v.copy_(data)
+            s.write(v)
+    return restore
+
