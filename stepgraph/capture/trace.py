@@ -2,7 +2,7 @@
 
 The trace *is* the step: every op runs on the user's real tensors, so the capturing call
 returns its real result and leaves state exactly as the eager call would. While tracing,
-two modes watch for what cannot be replayed:
+two modes (modes.py) watch for what cannot be replayed:
 
 * ``_HostReadMode`` (torch-function level) sees Python-visible host reads — ``.item()``,
   ``.tolist()``, ``.numpy()``, ``print(t)``, ``bool(t)`` — on tensors computed by the step,
@@ -21,14 +21,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-from ..errors import CaptureError, library_frame, user_frame
+from ..errors import CaptureError, user_frame
 from .hostrandom import host_random_watch
-from .hostscalar import HostFloat, HyperFloat, HyperLog, current, _DataDependentBranch, item_node, live_hyper, live_source, substitute
-from .hostreads import ReadFloat, ReadLog, guard_lost, math_patches, random_guards, read_scalar
-from .effects import (_HOST_READS, _T, Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
+from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
+from .hostreads import ReadLog, math_patches, random_guards
+from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
@@ -39,12 +37,8 @@ from .trackplan import TrackPlan, swap_in, swap_out
 from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
+from .modes import _DispatchCheckMode, _HostReadMode, _tolist
 
-_DEVICE_MOVES = {_T.cpu, _T.to}
-_HOOK_REGISTRATIONS = {_T.register_hook, _T.register_post_accumulate_grad_hook}
-_PATCHED_READS = {_T.tolist, _T.numpy, _T.__array__}  # checked by _host_read_patches instead
-_SCALAR_READS = {_T.item, _T.__float__, _T.__int__, _T.__bool__, _T.__index__}  # guarded or live
-_PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 
 
 @dataclass
@@ -72,258 +66,6 @@ class TraceResult:
     source_inputs: list = field(default_factory=list)   # Sources whose tensor is a graph input (pyeffects.py)
     source_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: written after each replay
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
-
-
-_TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
-
-
-def _tensor_of_step_tensors(func, args, kwargs):
-    """``torch.tensor([t1, t2])`` of tensors the step computed (Lightning's ``grad_norm`` does
-    this) reads their values on the host each call; traced as is, the result would be a
-    constant holding this call's values. Built from the tensors instead: each element converted
-    once to the dtype eager's result has (as the host round trip does), stacked, on its device."""
-    with _disable_current_modes():
-        ref = func(*args, **kwargs)  # eager's result: dtype, device, shape
-    leaves = pytree.tree_leaves(args[0])
-    if ref.requires_grad or not all(not isinstance(x, torch.Tensor) or x.dim() == 0 for x in leaves):
-        return func(*args, **kwargs)  # (what eager does; the trace's usual checks apply)
-    dev = next(x.device for x in leaves if _is_traced(x))
-    parts = [x.detach().to(device=dev, dtype=ref.dtype) if isinstance(x, torch.Tensor)
-             else torch.tensor(x, dtype=ref.dtype, device=dev) for x in leaves]
-    return torch.stack(parts).reshape(ref.shape).to(ref.device)
-
-
-class _HostReadMode(TorchFunctionMode):
-    def __init__(self, step_ids: set[int], problems: list[Problem], reg: StateRegistry | None = None,
-                 reads: ReadLog | None = None):
-        super().__init__()
-        self.reads = reads  # None: every host read is a problem (host_reads="error")
-        self.step_ids = step_ids
-        self.problems = problems
-        self.reg = reg
-        self.hooks: list = []   # (where, fn) of hooks registered during the trace
-        self.state_hooks: list = []  # (source, tensor, fn): hooks the step put on its own state
-
-    def _new_counter(self, t) -> bool:
-        """A step counter the optimizer created during this trace (no warm-up before it)."""
-        if self.reg is None or t.numel() != 1 or t.device.type != "cpu":
-            return False
-        for _, opt in self.reg.optimizers:
-            for st in opt.state.values():
-                if st.get("step") is t:
-                    self.step_ids.add(id(t))
-                    return True
-        return False
-
-    def _problem(self, op, fix):
-        stack = traceback.extract_stack()
-        self.problems.append(Problem(op, user_frame(stack), fix, library_frame(stack)))
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if getattr(func, "__wrapped__", func) in _HOOK_REGISTRATIONS and len(args) > 1:
-            self.hooks.append((f"tensor {func.__name__}", args[1]))
-            if self.reg is not None and self.reg.name_of(args[0]) is not None:
-                self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
-        if func in _TENSOR_FROM_DATA and args and isinstance(args[0], (list, tuple)) and \
-                any(_is_traced(x) for x in pytree.tree_leaves(args[0])):
-            return _tensor_of_step_tensors(func, args, kwargs)
-        if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
-            return item_node(get_proxy_mode().tracer, args[0])
-        if self.reads is not None and args and _is_traced(args[0]):
-            if func in _SCALAR_READS and args[0].numel() == 1:
-                return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)
-            if func in _PRINTS:  # printing a tensor: logging, it runs only at capture
-                self.reads.printed.append(user_frame())
-                with _disable_current_modes():
-                    return func(*args, **kwargs)
-        info = _HOST_READS.get(func)
-        if info is not None and func not in _PATCHED_READS and args and _is_traced(args[0]):
-            self._problem(*info)
-            with _disable_current_modes():
-                return func(*args, **kwargs)
-        if func in _DEVICE_MOVES and args and _is_traced(args[0]) and args[0].device.type != "cpu":
-            dev = kwargs.get("device", args[1] if len(args) > 1 else None)
-            if func is _T.cpu or (dev is not None and torch.device(dev).type == "cpu"
-                                  if isinstance(dev, (str, torch.device)) else False):
-                self._problem("copy of a device tensor to the CPU (.cpu()/.to('cpu'))",
-                              "return the device tensor and move it outside the step")
-        tracer = get_proxy_mode().tracer if get_proxy_mode() is not None else None
-        floats = [a for a in pytree.tree_leaves((args, kwargs)) if current(a, tracer)]
-        if not floats:
-            return func(*args, **kwargs)
-        if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
-                                           for t in pytree.tree_leaves((args, kwargs))):
-            # Autograd may save this number for the backward (``loss * scale``), which the
-            # engine calls with a plain float: it cannot stay live there, so guard it instead.
-            for f in floats:
-                if isinstance(f, HyperFloat):
-                    f.baked.add(f.hyper)
-            if self.reads is not None:
-                guard_lost(floats, self.reads)
-        tracer = get_proxy_mode().tracer
-        last = tracer.graph._root.prev  # nodes added after this one belong to this call
-        out = func(*args, **kwargs)
-        new_nodes = []
-        n = last.next
-        while n is not tracer.graph._root:
-            new_nodes.append(n)
-            n = n.next
-        used = substitute(new_nodes, floats, pytree.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, (list, tuple)) and any(isinstance(y, HostFloat) for y in x)))
-        lost = [f for f in floats if id(f) not in used]
-        for f in lost:
-            if isinstance(f, HyperFloat):
-                f.baked.add(f.hyper)  # could not stay live here: guard its value instead
-        guard_lost(lost, self.reads) if self.reads is not None else None
-        if any(not isinstance(f, (HyperFloat, ReadFloat)) for f in lost):
-            self._problem(f"an optimizer step counter's value flowed into {getattr(func, '__name__', func)} "
-                          "where stepgraph cannot keep it live", "use a capturable optimizer "
-                          "(capturable=True) or report this optimizer to stepgraph")
-        return out
-
-
-def _dynamic_problem(func, args) -> str | None:
-    tags = func.tags
-    if torch.Tag.dynamic_output_shape in tags:
-        if func in (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor):
-            idx = args[1] if len(args) > 1 else []
-            if not any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in idx):
-                return None  # integer indexing has a static output shape
-        return (f"{func}: its output shape depends on tensor values",
-                "keep shapes static: use masking (torch.where, multiplying by a mask) instead of "
-                "boolean indexing / nonzero / unique, or move this part outside the step")
-    if torch.Tag.data_dependent_output in tags:
-        return (f"{func}: reads a tensor value on the host",
-                "return the tensor from the step and read it outside; if it is an optimizer's "
-                "tensor lr, use a float lr or fused=True / capturable=True")
-    return None
-
-
-_TOLIST_MAX = 256   # elements: each is one host read (a graph node) at every replay
-
-
-def _tolist(t: torch.Tensor, reads: ReadLog):
-    """``t.tolist()`` of a tensor the step computed: each element read as ``.item()`` is (floats
-    live, ints and bools guarded by value), nested as ``tolist`` nests them. NotImplemented for
-    a large tensor (refused: one host read per element)."""
-    if t.numel() > _TOLIST_MAX:
-        return NotImplemented
-    tracer = get_proxy_mode().tracer
-    flat = t.reshape(-1)
-    items = [read_scalar(tracer, flat[i], _T.item, reads, lazy=False) for i in range(t.numel())]
-    if t.dim() == 0:
-        return items[0]
-    for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
-        items = [items[i:i + d] for i in range(0, len(items), d)]
-    return items
-
-
-def tensor_shape(t) -> tuple:
-    """Graph node: a tensor's shape, read on the host (what a data-dependent shape guard checks)."""
-    return tuple(t.shape)
-
-
-class _DispatchCheckMode(TorchDispatchMode):
-    def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
-                 reads: ReadLog | None = None):
-        super().__init__()
-        self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
-        self.problems = problems
-        self.cuda_step = cuda_step
-        self.host_scalar_ops = 0
-        self.known = known if known is not None else set()
-        self.foreign_seen: set = set()
-
-    def _shape_guards(self, func, out) -> None:
-        from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
-        tracer = get_proxy_mode().tracer
-        site = user_frame()
-        for t in pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer):
-                node = get_proxy_slot(t, tracer).proxy.node
-                shape = tracer.create_node("call_function", tensor_shape, (node,), {})
-                self.reads.guard(shape, tuple(t.shape), f"the shape of {func}'s output (it depends on "
-                                 "tensor values)", site)
-
-    def _foreign_history(self, args, kwargs) -> None:
-        """A tensor computed *before* the step, with autograd history (REINFORCE's saved
-        log-probs): the graph would hold this call's values and its backward would run into
-        the autograd graph of one past call. Parameters (leaves) are fine: read by reference."""
-        for a in pytree.tree_leaves((args, kwargs)):
-            if isinstance(a, torch.Tensor) and a.grad_fn is not None and id(a) not in self.known \
-                    and id(a) not in self.foreign_seen and not _is_traced(a):
-                self.foreign_seen.add(id(a))
-                stack = traceback.extract_stack()
-                self.problems.append(Problem(
-                    f"a tensor {str(a.dtype).replace('torch.', '')}{list(a.shape)} computed before the step "
-                    f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
-                    "values and backpropagate into a graph that no longer exists",
-                    user_frame(stack), "compute it inside the step (pass its inputs as arguments), or "
-                    "detach it before the call if no gradient should flow into it; for a loss built from "
-                    "many earlier forward calls (REINFORCE) capture the forward with "
-                    "stepgraph.graph_module(model) instead of the whole step", library_frame(stack), plain=True))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        self._foreign_history(args, kwargs)
-        found = _dynamic_problem(func, args)
-        if found is not None and self.reads is not None and torch.Tag.dynamic_output_shape in func.tags:
-            # nonzero, boolean masks, unique: this graph holds for the output shape the trace saw;
-            # a replay reads it on the host (as the op itself syncs, in eager too) and guards it.
-            out = func(*args, **kwargs)
-            self._shape_guards(func, out)
-            return out
-        if found is not None:
-            what, fix = found
-            stack = traceback.extract_stack()
-            self.problems.append(Problem(what, user_frame(stack), fix, library_frame(stack)))
-            if torch.Tag.data_dependent_output in func.tags:
-                with _disable_current_modes():
-                    return func(*args, **kwargs)
-        out = func(*args, **kwargs)
-        work = _cpu_work(func, args, kwargs, out) if self.cuda_step else None
-        if work == "scalar":
-            self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only
-        elif work == "tensor":
-            stack = traceback.extract_stack()
-            self.problems.append(Problem(
-                f"{func} runs on CPU tensors inside a CUDA step (a CUDA graph would run it only once, "
-                "at capture)", user_frame(stack),
-                "move those tensors to the GPU before the step (or make them state on the GPU)",
-                library_frame(stack)))
-        return out
-
-
-# CUDA attention kernels hand their dropout RNG seed/offset from forward to backward as 0-dim
-# CPU tensors when not capturing, and as device tensors while a CUDA graph records (the philox
-# state then comes from the graph's generator): not host work, so not a reason to fall back.
-_ATTENTION_RNG_OPS = frozenset(
-    getattr(torch.ops.aten, name).default for name in (
-        "_scaled_dot_product_efficient_attention", "_scaled_dot_product_efficient_attention_backward",
-        "_scaled_dot_product_flash_attention", "_scaled_dot_product_flash_attention_backward",
-        "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward",
-        "_efficient_attention_forward", "_efficient_attention_backward",
-        "_flash_attention_forward", "_flash_attention_backward")
-    if hasattr(torch.ops.aten, name))
-
-
-def _cpu_work(func, args, kwargs, out) -> str | None:
-    """In a CUDA step: ``"tensor"`` for an op computing on CPU tensors with data, ``"scalar"`` for
-    one touching only 0-dim CPU tensors (host scalars such as step counters), else None."""
-    if func in (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default):
-        return None  # torch.tensor(...) constants: fixed values, fine to bake
-    if func in _ATTENTION_RNG_OPS:
-        return None
-    # Empty CPU tensors hold no data (torch.utils.checkpoint allocates such placeholders).
-    cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"
-           and o.numel() > 0]
-    # CPU inputs count when the step computed them, or when they hold data (not a 0-dim value).
-    cpu += [a for a in pytree.tree_leaves((args, kwargs))
-            if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.numel() > 0
-            and (_is_traced(a) or a.dim() > 0)]
-    if not cpu:
-        return None
-    return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
