@@ -3,6 +3,7 @@
 tuples they replaced, and every reader names the section it means instead of an index."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
@@ -41,3 +42,11 @@ SECTION_NAMES = dict(spec="argument structure", inputs="inputs", alias="input al
                      autocast="autocast", training="train/eval", hypers="optimizer hyper-parameters",
                      opt_state="optimizer state", registration="module structure", grads="grads", hooks="hooks",
                      py_values="Python values")
+
+
+@dataclass
+class Signature:
+    """The guard key of one call; ``key`` is hashed, the rest explains a miss."""
+    key: SignatureKey
+    leaves: list
+    tensor_pos: list

@@ -1,0 +1,145 @@
+"""Why two guard signatures differ, in one line: ``arg 0 (x) shape (8, 256) -> (4, 256)``,
+``opt.param_groups[0]['lr'] 0.1 -> 0.05``. A mixin of ``guards.Guards`` (it reads the
+registry, the Python values and the live set that ``Guards`` keeps)."""
+from __future__ import annotations
+
+import torch
+
+import torch.utils._pytree as pytree
+
+from .sigkey import DIFF_ORDER, SECTION_NAMES, SignatureKey, TensorMeta
+
+_TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
+
+
+class Reasons:
+    """``Guards.diff``: the first differing section of two signature keys, named for a user."""
+
+    def diff(self, old: SignatureKey, new: SignatureKey, args=(), kwargs=None) -> str:
+        """One line naming the first difference between two signature keys."""
+        self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
+        fine = dict(inputs=self._diff_inputs, training=self._diff_training, hypers=self._diff_hyper,
+                    opt_state=self._diff_optstate, grads=self._diff_grads)
+        for section in DIFF_ORDER:
+            a, b = getattr(old, section), getattr(new, section)
+            if a == b:
+                continue
+            if section == "registration":
+                return "a module parameter, buffer or submodule was assigned (module structure changed)"
+            if section == "autocast":
+                return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
+            if section == "py_values" and len(a) == len(b):
+                return self.py.diff(a, b) or "a Python value the step reads changed"
+            if section == "hooks":
+                if a[2] != b[2]:   # (StateRegistry.hook_key: DDP's sync flags)
+                    return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "
+                            f"{a[2]} -> {b[2]} (no_sync() around the call?)")
+                if a[3] != b[3]:
+                    return "FSDP2 settings changed (set_reshard_after_forward, set_requires_gradient_sync, ...)"
+                return "a hook was added to or removed from the step's modules or parameters"
+            f = fine.get(section)
+            detail = f(a, b) if f else None
+            return detail or f"{SECTION_NAMES[section]} {_short(a)} -> {_short(b)}"
+        return "signature changed"
+
+    def _diff_inputs(self, a, b):
+        if len(a) != len(b):
+            return f"number of input leaves {len(a)} -> {len(b)}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            if x == y:
+                continue
+            name = self.leaf_names[i] if i < len(self.leaf_names) else f"input leaf {i}"
+            if _is_tensor_meta(x) and _is_tensor_meta(y):
+                for field, u, v in zip(_TENSOR_FIELDS, x, y):
+                    if u != v:
+                        return f"{name} {field} {_short(u)} -> {_short(v)}"
+            return f"{name} {_describe_leaf(x)} -> {_describe_leaf(y)}"
+        return None
+
+    def _diff_training(self, a, b):
+        mods = {id(m): n for root, mod in self.reg.modules for n, m in
+                [(f"{root}.{k}" if k else root, m) for k, m in mod.named_modules()]}
+        for m, x, y in zip(self.reg.all_modules, a, b):
+            if x != y:
+                return f"{mods.get(id(m), type(m).__name__)}.training {x} -> {y}"
+        return None
+
+    def _diff_hyper(self, a, b):
+        for (oname, _), ga, gb in zip(self.reg.optimizers, a, b):
+            if len(ga) != len(gb):
+                return f"{oname}: number of param_groups {len(ga)} -> {len(gb)}"
+            for gi, (x, y) in enumerate(zip(ga, gb)):
+                dx, dy = dict(x), dict(y)
+                for k in dict.fromkeys(list(dx) + list(dy)):
+                    if dx.get(k) != dy.get(k):
+                        return f"{oname}.param_groups[{gi}]['{k}'] {_short(dx.get(k))} -> {_short(dy.get(k))}"
+        return None
+
+    def _diff_optstate(self, a, b):
+        for (oname, _), x, y in zip(self.reg.optimizers, a, b):
+            if x[0] != y[0]:
+                return f"{oname}.state was replaced (load_state_dict?)"
+            if x[1] != y[1]:
+                return f"{oname}.state: entries {x[1]} -> {y[1]}"
+        return None
+
+    def _diff_grads(self, a, b):
+        params = [(s, p) for s, p in self.reg.params if p.requires_grad]  # == reg.grad_params
+        for (src, _), x, y in zip(params, a, b):
+            if x != y:
+                fx = "None" if x is None else "a tensor"
+                fy = "None" if y is None else "a tensor"
+                if x is not None and y is not None:
+                    fx, fy = _short(x[1:]), _short(y[1:])
+                return f"{src}.grad {fx} -> {fy}"
+        return None
+
+
+def _autocast_str(state) -> str:
+    on = [f"{dev}:{str(dt).replace('torch.', '')}" for dev, (flag, dt) in zip(("cpu", "cuda"), state[:2]) if flag]
+    return "on(" + ", ".join(on) + ")" if on else "off"
+
+
+def _short(v) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v).replace("torch.", "")
+    if isinstance(v, tuple) and v and v[0] == "tensor":
+        return "tensor"
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _is_tensor_meta(x) -> bool:
+    return isinstance(x, TensorMeta)
+
+
+def _describe_leaf(x) -> str:
+    if _is_tensor_meta(x):
+        return f"tensor {_short(x.dtype)}{list(x.shape)}"
+    if x[0] == "value":
+        return _short(x[2])
+    if x[0] == "number":
+        return "a Python number"
+    return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 else "")
+
+
+def leaf_names(params: list[str], args, kwargs) -> list[str]:
+    """A readable name per flattened input leaf: ``arg 0 (x)``, ``arg 1 (batch)['ids']``."""
+    out = []
+    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+        if not path:
+            out.append("input")
+            continue
+        head = path[0].idx if hasattr(path[0], "idx") else 0
+        rest = path[1:]
+        if head == 0 and rest:
+            i = rest[0].idx
+            label = f"arg {i}" + (f" ({params[i]})" if i < len(params) else "")
+            rest = rest[1:]
+        elif rest:
+            label = f"kwarg {rest[0].key!r}" if hasattr(rest[0], "key") else "kwarg"
+            rest = rest[1:]
+        else:
+            label = "input"
+        out.append(label + "".join(str(k) for k in rest))
+    return out
