@@ -203,7 +203,11 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
 def lower(step, plan: Plan, traced: Traced) -> Lowered:
     """The backend's runner for the cleaned graph; ``auto`` falls back to ``replay``, warned."""
     tr, gm, backend, device = traced.trace, traced.graph, plan.backend, plan.device
-    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] + [p.grad for p, _ in tr.grad_inputs] \
+    # A persistent grad the step itself sets to None (zero_grad at an accumulation boundary) is an
+    # input whose tensor is gone by now: its static buffer is shaped after the parameter (hf_gpt2
+    # on an H100: AttributeError in record).
+    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] \
+        + [p.grad if p.grad is not None else torch.zeros_like(p) for p, _ in tr.grad_inputs] \
         + [s.read(()) for s in tr.source_inputs]
     if device == "cuda" and step._pool is None:
         step._pool = torch.cuda.graph_pool_handle()
@@ -216,6 +220,27 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         grad_bindings=tuple(traced.bindings), on_fused=step._on_fused)
     scalars = None
     try:
+        reads_kept = [e for e in tr.source_effects if e.kind == "read"]
+        if tr.uses.lifted and not backend.runs_host_reads and device == "cuda":
+            # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
+            # read at each replay by a Python node a CUDA graph cannot hold; baked instead, it
+            # missed at every call (a recapture per step, 1-4 s each: timm, torchvision on an H100).
+            raise NeedsReplay(
+                "the step updates a Python number from a value read on the host (e.g. a meter's "
+                "sum += loss.item()): a CUDA graph cannot recompute it at each replay",
+                op="host read kept in a Python number", where="the step function",
+                fix="use backend='replay' (backend='auto' does so), or keep the meters outside the "
+                    "step and update them from a returned tensor")
+        if reads_kept and not backend.runs_host_reads and device == "cuda":
+            # ``train_loss += loss.item()`` written back from a CUDA graph ended 4.63 where eager
+            # had 6.14 (H100, tests/test_cuda_accumulators.py): until that path is right, such a
+            # step runs on the replay backend, whose host reads are the CPU's (bitwise there).
+            raise NeedsReplay(
+                f"the step adds a value read on the host to {reads_kept[0].source.describe()}: its "
+                "write-back from a CUDA graph is not right yet", op="host read kept in a Python variable",
+                where=reads_kept[0].source.where or "the step function",
+                fix="use backend='replay' (backend='auto' does so), or accumulate a tensor "
+                    "(total += loss.detach()) and read it outside the step")
         if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
             refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
         if not backend.runs_host_reads and step._guards.live:

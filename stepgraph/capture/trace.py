@@ -102,7 +102,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        uses = box.setdefault("uses", UseLog(lift_ok=device == "cpu"))   # (no Python nodes in CUDA graphs)
+        # (numbers meeting host reads are lifted on CUDA too: such a graph goes to the replay
+        # backend, pipeline.lower; numbers fed to tensor ops only on the CPU)
+        uses = box.setdefault("uses", UseLog(lift_ok=True, lift_tensor_ops=device == "cpu"))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)

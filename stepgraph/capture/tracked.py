@@ -304,6 +304,7 @@ class UseLog:
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
     lift_ok: bool = False   # numbers meeting host reads may become graph nodes (replay backend: CPU)
+    lift_tensor_ops: bool = False  # ... and numbers fed to tensor ops (CPU only: CUDA has device scalars)
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
 
     def wrap(self, value, root: Root):
