@@ -24,6 +24,7 @@ class Stats:
     capture_seconds: float = 0.0   # wall time of captures: trace + passes + backend compile
     compile_seconds: float = 0.0   # of which backend compilation (Inductor)
     guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
+    fused_parity: list = field(default_factory=list)  # verify.ParityResult per switch to a fused graph
 
 
 @dataclass

@@ -240,8 +240,10 @@ class StepFunction(DroppedState):
                     ok &= wait(timeout)
         return ok
 
-    def _on_fused(self, seconds: float) -> None:
+    def _on_fused(self, seconds: float, parity=None) -> None:
         self.stats.compile_seconds += seconds
+        if parity is not None:  # backends/verify.py: the check at the switch to a fused graph
+            self.stats.fused_parity.append(parity)
 
     def explain(self) -> str:
         """What was captured: ops, state by source name, inputs, written state, guards."""
@@ -348,7 +350,9 @@ class StepFunction(DroppedState):
             opts = dict(pool=self._pool, inputs_written=summary.inputs_written, clone_outputs=self.clone_outputs,
                         n_user_outputs=n_user, state_tensors=list({id(t): t for t in consts}.values()),
                         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
-                        grad_bindings=bindings, on_fused=self._on_fused)
+                        grad_bindings=bindings, on_fused=self._on_fused, name_of=self._reg.name_of,
+                        input_names=[f"argument tensor #{i}" for i in range(len(sig.tensor_pos))]
+                        + [f"{s}.grad" for _, s in tr.grad_inputs])
             scalars = None
             try:
                 if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
