@@ -186,3 +186,17 @@ def test_relative_difference_and_precision():
     assert _rel(torch.tensor([1, 2]), torch.tensor([1, 3])) == float("inf")
     gm = torch.fx.symbolic_trace(lambda x: x.to(torch.bfloat16).float())
     assert _lowest_precision(gm, [torch.zeros(2)]) == torch.bfloat16
+
+
+def test_random_draws_ignore_a_zero_dropout_probability():
+    """SDPA's CPU/flash kernels are tagged as seeded for their dropout_p, even at 0: such a step
+    is still checked; one with real dropout is not (Inductor draws its own random numbers)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from stepgraph.backends.verify import random_draws
+    q = torch.randn(1, 2, 4, 8)
+
+    def attn(p):
+        return make_fx(lambda x: torch.nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=p))(q)
+    assert random_draws(attn(0.0)) == 0
+    assert random_draws(make_fx(lambda x: torch.nn.functional.dropout(x, 0.2))(q)) == 1

@@ -230,8 +230,9 @@ class FusedWhenReady:
             return out
         if self.parity is not None and self._on_fused is not None:
             self._on_fused(0.0, self.parity)
-        checked = (f"; checked against the unfused graph: max relative difference {self.parity.max_rel:.1e}"
-                   if self.parity is not None and not self.parity.skipped else "")
+        checked = "" if self.parity is None else (
+            "; not checked: it draws random numbers" if self.parity.skipped else
+            f"; checked against the unfused graph: max relative difference {self.parity.max_rel:.1e}")
         progress("stepgraph: switched to the fused step at replay %d (switching call %.2fs%s)",
                  self.fused_at_call, self.switch_seconds, checked)
         return out

@@ -178,14 +178,12 @@ class _Unfused:
 def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
     from .. import config
-    from .verify import FusedCheck
+    from .verify import FusedCheck, random_draws
     job = BackgroundCompile(lifted, inputs, _patches(cuda))
     unfused = _unfused(gm, example_inputs, cuda, opts)
     check = None
     if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them
-        random_ops = sum(1 for n in gm.graph.nodes if isinstance(n.target, torch._ops.OpOverload)
-                         and torch.Tag.nondeterministic_seeded in n.target.tags)
-        check = FusedCheck.plan(gm, example_inputs, random_ops, opts.get("name_of"), opts.get("input_names"),
+        check = FusedCheck.plan(gm, example_inputs, random_draws(gm), opts.get("name_of"), opts.get("input_names"),
                                 opts.get("n_user_outputs"))
     return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused, check)
 

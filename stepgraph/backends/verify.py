@@ -134,6 +134,19 @@ class FusedCheck:
         return out, res
 
 
+def random_draws(gm: fx.GraphModule) -> int:
+    """Ops that draw random numbers whose values matter: seeded ops, less those with a dropout
+    probability of 0 (attention kernels carry the tag for their dropout_p even when it is 0)."""
+    n_draws = 0
+    for n in gm.graph.nodes:
+        if not (isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags):
+            continue
+        probs = [n.args[i] if i < len(n.args) else n.kwargs.get(a.name, a.default_value)
+                 for i, a in enumerate(n.target._schema.arguments) if a.name in ("p", "dropout_p")]
+        n_draws += not (probs and all(isinstance(v, (int, float)) and v == 0 for v in probs))
+    return n_draws
+
+
 def _host(t: torch.Tensor) -> torch.Tensor:
     # Host memory, not the device's: the check must not raise the device's peak.
     return t.detach().to("cpu", copy=True)
