@@ -200,3 +200,31 @@ def test_random_draws_ignore_a_zero_dropout_probability():
         return make_fx(lambda x: torch.nn.functional.scaled_dot_product_attention(x, x, x, dropout_p=p))(q)
     assert random_draws(attn(0.0)) == 0
     assert random_draws(make_fx(lambda x: torch.nn.functional.dropout(x, 0.2))(q)) == 1
+
+
+def test_dropout_is_checked_with_eager_random_numbers(monkeypatch):
+    """With Inductor's fallback_random the fused step draws eager's dropout masks: the check
+    runs both graphs from the same generator state, and the switching call consumes the
+    generator as one eager step does. Without it, dropout steps are not checked (said)."""
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_PATCHES", '{"fallback_random": true}')
+    case = models.build("gpt", device=DEVICE, dropout=0.1, **SMALL["gpt"])
+    twin = case.fresh()
+    opt = torch.optim.SGD(case.model.parameters(), lr=0.05, momentum=0.9)
+    opt2 = torch.optim.SGD(twin.model.parameters(), lr=0.05, momentum=0.9)
+    sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend="inductor")
+    eager = models.train_step(twin.model, twin.loss_fn, opt2)
+    for i in range(6):
+        if i == 3:
+            assert sg.wait_compiled()
+        b = case.make_batch(i)
+        torch.manual_seed(i)
+        got = sg(*b)
+        after = torch.get_rng_state()
+        torch.manual_seed(i)
+        want = eager(*b)
+        assert torch.equal(after, torch.get_rng_state()), f"step {i}: one step's draws"
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    [p] = sg.stats.fused_parity
+    assert p.skipped is None and p.diverged is None and sg._order[0].run.state == "fused", p
+    for a, b in zip(case.model.parameters(), twin.model.parameters()):
+        assert rel_err(a, b) <= p.tolerance

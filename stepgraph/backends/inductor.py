@@ -184,7 +184,7 @@ def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused,
     check = None
     if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them
         check = FusedCheck.plan(gm, example_inputs, random_draws(gm), opts.get("name_of"), opts.get("input_names"),
-                                opts.get("n_user_outputs"))
+                                opts.get("n_user_outputs"), eager_random=bool(_patches(cuda).get("fallback_random")))
     return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused, check)
 
 

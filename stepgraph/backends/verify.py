@@ -16,7 +16,9 @@ live in host memory, so the device's peak is the larger of the two runners' own,
 dropped before the call returns.
 
 Steps that draw random numbers are not checked: Inductor generates them with its own
-generator, so dropout masks differ from eager's by design.
+generator, so dropout masks differ from eager's by design. With Inductor's ``fallback_random``
+(``STEPGRAPH_INDUCTOR_PATCHES``) it draws eager's: then they are checked, both runs starting from
+the same generator state, and the generators end as after the runner whose results are kept.
 """
 from __future__ import annotations
 
@@ -76,10 +78,11 @@ class FusedCheck:
     dtype: str
     skipped: str | None = None
     out_names: list[str] = field(default_factory=list)
+    rng_devices: list = field(default_factory=list)  # generators to rewind (fallback_random steps)
 
     @classmethod
     def plan(cls, gm: fx.GraphModule, example_inputs, random_ops: int, name_of=None,
-             input_names=None, n_user_outputs=None) -> "FusedCheck":
+             input_names=None, n_user_outputs=None, eager_random=False) -> "FusedCheck":
         writes = graph_writes(gm)
         state = list({id(t): t for t in (getattr(gm, a) for a in writes.attrs)}.values())
         names_in = list(input_names or [])
@@ -88,11 +91,13 @@ class FusedCheck:
                   for k, t in enumerate(state)]
         low = _lowest_precision(gm, list(example_inputs) + state)
         skipped = (f"the step draws random numbers ({random_ops} random ops, e.g. dropout), which "
-                   "Inductor generates with its own generator" if random_ops else None)
+                   "Inductor generates with its own generator" if random_ops and not eager_random else None)
         outs = [f"output #{i}" if n_user_outputs is None or i < n_user_outputs
                 else f"output #{i} (rebound state)" for i in range(_n_outputs(gm))]
+        devices = {t.device for t in list(example_inputs) + state if isinstance(t, torch.Tensor)}
+        rng = [torch.device("cpu")] + sorted((d for d in devices if d.type == "cuda"), key=str) if random_ops else []
         return cls(list(writes.placeholders), state, names, TOLERANCE[low], str(low).removeprefix("torch."),
-                   skipped, outs)
+                   skipped, outs, rng)
 
     def run(self, inputs, unfused, fused) -> tuple[list, ParityResult]:
         """This call's outputs (fused, or unfused if they differ) and what the check found."""
@@ -101,7 +106,10 @@ class FusedCheck:
         t0 = time.perf_counter()
         live = [inputs[i] for i in self.input_idx] + self.state
         before = [_host(t) for t in live]
+        rng_before = _rng_state(self.rng_devices)
         out_u = unfused(inputs)
+        rng_after = _rng_state(self.rng_devices)
+        _set_rng_state(rng_before)
         expected = [_host(t) for t in live]
         expected_out = [_host(o) if isinstance(o, torch.Tensor) else o for o in out_u]
         _restore(live, before)
@@ -127,6 +135,7 @@ class FusedCheck:
                 res.diverged = res.diverged or "the number of outputs"
         if res.error or res.diverged:
             _restore(live, expected)
+            _set_rng_state(rng_after)
             out = out_u
         else:
             out = out_f
@@ -145,6 +154,18 @@ def random_draws(gm: fx.GraphModule) -> int:
                  for i, a in enumerate(n.target._schema.arguments) if a.name in ("p", "dropout_p")]
         n_draws += not (probs and all(isinstance(v, (int, float)) and v == 0 for v in probs))
     return n_draws
+
+
+def _rng_state(devices) -> list:
+    return [(d, torch.get_rng_state() if d.type == "cpu" else torch.cuda.get_rng_state(d)) for d in devices]
+
+
+def _set_rng_state(states) -> None:
+    for d, st in states:
+        if d.type == "cpu":
+            torch.set_rng_state(st)
+        else:
+            torch.cuda.set_rng_state(st, d)
 
 
 def _host(t: torch.Tensor) -> torch.Tensor:
