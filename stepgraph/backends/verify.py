@@ -36,8 +36,8 @@ from ..passes.analysis import graph_writes
 # (GPT 1L d32, AdamW; scripts/switch_stall.py's models): MLP 1.8e-7 in fp32; GPT 5.3e-5 in fp32 and
 # 2.8e-2 with bf16 autocast, both worst at the attention qkv bias, whose key part has a zero
 # true gradient: rounding noise that Adam turns into lr-sized steps of either sign. The limits
-# sit ~5-20x above that; the fusion bugs seen so far were 0.26 (cuDNN attention, 6 steps) and
-# ~1 (a dropped alpha in an SGD update). fp16 has 3 more mantissa bits than bf16; fp64 is
+# sit ~5-20x above that; the fusion bug seen so far (a dropped alpha in an SGD update,
+# passes/alpha.py) was ~1 after one step. fp16 has 3 more mantissa bits than bf16; fp64 is
 # fp32's case scaled by 2^-29.
 TOLERANCE = {torch.float32: 1e-3, torch.float64: 1e-9, torch.float16: 5e-2, torch.bfloat16: 0.15}
 
