@@ -184,7 +184,8 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     (tests/parity.py). Not per element: an element whose true value is ~0 (the zero gradient of
     an attention key bias is rounding noise, which Adam turns into lr-sized steps of either
     sign) would count as 100% off in any implementation."""
-    a = got.detach().to("cpu")
+    a = got.detach()
+    want = want.to(a.device)  # one tensor at a time on the device: no D2H of the fused results
     if a.shape != want.shape:
         return float("inf")
     if not (a.is_floating_point() or a.is_complex()):
