@@ -41,6 +41,7 @@ class Stats:
     guard_misses: dict = field(default_factory=dict)  # host-read site -> replays it sent back
     branches: dict = field(default_factory=dict)  # Branch -> calls
     last_branch: Branch | None = None
+    fused_parity: list = field(default_factory=list)  # verify.ParityResult per switch to a fused graph
 
     def took(self, branch: Branch) -> None:
         self.branches[branch] = self.branches.get(branch, 0) + 1

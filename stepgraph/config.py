@@ -44,6 +44,13 @@ KNOBS = {k.name: k for k in [
     Knob("inductor_background", "STEPGRAPH_INDUCTOR_BACKGROUND", True,
          "backend='inductor': compile in a child process while the step runs its unfused graph, "
          "and switch when ready (0: block the capturing call until Inductor is done)."),
+    Knob("inductor_verify", "STEPGRAPH_INDUCTOR_VERIFY", True,
+         "backend='inductor': at the switch to the background-compiled graph, check its first step "
+         "against the unfused graph on the same state (host copies of what the step writes, taken "
+         "once); beyond tolerance the unfused graph stays, warned (0: switch unchecked)."),
+    Knob("progress", "STEPGRAPH_PROGRESS", True,
+         "backend='inductor': one line on stderr when the background compile starts, is ready and "
+         "is switched to (through the 'stepgraph' logger at INFO where logging is configured; 0: quiet)."),
     Knob("host_reads", "STEPGRAPH_HOST_READS", "",
          "Override host_reads of every compile(): 'guard' (values read on the host are live or "
          "guarded between graph segments) or 'error' (any host read is a CaptureError)."),

@@ -217,7 +217,10 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         pool=step._pool, inputs_written=tuple(traced.summary.inputs_written), clone_outputs=step.clone_outputs,
         n_user_outputs=traced.n_user, state_tensors=tuple({id(t): t for t in consts}.values()),
         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
-        grad_bindings=tuple(traced.bindings), on_fused=step._on_fused)
+        grad_bindings=tuple(traced.bindings), on_fused=step._on_fused, name_of=step._reg.name_of,
+        input_names=tuple([f"argument tensor #{i}" for i in range(len(plan.sig.tensor_pos))]
+                          + [f"{s}.grad" for _, s in tr.grad_inputs]
+                          + [s.describe() for s in tr.source_inputs]))
     scalars = None
     try:
         reads_kept = [e for e in tr.source_effects if e.kind == "read"]

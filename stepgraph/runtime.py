@@ -268,8 +268,10 @@ class StepFunction(DroppedState):
                 ok &= e.run.wait(timeout)
         return ok
 
-    def _on_fused(self, seconds: float) -> None:
+    def _on_fused(self, seconds: float, parity=None) -> None:
         self.stats.compile_seconds += seconds
+        if parity is not None:  # backends/verify.py: the check at the switch to a fused graph
+            self.stats.fused_parity.append(parity)
 
     def explain(self) -> str:
         """What was captured: ops, state by source name, inputs, written state, guards."""

@@ -15,6 +15,7 @@ VARIANTS = [
     ("embedding_model", {"bag": False}),
     ("hooked_mlp", {}),
     ("tied", {}),
+    ("nanogpt", {"layers": 1, "d": 32, "heads": 2, "vocab": 64, "seq": 16, "batch": 2}),
 ]
 IDS = [f"{f}-{'-'.join(f'{k}={v}' for k, v in kw.items()) or 'default'}" for f, kw in VARIANTS]
 
@@ -30,7 +31,7 @@ def _bitwise_equal(a: dict, b: dict) -> bool:
 
 def test_families_registry_complete():
     assert set(models.FAMILIES) == {"mlp", "cnn_bn", "gpt", "embedding_model", "hooked_mlp", "tied",
-                                    "hf_gpt2", "hf_llama"}
+                                    "hf_gpt2", "hf_llama", "nanogpt"}
 
 
 @pytest.mark.parametrize("family,kw", VARIANTS, ids=IDS)

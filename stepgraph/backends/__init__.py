@@ -27,7 +27,9 @@ class CompileRequest:
     host_scalar_ops: int = 0          # CPU 0-dim ops in a CUDA step (only replay runs them)
     rng_state_calls: int = 0          # host RNG get/set calls (checkpointing)
     grad_bindings: tuple = ()         # (kind, param, node): .grad bound if the graph raises midway
-    on_fused: Callable | None = None  # (seconds) -> None when a background compile switches
+    on_fused: Callable | None = None  # (seconds, parity) -> None when a background compile switches
+    name_of: Callable | None = None   # tensor -> its user-facing name (the switch's parity warning)
+    input_names: tuple = ()           # a name per graph input (arguments, then persistent grads)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ first step on that is what users of compilers complain about most. Instead, the 
 call hands the lifted graph to a child process (``compile_worker``: Inductor's
 ``standalone_compile`` on fake inputs, saved as a ``CompiledArtifact``) and returns at once;
 until the artifact is ready, calls run the *same* graph unfused (one CUDA graph on the GPU,
-the replay backend on the CPU), so steps start within a second. The first call that finds
-the child done loads the artifact, records it and switches; both graphs update the same
-parameter and optimizer tensors, so the switch is seamless.
+the replay backend on the CPU), so steps start within a second. A watcher thread waits for
+the child and loads the artifact (the load was the switching call's whole stall: 0.3 s to
+11 s on the CPU); the first call after that switches, checking the fused step against the
+unfused one (verify.py); both graphs update the same parameter and optimizer tensors, so the
+switch is seamless. Progress lines (progress.py) say when it starts, is ready and switches.
 
 A separate process, not a thread: Inductor's compile is Python holding the GIL, and a
 thread would stall the training loop's every call by up to the interpreter's switch interval.
@@ -32,6 +34,7 @@ import weakref
 import torch
 
 from .compile_worker import ARTIFACT, InputSpec, Job
+from .progress import progress
 from .runner import Runner
 
 log = logging.getLogger("stepgraph")
@@ -115,22 +118,30 @@ class BackgroundCompile:
                 self.proc, self.dir = _spawn(spare=False)
         self.started = time.perf_counter()
         self.phases: dict = {}
-        # Loading the artifact imports much of Inductor (~1.3 s the first time in a process):
-        # do that now, off the call that will switch.
-        threading.Thread(target=_import_loader, daemon=True).start()
+        self.exited_s = self.ready_s = 0.0  # seconds from the start: child exited, artifact loaded
+        self.ready = threading.Event()      # set once loaded (or failed): the next call switches
+        self._loaded = self._error = None
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.dir)
+        # The thread holds the job weakly: a dropped job still kills its child (the finalizer).
+        threading.Thread(target=_watch, args=(weakref.ref(self), self.proc), daemon=True,
+                         name="stepgraph-inductor-load").start()
+        progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
+                 "training continues on the unfused graph", self.proc.pid)
 
     def done(self) -> bool:
-        return self.proc.poll() is not None
+        return self.ready.is_set()
 
     def wait(self, timeout: float | None = None) -> bool:
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return False
-        return True
+        return self.ready.wait(timeout)
 
     def load(self):
+        """The compiled callable (loaded by the watcher thread); raises its error if it failed."""
+        self.ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._loaded
+
+    def _load(self):
         """The compiled callable; raises with the child's last output lines if it failed."""
         rc = self.proc.wait()
         try:
@@ -154,6 +165,27 @@ class BackgroundCompile:
             self._finalizer()
 
 
+def _watch(ref, proc: subprocess.Popen) -> None:
+    """Wait for the child, then load its artifact here, off the user's calls: loading imports
+    much of Inductor and unpacks its cache entries (the switching call's whole stall when it
+    ran there). It holds the GIL at times, so calls meanwhile may run a little slower."""
+    proc.wait()
+    job = ref()
+    if job is None:
+        return
+    job.exited_s = time.perf_counter() - job.started
+    try:
+        _import_loader()
+        job._loaded = job._load()
+    except BaseException as e:  # noqa: BLE001 - handed to the call that switches
+        job._error = e
+    job.ready_s = time.perf_counter() - job.started
+    if job._error is None:
+        progress("stepgraph: fused step ready after %.1fs (compiled %.1fs, loaded %.2fs); "
+                 "it takes over at the next call", job.ready_s, job.exited_s, job.ready_s - job.exited_s)
+    job.ready.set()
+
+
 class FusedWhenReady(Runner):
     """The per-call runner of a background-compiled step: unfused until the fused one is ready.
 
@@ -162,18 +194,23 @@ class FusedWhenReady(Runner):
     directly and records it. A failed compile is logged and warned once; the step then stays
     on the unfused graph, same results.
     """
-    extras = ("job", "state", "error", "switch_seconds", "calls", "phases", "fused_at_call")
+    extras = ("job", "state", "error", "switch_seconds", "calls", "phases", "fused_at_call", "parity",
+              "started", "switched_s")
 
-    def __init__(self, unfused, job: BackgroundCompile, finish, on_fused=None):
+    def __init__(self, unfused, job: BackgroundCompile, finish, on_fused=None, check=None):
         self._run, self.job, self._finish, self._on_fused = unfused, job, finish, on_fused
+        self._unfused, self._check = unfused, check  # verify.FusedCheck: run at the first fused call
+        self.parity = None  # verify.ParityResult once checked
         self.state = "compiling"
         self.error: str | None = None
-        self.compile_seconds = 0.0   # wall time from the capture to the artifact being ready
-        self.switch_seconds = 0.0    # loading + the first fused call (it records the CUDA graph)
+        self.compile_seconds = 0.0   # wall time from the capture to the artifact loaded (ready)
+        self.switch_seconds = 0.0    # the switching call: first fused call (CUDA: + record) + check
         self.calls = 0
         self.phases: dict = {}  # the child's own times: waiting for the job, compile, save
         self.fused_at_call: int | None = None  # counted in replays of this graph
         self._first_fused = False
+        self.started = job.started
+        self.switched_s = 0.0  # seconds from the capture to the end of the switching call
 
     def __call__(self, inputs):
         if self.job is not None and self.job.done():
@@ -182,17 +219,45 @@ class FusedWhenReady(Runner):
         if not self._first_fused:
             return self._run(inputs)
         t0 = time.perf_counter()
-        out = self._run(inputs)
+        unfused, check = self._unfused, self._check
+        self._unfused = self._check = None  # the check's plan holds state tensors: not kept
+        if check is not None:
+            out, self.parity = check.run(inputs, unfused, self._run)
+        else:
+            out = self._run(inputs)
         self._first_fused = False
         self.switch_seconds += time.perf_counter() - t0
-        log.info("stepgraph: Inductor graph ready after %.1fs in the background; switched at replay %d "
-                 "(load + first call + record %.2fs)", self.compile_seconds, self.fused_at_call,
-                 self.switch_seconds)
+        self.switched_s = time.perf_counter() - self.started
+        if self.parity is not None and (self.parity.diverged or self.parity.error):
+            self._keep_unfused(unfused)
+            return out
+        if self.parity is not None and self._on_fused is not None:
+            self._on_fused(0.0, self.parity)
+        checked = "" if self.parity is None else (
+            "; not checked: it draws random numbers" if self.parity.skipped else
+            f"; checked against the unfused graph: max relative difference {self.parity.max_rel:.1e}")
+        progress("stepgraph: switched to the fused step at replay %d (switching call %.2fs%s)",
+                 self.fused_at_call, self.switch_seconds, checked)
         return out
+
+    def _keep_unfused(self, unfused) -> None:
+        p = self.parity
+        self._run, self.state = unfused, "diverged"
+        if self._on_fused is not None:
+            self._on_fused(0.0, p)
+        what = (f"its first call failed ({p.error})" if p.error else
+                f"{p.diverged} differs from the unfused graph's by {p.max_rel:.1e} relative after one step "
+                f"(tolerance {p.tolerance:.0e} for {p.dtype})")
+        msg = (f"stepgraph: the fused Inductor step did not match the unfused graph: {what}; the step "
+               "keeps running its unfused graph (eager's kernels), and this call's results are the "
+               "unfused graph's. STEPGRAPH_INDUCTOR_VERIFY=0 switches without the check")
+        warnings.warn(msg, stacklevel=4)
+        log.warning(msg)
 
     def _switch(self) -> None:
         job, self.job = self.job, None
-        self.compile_seconds = time.perf_counter() - job.started
+        self.started = job.started
+        self.compile_seconds = job.ready_s or time.perf_counter() - job.started
         t0 = time.perf_counter()
         try:
             fused = self._finish(job)
@@ -202,8 +267,11 @@ class FusedWhenReady(Runner):
                    f"unfused graph (same results, no fusion): {self.error}")
             warnings.warn(msg, stacklevel=3)
             log.warning(msg)
+            self._unfused = self._check = None
             return
         self._run, self.state = fused, "fused"
+        if self._check is None:
+            self._unfused = None
         self.switch_seconds = time.perf_counter() - t0
         self.phases = job.phases
         self.fused_at_call = self.calls + 1
@@ -224,8 +292,11 @@ class FusedWhenReady(Runner):
         if self.state == "compiling":
             return (f"Inductor compiling in a background process (pid {self.job.proc.pid}, "
                     f"{time.perf_counter() - self.job.started:.1f}s so far); running the unfused graph meanwhile")
+        checked = f"\n    {self.parity.describe()}" if self.parity is not None else ""
         if self.state == "fused":
             ph = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in self.phases.items())
             return (f"Inductor graph live from this graph's replay {self.fused_at_call} (compiled in the background "
-                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})")
+                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})" + checked)
+        if self.state == "diverged":
+            return "the fused Inductor graph did not match the unfused graph: running the unfused graph" + checked
         return f"background Inductor compile failed, running the unfused graph: {self.error}"

@@ -181,9 +181,15 @@ class _Unfused(Runner):
 
 def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
+    from .. import config
+    from .verify import FusedCheck, random_draws
     job = BackgroundCompile(lifted, inputs, _patches(cuda))
     unfused = _unfused(gm, example_inputs, cuda, opts)
-    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused)
+    check = None
+    if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them
+        check = FusedCheck.plan(gm, example_inputs, random_draws(gm), opts.name_of, list(opts.input_names),
+                                opts.n_user_outputs, eager_random=bool(_patches(cuda).get("fallback_random")))
+    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused, check)
 
 
 # Recording Inductor's fusion of cuDNN attention into a CUDA graph failed on an H100 (torch 2.11:

@@ -108,3 +108,28 @@ def _base(n: fx.Node) -> fx.Node:
             break
         seen += 1
     return n
+
+
+@dataclass
+class GraphWrites:
+    """The tensors a graph writes in place, as graph positions (not source names)."""
+    attrs: list[str] = field(default_factory=list)         # get_attr targets (state constants)
+    placeholders: list[int] = field(default_factory=list)  # input indices
+
+
+def graph_writes(gm: fx.GraphModule) -> GraphWrites:
+    """What ``gm`` writes, found as ``summarize`` finds it (for a backend that must copy it)."""
+    w = GraphWrites()
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+            continue
+        if not (n.target._schema.is_mutable or n.target in UNANNOTATED_WRITES):
+            continue
+        for arg in _written_args(n):
+            root = _base(arg)
+            if root.op == "get_attr" and root.target not in w.attrs:
+                w.attrs.append(root.target)
+            elif root.op == "placeholder" and placeholders.index(root) not in w.placeholders:
+                w.placeholders.append(placeholders.index(root))
+    return w

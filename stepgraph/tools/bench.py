@@ -3,6 +3,9 @@
     python -m stepgraph.bench                       # GPU: mlp512,gpt2l,gpt6l; CPU: mlp64
     python -m stepgraph.bench --cases gpt2l --steps 50 --stepgraph-backends replay
     python -m stepgraph.bench --quick               # smoke test: a few steps per variant
+    python -m stepgraph.bench --cases gpt2_124m,char6l --matmul-precision high \
+        --variants eager,compile,stepgraph,stepgraph[inductor] --stepgraph-backends inductor
+                                                    # real scale (issue 21): nanoGPT's train.py step
 
 Every variant of a case gets its own fresh model (same seed), its own AdamW and the same batch
 sequence (step i uses batch i), so the final losses are comparable as a sanity check.
@@ -24,6 +27,7 @@ import torch
 
 from stepgraph.tools import models
 from stepgraph.tools.bench_report import header, table
+from stepgraph.tools.models_scale import fused_timeline, opt_and_step, peak_flops
 
 FIRST_CALLS = 3  # call 1 eager, call 2 captures, call 3 is the first replay (stepgraph, compile)
 
@@ -36,6 +40,7 @@ class BenchCase:
     config: dict
     gpu: bool  # part of the default set on GPU (else on CPU)
     default: bool = True  # in a default run at all (else only with --cases)
+    quick: dict = field(default_factory=dict)  # config overrides under --quick (a CPU smoke test)
 
 
 CASES = {
@@ -50,6 +55,14 @@ CASES = {
     # Hugging Face zoo (issue 5): run with --cases hf_gpt2,hf_llama (needs transformers).
     "hf_gpt2": BenchCase("hf_gpt2", dict(layers=2, d=128, heads=4, vocab=1024, batch=4, seq=64), gpu=False),
     "hf_llama": BenchCase("hf_llama", dict(layers=2, d=128, heads=4, vocab=1024, batch=4, seq=64), gpu=False),
+    # Real scale (issue 21): nanoGPT's model and train.py step (bf16 autocast, micro-batches
+    # accumulated inside the step, clip_grad_norm_, AdamW with weight-decay groups, fused on CUDA).
+    "gpt2_124m": BenchCase("nanogpt", dict(layers=12, d=768, heads=12, vocab=50304, seq=1024, batch=8, micro=2),
+                           gpu=True, default=False,
+                           quick=dict(layers=2, d=64, heads=2, vocab=128, seq=32, batch=2)),
+    "char6l": BenchCase("nanogpt", dict(layers=6, d=384, heads=6, vocab=65, seq=256, batch=64, micro=1,
+                                        dropout=0.2, lr=1e-3), gpu=True, default=False,
+                        quick=dict(layers=2, d=48, heads=2, seq=32, batch=4)),
 }
 
 
@@ -64,6 +77,10 @@ class Row:
     p90_ms: float | None = None
     first_s: float | None = None
     fused_s: float | None = None  # backend="inductor": until the first step of the fused graph
+    ready_s: float | None = None  # backend="inductor": until the fused graph was loaded (ready)
+    switch_s: float | None = None  # backend="inductor": the switching call (first fused step + check)
+    tokens_per_s: float | None = None  # cases that say their tokens and FLOPs per step
+    mfu: float | None = None  # model FLOPs utilisation: flops_per_step / median step / bf16 peak
     peak_mib: float | None = None
     final_loss: float | None = None
     steps: int = 0
@@ -86,29 +103,26 @@ class Prepared:
 # --------------------------------------------------------------------------- variants
 
 def v_eager(case, batches, dev):
-    opt = torch.optim.AdamW(case.model.parameters())
-    step = models.train_step(case.model, case.loss_fn, opt)
+    opt, step = opt_and_step(case, case.model)
     return Prepared(lambda b: step(*b), keep=[opt])
 
 
 def v_compile(case, batches, dev):
-    opt = torch.optim.AdamW(case.model.parameters())
-    step = models.train_step(torch.compile(case.model), case.loss_fn, opt)
+    opt, step = opt_and_step(case, torch.compile(case.model))
     return Prepared(lambda b: step(*b), keep=[opt])
 
 
 def v_reduce_overhead(case, batches, dev):
-    opt = torch.optim.AdamW(case.model.parameters())
     # Marking each step lets cudagraph trees reuse the previous step's output memory.
-    step = models.train_step(torch.compile(case.model, mode="reduce-overhead"), case.loss_fn, opt,
-                       before=torch.compiler.cudagraph_mark_step_begin)
+    opt, step = opt_and_step(case, torch.compile(case.model, mode="reduce-overhead"),
+                             before=torch.compiler.cudagraph_mark_step_begin)
     return Prepared(lambda b: step(*b), keep=[opt])
 
 
 def v_handwritten(case, batches, dev):
     """The floor: one torch.cuda.graph over forward+loss+backward+opt.step()+zero_grad."""
-    if dev.type != "cuda":
-        raise RuntimeError("handwritten CUDA graph needs a CUDA device")
+    if dev.type != "cuda" or case.make_step is not None:
+        raise RuntimeError("handwritten CUDA graph needs a CUDA device and the plain step")
     model, loss_fn = case.model, case.loss_fn
     opt = torch.optim.AdamW(model.parameters(), capturable=True)
     static = tuple(t.clone() for t in batches[0])
@@ -143,8 +157,8 @@ def v_handwritten(case, batches, dev):
 def v_stepgraph(backend):
     def make(case, batches, dev):
         import stepgraph
-        opt = torch.optim.AdamW(case.model.parameters())
-        sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend=backend)
+        opt, step = opt_and_step(case, case.model)
+        sg = stepgraph.compile(step, backend=backend)
         return Prepared(lambda b: sg(*b), handle=sg, keep=[opt])
     return make
 
@@ -218,6 +232,7 @@ def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) ->
             loss = prep.run(batches[start])
             _sync(dev)
             row.fused_s, start = time.perf_counter() - t0, start + 1
+            row.ready_s, row.switch_s = fused_timeline(prep.handle, t0)
         for i in range(start, FIRST_CALLS + warmup):
             loss = prep.run(batches[i])
         _sync(dev)
@@ -244,6 +259,10 @@ def measure(name, variant, make, bench: BenchCase, dev, dtype, warmup, steps) ->
         row.median_ms = statistics.median(times)
         q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
         row.p10_ms, row.p90_ms = q[0], q[-1]
+        if case.tokens_per_step:
+            row.tokens_per_s = case.tokens_per_step / (row.median_ms / 1e3)
+            peak = peak_flops(dev)
+            row.mfu = case.flops_per_step / (row.median_ms / 1e3) / peak if peak else None
         if prep.handle is not None:
             st = prep.handle.stats
             row.stats = dict(eager_calls=st.eager_calls, captures=st.captures,
@@ -338,7 +357,8 @@ def main(argv=None) -> int:
              + ("x floor = ms / handwritten ms; " if gpu else "")
              + "first s: from building the step function to the end of the first compiled/"
              "replayed step (3 calls; handwritten: 3 warm-up steps + capture + first replay; "
-             "stepgraph[inductor]: (fused s) = until the first step of the background-compiled graph; "
+             "stepgraph[inductor]: (ready, fused, switch) = s until its fused graph is loaded, until its "
+             "first fused step, and the switching call's s; "
              + ("inductor caches off, compile start-up pre-warmed" if not args.warm_cache
                 else "inductor caches on") + "); "
              + ("peak MiB: max_memory_allocated incl. model and batches" if gpu
@@ -349,6 +369,8 @@ def main(argv=None) -> int:
     for name in names:
         if name in CASES:
             bench = CASES[name]
+            if args.quick and bench.quick:
+                bench = BenchCase(bench.family, {**bench.config, **bench.quick}, bench.gpu, bench.default)
         elif name in models.FAMILIES:
             bench = BenchCase(name, {}, gpu=gpu)
         else:

@@ -20,6 +20,8 @@ def table(name: str, rows: list, gpu: bool) -> str:
     hand = by.get("handwritten")
     head = ["case", "variant", "median ms", "speedup vs eager"]
     head += ["x handwritten floor"] if gpu else []
+    scale = any(getattr(r, "tokens_per_s", None) for r in rows)  # real-scale cases (models_scale.py)
+    head += ["tokens/s", "MFU"] if scale else []
     head += ["first s", "peak MiB" if gpu else "RSS delta MiB", "final loss", "note"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -29,10 +31,20 @@ def table(name: str, rows: list, gpu: bool) -> str:
             cells = [name, r.variant, _f(r.median_ms, ".3f"),
                      _f(eager.median_ms / r.median_ms if eager else None, ".2f")]
             cells += [_f(r.median_ms / hand.median_ms if hand else None, ".2f")] if gpu else []
-            cells += [_f(r.first_s, ".2f") + (f" (fused {r.fused_s:.1f})" if r.fused_s else ""), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
+            cells += [_f(r.tokens_per_s, ",.0f"), "-" if r.mfu is None else f"{r.mfu:.1%}"] if scale else []
+            cells += [_f(r.first_s, ".2f") + _timeline(r), _f(r.peak_mib, ".1f"), _f(r.final_loss, ".4f"),
                       r.note.replace("|", "/").replace("\n", " ")[:120]]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def _timeline(r) -> str:
+    """backend="inductor"'s compile timeline: fused graph ready, first fused step, switching call."""
+    if not r.fused_s:
+        return ""
+    ready = f"ready {r.ready_s:.1f}, " if getattr(r, "ready_s", None) else ""
+    switch = f", switch {r.switch_s:.2f}" if getattr(r, "switch_s", None) is not None else ""
+    return f" ({ready}fused {r.fused_s:.1f}{switch})"
 
 
 def header(dev, args) -> dict:

@@ -38,6 +38,11 @@ class Case:
     family: str = ""
     # Everything the constructor was called with, so fresh() can rebuild an identical copy.
     config: dict = field(default_factory=dict)
+    # Real-scale cases (models_scale.py) bring their own training recipe and its cost.
+    make_opt: Callable | None = None         # make_opt(model) -> optimizer
+    make_step: Callable | None = None        # make_step(model, opt, before=None) -> step(*batch)
+    tokens_per_step: int | None = None
+    flops_per_step: float | None = None
 
     def fresh(self) -> "Case":
         """A new, independent Case with identical initial weights (same family, config, seed)."""
@@ -363,6 +368,7 @@ FAMILIES: dict[str, Callable[..., Case]] = {
     "tied": tied,
     # Hugging Face models (transformers imported only when built): see models_hf.py.
     "hf_gpt2": lambda **kw: __import__("stepgraph.tools.models_hf", fromlist=["x"]).hf_gpt2(**kw),
+    "nanogpt": lambda **kw: __import__("stepgraph.tools.models_scale", fromlist=["x"]).nanogpt(**kw),
     "hf_llama": lambda **kw: __import__("stepgraph.tools.models_hf", fromlist=["x"]).hf_llama(**kw),
 }
 
