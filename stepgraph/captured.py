@@ -127,6 +127,8 @@ class CapturedStep:
         self.last_reads = {id(r): outs[i] for r, i in tr.read_roots}
         for e in tr.source_effects:
             e.source.write(outs[e.index])   # total_loss = <this replay's tensor> (pyeffects.py)
+        for e in tr.append_effects:
+            e.source.read(()).append(outs[e.index])   # history.append(<this replay's value>)
         leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(leaves, tr.out_spec)
 

@@ -98,6 +98,9 @@ def explain(self) -> str:
         written += [x.root.label for x in tr.number_effects]
         if written:
             lines.append("    Python values written back after each replay: " + _names(written, 6))
+        grown = list(dict.fromkeys(e.source.describe() for e in tr.append_effects))
+        if grown:
+            lines.append("    lists appended to after each replay (as the step does): " + _names(grown, 6))
         if e.checks:
             lines.append("    Python numbers checked before each replay: " + _names(
                 [f"{describe(c.expr)} == {c.expected!r}" for c in e.checks], 6))

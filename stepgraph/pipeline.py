@@ -35,7 +35,7 @@ from .capture.effects import resolve_bindings
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture.libraries import untraceable_modules
-from .capture.pyeffects import effect_sources, snapshot, tensor_sources
+from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
@@ -151,6 +151,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     live_tensors = tensor_sources(guards, args)
     effects_at = effect_sources(guards, args)
     restore_vars = snapshot(live_tensors + effects_at)   # (loop variables: pyeffects.py)
+    appends_at = append_sources(guards, args)
+    restore_lists = truncate(appends_at, lengths(appends_at))
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
                 fsdp.tracing(reg, rollback) as fsdp_record:
@@ -165,9 +167,10 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
-                                      live_tensors=live_tensors, effect_sources=effects_at)
+                                      live_tensors=live_tensors, effect_sources=effects_at,
+                                      append_sources=appends_at)
     except BaseException as e:
-        done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), step._eager(args, kwargs))[1])
+        done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
         raise
     finally:
         rollback = None   # its copies of the state: not kept past the trace
@@ -185,7 +188,8 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
                                replayed=[e.source for e in tr.number_effects + tr.source_effects])
-    traced.notes = warn_appends(guards.py, traced.sizes_before, container_sizes(guards.py, args), step.__name__)
+    traced.notes = warn_appends(guards.py, traced.sizes_before, container_sizes(guards.py, args), step.__name__,
+                                replayed={id(e.source) for e in tr.append_effects})
     live_outputs(tr, reg, guards.py, args, step.__name__)
     traced.notes += read_side_effects(tr, step.__name__)
     distributed.refuse_direct_collectives(tr.graph_module)
@@ -197,7 +201,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.summary = summarize(gm, reg.name_of)
     # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
     traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor") \
-        + sum(1 for e in tr.source_effects if e.kind == "tensor")
+        + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor")
 
 
 def lower(step, plan: Plan, traced: Traced) -> Lowered:
@@ -223,7 +227,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
                           + [s.describe() for s in tr.source_inputs]))
     scalars = None
     try:
-        reads_kept = [e for e in tr.source_effects if e.kind == "read"]
+        reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
         if tr.uses.lifted and not backend.runs_host_reads and device == "cuda":
             # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
             # read at each replay by a Python node a CUDA graph cannot hold; baked instead, it

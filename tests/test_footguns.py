@@ -1,8 +1,10 @@
 """The documented semantic differences between a stepgraph step and the same step run eagerly.
 
 (a) Python side effects inside the step run at the warm-up and capture calls only, never on replays:
-    appending to a list and print() (warned at capture when the list is one the step's code
-    reads); a Python value the step reads and changes (a counter) is refused with a CaptureError.
+    print(), and appending anything but a tensor the step computed or a value it read on the host
+    to a list (warned at capture when the list is one the step's code reads; ``history.append(
+    loss.detach())`` and ``losses.append(loss.item())`` are replayed: test_appends.py); a Python
+    value the step reads and changes other than by arithmetic stepgraph can redo is refused.
 (b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``.
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.

@@ -25,12 +25,15 @@ def container_sizes(py, args) -> list:
             for s in py.sources for v in [s.read_or(args)]]
 
 
-def warn_appends(py, before: list, after: list, step_name: str) -> list:
+def warn_appends(py, before: list, after: list, step_name: str, replayed=frozenset()) -> list:
     """Containers the step only calls methods on (``history.append(x)``) that grew: a replay
-    will not append. Warned (returned for explain()), not refused: the graph does not read them."""
+    will not append. Warned (returned for explain()), not refused: the graph does not read them.
+    Not ``replayed``: lists given only graph tensors and host reads, which replays append to
+    (pyeffects.collect_appends)."""
     notes = [f"{s.describe()} grows by {b - a} at each call (read at {s.where}); replays do not run "
              "Python code, so they will not add to it (return the values from the step instead)"
-             for s, a, b in zip(py.sources, before, after) if a is not None and b is not None and a != b]
+             for s, a, b in zip(py.sources, before, after) if a is not None and b is not None and a != b
+             and id(s) not in replayed]
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
         warnings.warn(msg, stacklevel=5)

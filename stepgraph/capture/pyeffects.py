@@ -141,6 +141,50 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
     return tensors, reads
 
 
+def append_sources(guards, args) -> list:
+    """Lists the step's own code reads and only calls methods on (``history.append(x)``)."""
+    return [s for s in guards.py.sources if s.identity_only and s.from_step and s.kind != "arg"
+            and isinstance(s.read_or(args), list)]
+
+
+def lengths(sources) -> list:
+    return [len(s.read_or(())) for s in sources]
+
+
+def collect_appends(sources, lens, graph_outs: list, tracer) -> list:
+    """After the step ran (inside the trace): what it appended to each list, when every new item
+    is a tensor it computed (a graph output, cloned like its results) or a number it read on the
+    host (``loss.item()``: a graph output, plain float in the list). A replay appends them again;
+    a list given anything else is left to ``outputs.warn_appends``."""
+    effects = []
+    for s, n0 in zip(sources, lens):
+        lst = s.read_or(())
+        if not isinstance(lst, list) or len(lst) <= n0:
+            continue
+        new = lst[n0:]
+        if not all((isinstance(v, torch.Tensor) and _is_traced(v)) or (isinstance(v, float) and current(v, tracer))
+                   for v in new):
+            continue
+        for i, v in enumerate(new):
+            if isinstance(v, torch.Tensor):
+                effects.append(SourceEffect(s, "tensor", len(graph_outs)))
+                graph_outs.append(v)
+            else:
+                effects.append(SourceEffect(s, "read", node=v.node))
+                lst[n0 + i] = _plain(v)   # eager leaves a plain float there
+    return effects
+
+
+def truncate(sources, lens):
+    """Undo a failed trace's appends (the call then runs eagerly from its start)."""
+    def restore():
+        for s, n0 in zip(sources, lens):
+            lst = s.read_or(())
+            if isinstance(lst, list):
+                del lst[n0:]
+    return restore
+
+
 def place_reads(gm, reads: list) -> None:
     """Read effects become graph outputs (after all others)."""
     if not reads:

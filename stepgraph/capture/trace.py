@@ -65,6 +65,7 @@ class TraceResult:
     number_effects: list = field(default_factory=list)  # trackplan.NumberEffect: replayed after each call
     source_inputs: list = field(default_factory=list)   # Sources whose tensor is a graph input (pyeffects.py)
     source_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: written after each replay
+    append_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: appended after each replay
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
 
 
@@ -80,7 +81,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
-               track: TrackPlan | None = None, live_tensors=(), effect_sources=()) -> TraceResult:
+               track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
@@ -99,6 +100,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
 
     def traced(user_tensors, grad_tensors, source_tensors):
         olds = pyeffects.before(effect_sources)
+        lens = pyeffects.lengths(append_sources)
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
@@ -174,6 +176,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
                                            box.get("number_effects", ()))
+        box["appends"] = pyeffects.collect_appends(append_sources, lens, graph_outs, get_proxy_mode().tracer)
         escapes, clears = [], []
         for s, old in zip(slots, before):
             new = s.get()
@@ -217,14 +220,16 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             scrub(box["uses"])  # no proxy stays in the user's objects
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
-    pyeffects.place_reads(gm, read_effects)
+    appends = box.get("appends", [])
+    pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"])
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
-                       source_effects=tensor_effects + read_effects, read_roots=read_roots)
+                       source_effects=tensor_effects + read_effects, read_roots=read_roots,
+                       append_effects=appends)
 
 
 def _output_reads(gm, out_leaves: list) -> list:
