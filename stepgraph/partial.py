@@ -10,6 +10,8 @@ tracing and the forward/backward split: partial_trace.py.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import logging
 import threading
 import time
@@ -64,6 +66,17 @@ def _value_key(v):
         return repr(v)
 
 
+class PartialKey(NamedTuple):
+    """A graphed module call's guard key, read by field name (explain, the one-line reasons)."""
+    spec: str          # argument structure
+    inputs: tuple      # per leaf: ("tensor", shape, dtype, device, requires_grad, stride) | ("value", type, value)
+    grad_mode: bool
+    autocast: tuple    # (cpu, cuda) enabled
+    training: tuple    # .training of every submodule, the module's own first
+    state: tuple       # (id, requires_grad, dtype, shape) per parameter/buffer
+    hooks: object      # capture.hooks.hook_key of the module
+
+
 class _Sig:
     def __init__(self, module, state, args, kwargs):
         flat, self.spec = pytree.tree_flatten_with_path((args, kwargs))
@@ -73,28 +86,32 @@ class _Sig:
         items = tuple(("tensor", tuple(v.shape), v.dtype, v.device, v.requires_grad, v.stride())
                       if isinstance(v, torch.Tensor) else ("value", type(v).__name__, _value_key(v))
                       for v in self.leaves)
-        self.key = (str(self.spec), items, torch.is_grad_enabled(), tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")),
-                    tuple(m.training for m in module.modules()),
-                    tuple((id(t), t.requires_grad, t.dtype, tuple(t.shape)) for _, t, _ in state), hook_key(module))
+        self.key = PartialKey(
+            spec=str(self.spec), inputs=items, grad_mode=torch.is_grad_enabled(),
+            autocast=tuple(torch.is_autocast_enabled(d) for d in ("cpu", "cuda")),
+            training=tuple(m.training for m in module.modules()),
+            state=tuple((id(t), t.requires_grad, t.dtype, tuple(t.shape)) for _, t, _ in state),
+            hooks=hook_key(module))
 
 
-def _diff(old, new, names, state) -> str:
+def _diff(old: PartialKey, new: PartialKey, names, state) -> str:
     """Every guard that differs between two signatures, as one line."""
-    if old[0] != new[0]:
+    if old.spec != new.spec:
         return "argument structure changed (number/nesting of arguments or keywords)"
     fields = {"tensor": ("kind", "shape", "dtype", "device", "requires_grad", "stride"), "value": ("kind", "type", "value")}
     out = [next(f"{name}: {f} {x} -> {y}" for f, x, y in zip(fields[a[0]], a, b) if x != y)
-           for name, a, b in zip(names, old[1], new[1]) if a != b]
-    out += [f"{what}: {old[i]} -> {new[i]}" for i, what in ((2, "grad mode"), (3, "autocast (cpu, cuda)")) if old[i] != new[i]]
-    if old[4] != new[4]:
-        out.append("train/eval mode changed" + (f": {'train' if old[4][0] else 'eval'} -> "
-                                                f"{'train' if new[4][0] else 'eval'}" if old[4][0] != new[4][0] else
-                                                " (in a submodule)"))
-    if old[5] != new[5]:
-        bad = [n for (n, _, _), a, b in zip(state, old[5], new[5]) if a != b]
+           for name, a, b in zip(names, old.inputs, new.inputs) if a != b]
+    out += [f"{what}: {getattr(old, f)} -> {getattr(new, f)}" for f, what in
+            (("grad_mode", "grad mode"), ("autocast", "autocast (cpu, cuda)")) if getattr(old, f) != getattr(new, f)]
+    if old.training != new.training:
+        out.append("train/eval mode changed" + (f": {'train' if old.training[0] else 'eval'} -> "
+                                                f"{'train' if new.training[0] else 'eval'}"
+                                                if old.training[0] != new.training[0] else " (in a submodule)"))
+    if old.state != new.state:
+        bad = [n for (n, _, _), a, b in zip(state, old.state, new.state) if a != b]
         out.append(f"parameter/buffer {bad[0]!r} replaced or changed requires_grad/dtype/shape" if bad
                    else "parameters/buffers added or removed")
-    if old[6] != new[6]:
+    if old.hooks != new.hooks:
         out.append("hooks registered or removed inside the module")
     return "; ".join(out) or "new signature"
 
@@ -326,10 +343,10 @@ class GraphedModule(nn.Module):
             bw = (f"backward {summarize(e.bw_gm, lambda t: None).ops} aten ops, {e.n_saved} saved activations, "
                   f"grads for {len(e.grad_slots)} tensors") if e.bw_gm is not None else "no backward (forward only)"
             ins = [f"{n}: {str(x[2]).replace('torch.', '')}{list(x[1])}{' requires_grad' if x[4] else ''}"
-                   for n, x in zip(e.names, e.key[1]) if x[0] == "tensor"]
+                   for n, x in zip(e.names, e.key.inputs) if x[0] == "tensor"]
             lines += [f"  graph {i} (captured at call {e.at_call} in {e.seconds:.3f}s, backend {e.backend}): "
                       f"forward {fw.ops} aten ops ({fw.random_ops} random), {bw}",
-                      f"    inputs: {', '.join(ins) or '-'}; grad mode {e.key[2]}; {'train' if e.key[4][0] else 'eval'}"]
+                      f"    inputs: {', '.join(ins) or '-'}; grad mode {e.key.grad_mode}; {'train' if e.key.training[0] else 'eval'}"]
             if e.hook_calls:
                 lines.append("    hooks called after each replayed forward, with its tensors: "
                              + ", ".join(dict.fromkeys(c.where for c in e.hook_calls)))
