@@ -152,7 +152,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     effects_at = effect_sources(guards, args)
     restore_vars = snapshot(live_tensors + effects_at)   # (loop variables: pyeffects.py)
     appends_at = append_sources(guards, args)
-    restore_lists = truncate(appends_at, lengths(appends_at))
+    append_lens = lengths(appends_at)   # (before the call: what a replay appends after)
+    restore_lists = truncate(appends_at, append_lens)
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
                 fsdp.tracing(reg, rollback) as fsdp_record:
@@ -168,7 +169,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
-                                      append_sources=appends_at)
+                                      append_sources=appends_at, append_lens=append_lens)
     except BaseException as e:
         done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
         raise
@@ -204,6 +205,32 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
         + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor")
 
 
+def refuse_host_python(tr: TraceResult) -> None:
+    """NeedsReplay for a CUDA graph whose Python values come from host reads: numbers computed
+    from them, variables and lists they are written back to (the replay backend reads them)."""
+    if tr.uses.lifted:
+        # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
+        # read at each replay by a Python node a CUDA graph cannot hold; baked instead, it
+        # missed at every call (a recapture per step, 1-4 s each: timm, torchvision on an H100).
+        raise NeedsReplay(
+            "the step updates a Python number from a value read on the host (e.g. a meter's "
+            "sum += loss.item()): a CUDA graph cannot recompute it at each replay",
+            op="host read kept in a Python number", where="the step function",
+            fix="use backend='replay' (backend='auto' does so), or keep the meters outside the "
+                "step and update them from a returned tensor")
+    reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
+    if reads_kept:
+        # ``train_loss += loss.item()`` written back from a CUDA graph ended 4.63 where eager
+        # had 6.14 (H100, tests/test_cuda_accumulators.py): until that path is right, such a
+        # step runs on the replay backend, whose host reads are the CPU's (bitwise there).
+        raise NeedsReplay(
+            f"the step adds a value read on the host to {reads_kept[0].source.describe()}: its "
+            "write-back from a CUDA graph is not right yet", op="host read kept in a Python variable",
+            where=reads_kept[0].source.where or "the step function",
+            fix="use backend='replay' (backend='auto' does so), or accumulate a tensor "
+                "(total += loss.detach()) and read it outside the step")
+
+
 def lower(step, plan: Plan, traced: Traced) -> Lowered:
     """The backend's runner for the cleaned graph; ``auto`` falls back to ``replay``, warned."""
     tr, gm, backend, device = traced.trace, traced.graph, plan.backend, plan.device
@@ -227,29 +254,10 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
                           + [s.describe() for s in tr.source_inputs]))
     scalars = None
     try:
-        reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
-        if tr.uses.lifted and not backend.runs_host_reads and device == "cuda":
-            # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
-            # read at each replay by a Python node a CUDA graph cannot hold; baked instead, it
-            # missed at every call (a recapture per step, 1-4 s each: timm, torchvision on an H100).
-            raise NeedsReplay(
-                "the step updates a Python number from a value read on the host (e.g. a meter's "
-                "sum += loss.item()): a CUDA graph cannot recompute it at each replay",
-                op="host read kept in a Python number", where="the step function",
-                fix="use backend='replay' (backend='auto' does so), or keep the meters outside the "
-                    "step and update them from a returned tensor")
-        if reads_kept and not backend.runs_host_reads and device == "cuda":
-            # ``train_loss += loss.item()`` written back from a CUDA graph ended 4.63 where eager
-            # had 6.14 (H100, tests/test_cuda_accumulators.py): until that path is right, such a
-            # step runs on the replay backend, whose host reads are the CPU's (bitwise there).
-            raise NeedsReplay(
-                f"the step adds a value read on the host to {reads_kept[0].source.describe()}: its "
-                "write-back from a CUDA graph is not right yet", op="host read kept in a Python variable",
-                where=reads_kept[0].source.where or "the step function",
-                fix="use backend='replay' (backend='auto' does so), or accumulate a tensor "
-                    "(total += loss.detach()) and read it outside the step")
-        if tr.host_scalar_ops and not backend.runs_host_reads and device == "cuda":
-            refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
+        if not backend.runs_host_reads and device == "cuda":
+            refuse_host_python(tr)
+            if tr.host_scalar_ops:
+                refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
         if not backend.runs_host_reads and step._guards.live:
             scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen)
             step._prepared += step._live.notes

@@ -26,13 +26,18 @@ def _batches(n):
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)]
 
 
+def _train(model, opt, x, y):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss
+
+
 def test_a_global_list_of_detached_losses_grows_at_each_replay():
     def make(model, opt):
         def step(x, y):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            loss = _train(model, opt, x, y)
             history.append(loss.detach())
             return loss.detach()
         return step
@@ -59,10 +64,7 @@ def test_a_closure_list_of_host_read_losses_and_a_rebound_list():
         losses = []
 
         def step(x, y):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            loss = _train(model, opt, x, y)
             losses.append(loss.item())
             return loss.detach()
         return step, losses
@@ -81,10 +83,7 @@ def test_a_list_given_other_python_values_is_still_only_warned():
 
     def make(model, opt):
         def step(x, y):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            loss = _train(model, opt, x, y)
             log.append("stepped")
             return loss.detach()
         return step
@@ -101,10 +100,7 @@ def test_a_failed_trace_leaves_the_list_as_one_eager_call_would(monkeypatch):
 
     def make(model, opt):
         def step(x, y):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            loss = _train(model, opt, x, y)
             history.append(loss.detach())
             return loss.detach()
         return step

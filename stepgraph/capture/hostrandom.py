@@ -52,6 +52,13 @@ def _data_from_iterator(value, named) -> bool:
     return any(isinstance(t, torch.Tensor) and not named(t) for t in leaves)
 
 
+def _once(problems: list, marker: str, make, where: str) -> None:
+    """Add ``make()`` unless a problem of this kind (``marker`` in its text) is already there for
+    ``where``: one problem per call site, however often it runs."""
+    if all(p.where != where or marker not in p.op for p in problems):
+        problems.append(make())
+
+
 def _next_watch(problems: list, named):
     orig = builtins.next
 
@@ -60,15 +67,13 @@ def _next_watch(problems: list, named):
         from .pyvalues import _user_code
         caller = sys._getframe(1).f_code
         if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(out, named):
-            stack = traceback.extract_stack()
-            where = user_frame(stack)
-            if all(p.where != where or "next(" not in p.op for p in problems):
-                problems.append(Problem(
-                    f"the step takes its data with next({type(a[0]).__name__}): a replay runs no Python "
-                    "code, so the iterator would not advance and every replay would train on this "
-                    "call's batch", where,
-                    "take the batch in the loop outside the step (batch = next(loader)) and pass it "
-                    "as an argument: step(batch)", plain=True))
+            where = user_frame(traceback.extract_stack())
+            _once(problems, "next(", lambda: Problem(
+                f"the step takes its data with next({type(a[0]).__name__}): a replay runs no Python "
+                "code, so the iterator would not advance and every replay would train on this "
+                "call's batch", where,
+                "take the batch in the loop outside the step (batch = next(loader)) and pass it "
+                "as an argument: step(batch)", plain=True), where)
         return out
     return orig, watched
 
@@ -94,15 +99,14 @@ def host_random_watch(problems: list, named=lambda t: False):
             try:
                 stack = traceback.extract_stack()
                 where = user_frame(stack)
-                if all(p.where != where or "host random" not in p.op for p in problems):
-                    problems.append(Problem(
-                        f"the step draws host random numbers with {label}.{name}(): a replay runs no "
-                        "Python code, so it would reuse this call's draw at every step (the same batch, "
-                        "the same branch)", where,
-                        "draw them in the loop outside the step and pass the result (the batch, the "
-                        "indices, the decision) as arguments; or draw with torch inside the step "
-                        "(torch.randint / torch.rand / torch.randperm), which the graph replays",
-                        library_frame(stack), plain=True))
+                _once(problems, "host random", lambda: Problem(
+                    f"the step draws host random numbers with {label}.{name}(): a replay runs no "
+                    "Python code, so it would reuse this call's draw at every step (the same batch, "
+                    "the same branch)", where,
+                    "draw them in the loop outside the step and pass the result (the batch, the "
+                    "indices, the decision) as arguments; or draw with torch inside the step "
+                    "(torch.randint / torch.rand / torch.randperm), which the graph replays",
+                    library_frame(stack), plain=True), where)
                 return orig(*a, **k)
             finally:
                 inside[0] = False

@@ -109,6 +109,24 @@ def before(sources) -> list:
     return [s.read_or(()) for s in sources]
 
 
+def _graph_kind(v, tracer) -> str | None:
+    """What a replay can hand back for ``v``: "tensor" (a tensor the step computed: a graph
+    output) or "read" (a float read on the host: its graph node); None for anything else."""
+    if isinstance(v, torch.Tensor) and _is_traced(v):
+        return "tensor"
+    if isinstance(v, float) and current(v, tracer):
+        return "read"
+    return None
+
+
+def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
+    """The effect replaying ``v`` into ``s`` (a tensor joins ``graph_outs``; a read keeps its node)."""
+    if kind == "tensor":
+        graph_outs.append(v)
+        return SourceEffect(s, "tensor", len(graph_outs) - 1)
+    return SourceEffect(s, "read", node=v.node)
+
+
 def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=()) -> tuple[list, list]:
     """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
     appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
@@ -126,11 +144,11 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         rec = getattr(s, "record", None)
         if rec is not None and (id(rec), s.path[-1][1]) in replayed:
             continue
-        if isinstance(new, torch.Tensor) and _is_traced(new):
-            tensors.append(SourceEffect(s, "tensor", len(graph_outs)))
-            graph_outs.append(new)
-        elif isinstance(new, float) and current(new, tracer):
-            reads.append(SourceEffect(s, "read", node=new.node))
+        kind = _graph_kind(new, tracer)
+        if kind == "tensor":
+            tensors.append(_effect(s, new, kind, graph_outs))
+        elif kind == "read":
+            reads.append(_effect(s, new, kind, graph_outs))
             s.write(_plain(new))   # eager leaves a plain float there
         elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor) or rec is not None:
             problems.append(Problem(
@@ -161,17 +179,13 @@ def collect_appends(sources, lens, graph_outs: list, tracer) -> list:
         lst = s.read_or(())
         if not isinstance(lst, list) or len(lst) <= n0:
             continue
-        new = lst[n0:]
-        if not all((isinstance(v, torch.Tensor) and _is_traced(v)) or (isinstance(v, float) and current(v, tracer))
-                   for v in new):
+        kinds = [_graph_kind(v, tracer) for v in lst[n0:]]
+        if None in kinds:
             continue
-        for i, v in enumerate(new):
-            if isinstance(v, torch.Tensor):
-                effects.append(SourceEffect(s, "tensor", len(graph_outs)))
-                graph_outs.append(v)
-            else:
-                effects.append(SourceEffect(s, "read", node=v.node))
-                lst[n0 + i] = _plain(v)   # eager leaves a plain float there
+        for i, kind in enumerate(kinds, n0):
+            effects.append(_effect(s, lst[i], kind, graph_outs))
+            if kind == "read":
+                lst[i] = _plain(lst[i])   # eager leaves a plain float there
     return effects
 
 

@@ -81,11 +81,13 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
-               track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=()) -> TraceResult:
+               track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
+               append_lens=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
-    Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed
+    Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed,
+    ``append_sources``: lists whose appends are replayed, with their ``append_lens`` before the call
     (pyeffects.py)."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
@@ -100,13 +102,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
 
     def traced(user_tensors, grad_tensors, source_tensors):
         olds = pyeffects.before(effect_sources)
-        lens = pyeffects.lengths(append_sources)
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        # (numbers meeting host reads are lifted on CUDA too: such a graph goes to the replay
-        # backend, pipeline.lower; numbers fed to tensor ops only on the CPU)
-        uses = box.setdefault("uses", UseLog(lift_ok=True, lift_tensor_ops=device == "cpu"))
+        uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu"))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)
@@ -176,7 +175,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
                                            box.get("number_effects", ()))
-        box["appends"] = pyeffects.collect_appends(append_sources, lens, graph_outs, get_proxy_mode().tracer)
+        box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
         escapes, clears = [], []
         for s, old in zip(slots, before):
             new = s.get()

@@ -303,8 +303,10 @@ class UseLog:
     pending: list = field(default_factory=list)     # formats waiting for a print: [frame, offset, expr, value, where, ok]
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
-    lift_ok: bool = False   # numbers meeting host reads may become graph nodes (replay backend: CPU)
-    lift_tensor_ops: bool = False  # ... and numbers fed to tensor ops (CPU only: CUDA has device scalars)
+    # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
+    # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
+    # CPU: CUDA feeds changing floats as device scalars).
+    lift_tensor_ops: bool = False
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
 
     def wrap(self, value, root: Root):
@@ -337,8 +339,6 @@ class UseLog:
         then live, not baked and checked (each step would miss). Roots only the call's Python
         holds (arguments) are not lifted. ``typed``: their types are checked (a tensor op
         promotes an int and a float apart; Python arithmetic with a float does not)."""
-        if not self.lift_ok:
-            return None
         from .hostscalar import _tracer
         tracer = _tracer()
 
