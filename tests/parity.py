@@ -31,7 +31,9 @@ class ParityReport:
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
+    # (b moves to a's device: on CUDA, stepgraph's optimizer holds its step counter on the GPU
+    # (capturable form) where an eager twin keeps it on the CPU)
+    a, b = a.detach().double(), b.detach().double().to(a.device)
     if torch.equal(a, b):
         return 0.0
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
