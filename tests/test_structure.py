@@ -94,8 +94,8 @@ def test_a_misspelt_runner_ability_fails_loudly():
 def test_callers_do_not_probe_runners():
     import inspect
     import re
-    from stepgraph import check, explain, partial, runtime
-    for mod in (runtime, explain, check, partial):
+    from stepgraph import check, explain, partial, partial_graphs, runtime
+    for mod in (runtime, explain, check, partial, partial_graphs):
         src = inspect.getsource(mod)
         assert not re.search(r"getattr\((e\.|entry\.|last\.|self\._)?run\b", src), mod.__name__
 
@@ -205,3 +205,24 @@ def test_explain_and_check_read_public_fields_only():
     for mod in (explain, check):
         src = inspect.getsource(mod)
         assert not re.search(r"\b(self|step|stepfn)\._[a-z]", src), mod.__name__
+
+
+def test_graph_module_uses_the_whole_step_pieces():
+    """partial.py was a second runtime: its own key tuple, CUDA recording, stats and explain. Now
+    its key is sigkey.PartialKey (tensors as TensorMeta), its runners are the backends' Runners,
+    and each call's Branch is counted in the same Stats."""
+    import torch
+    import stepgraph
+    from stepgraph.backends import Runner
+    from stepgraph.captured import Branch
+    from stepgraph.capture.sigkey import PartialKey, TensorMeta, ValueMeta
+    gm = stepgraph.graph_module(torch.nn.Linear(4, 2))
+    for _ in range(3):
+        gm(torch.ones(2, 4)).sum().backward()
+    e = gm.order[0]
+    assert isinstance(e.key, PartialKey) and isinstance(e.key.inputs[0], TensorMeta)
+    assert isinstance(e.fw, Runner) and isinstance(e.bw, Runner) and e.stale() is None
+    assert gm.stats.branches == {Branch.WARMUP: 1, Branch.CAPTURE: 1, Branch.REPLAY: 1}
+    assert gm.stats.last_branch is Branch.REPLAY
+    assert ValueMeta("float", "2.0") != ValueMeta("float", "3.0")
+    assert "stats: eager_calls=1 captures=1 replays=1" in gm.explain()
