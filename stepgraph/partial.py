@@ -153,7 +153,7 @@ class GraphedModule(nn.Module):
         refused = undeferrable(self.module)
         if refused:
             return self._keep_eager(sig, f"backward hooks inside it ({', '.join(refused[:4])}) would see traced gradients")
-        entry, box = self._build(sig, state, backend, devs)
+        entry, box = _build(self, sig, state, backend, devs)
         if box["tensor_hooks"]:
             return self._keep_eager(sig, f"its forward registers tensor hooks (at {box['tensor_hooks'][0]}), which "
                                          "the traced backward would call with placeholder gradients")
@@ -174,23 +174,6 @@ class GraphedModule(nn.Module):
             log.info("stepgraph: recapture graph_module(%s): %s", self.name, reason)
         return out if entry.hook_calls else entry(sig.leaves)
 
-    def _build(self, sig, state, backend, devs):
-        """Trace, split and hand the pair to a backend: ``(PartialEntry, the trace's facts)``."""
-        try:
-            if backend == "cudagraph" and "cuda" not in devs:
-                raise StepGraphError("graph_module: backend='cudagraph' needs CUDA tensors")
-            gm, box = trace_joint(self.module, self._orig, sig, state)
-            fw_gm, bw_gm, n_saved = partition(gm, box["n_out"], box["tangents"])
-            return PartialEntry(self.name, sig, fw_gm, bw_gm, n_saved, box, state, backend), box
-        except Exception as e:   # data-dependent Python, host reads, ops fake tensors cannot run
-            self.stats.failed_captures += 1
-            if isinstance(e, StepGraphError):
-                raise
-            raise CaptureError(f"graph_module({self.name}): the forward/backward could not be traced as a graph: "
-                               f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", op=type(e).__name__,
-                               where=user_frame(), fix="keep .item() and data-dependent Python outside the "
-                               "graphed module, or graph a smaller submodule") from e
-
     def _keep_eager(self, sig, why, out=_NO_OUTPUT):
         """Calls with this signature run the module eagerly (its hooks as usual), warned once."""
         self.eager_keys[sig.key] = why
@@ -203,6 +186,24 @@ class GraphedModule(nn.Module):
             a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
             out = self._orig(*a, **kw)
         return out
+
+
+def _build(wrapper: GraphedModule, sig, state, backend, devs):
+    """Trace, split and hand the pair to a backend: ``(PartialEntry, the trace's facts)``."""
+    try:
+        if backend == "cudagraph" and "cuda" not in devs:
+            raise StepGraphError("graph_module: backend='cudagraph' needs CUDA tensors")
+        joint, box = trace_joint(wrapper.module, wrapper._orig, sig, state)
+        fw_gm, bw_gm, n_saved = partition(joint, box["n_out"], box["tangents"])
+        return PartialEntry(wrapper.name, sig, fw_gm, bw_gm, n_saved, box, state, backend), box
+    except Exception as e:   # data-dependent Python, host reads, ops fake tensors cannot run
+        wrapper.stats.failed_captures += 1
+        if isinstance(e, StepGraphError):
+            raise
+        raise CaptureError(f"graph_module({wrapper.name}): the forward/backward could not be traced as a graph: "
+                           f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", op=type(e).__name__,
+                           where=user_frame(), fix="keep .item() and data-dependent Python outside the "
+                           "graphed module, or graph a smaller submodule") from e
 
 
 __all__ = ["graph_module", "GraphedModule"]
