@@ -13,16 +13,24 @@ def _names(xs, limit=12) -> str:
     return head + (f", ... (+{len(xs) - limit})" if len(xs) > limit else "")
 
 
+def stats_line(stats, compiles: bool = True) -> str:
+    """The ``stats:`` line of an explain() (a whole step's, or a graphed module's: no compiles)."""
+    return (f"  stats: eager_calls={stats.eager_calls} captures={stats.captures} replays={stats.replays} "
+            f"failed_captures={stats.failed_captures} capture_seconds={stats.capture_seconds:.3f}"
+            + (f" compile_seconds={stats.compile_seconds:.3f}" if compiles else "")
+            + (f" guard_misses={sum(stats.guard_misses.values())}" if stats.guard_misses else ""))
+
+
+def _tensor(m: TensorMeta) -> str:
+    return f"{str(m.dtype).replace('torch.', '')}{list(m.shape)}"
+
+
 def explain(self) -> str:
     """What was captured: ops, state by source name, inputs, written state, guards."""
     lines = [f"stepgraph step {self.__name__!r}: backend={self.backend}, "
              f"{len(self.captures)} graph(s), max_captures={self.max_captures}, warmup={self.warmup}"
              + (" [DISABLED by STEPGRAPH_DISABLE: every call runs eagerly]" if self.disabled else ""),
-             f"  stats: eager_calls={self.stats.eager_calls} captures={self.stats.captures} "
-             f"replays={self.stats.replays} failed_captures={self.stats.failed_captures} "
-             f"capture_seconds={self.stats.capture_seconds:.3f} "
-             f"compile_seconds={self.stats.compile_seconds:.3f}"
-             + (f" guard_misses={sum(self.stats.guard_misses.values())}" if self.stats.guard_misses else "")]
+             stats_line(self.stats)]
     for note in self.prepared_notes:
         lines.append(f"  prepared: {note}")
     for note in self.capture_notes:
@@ -48,7 +56,7 @@ def explain(self) -> str:
         ins = [x for x in e.key.inputs if isinstance(x, TensorMeta)]
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
                                       else "used in place, never copied") + "): "
-                     + ", ".join(f"{str(m.dtype).replace('torch.', '')}{list(m.shape)}@{m.device}" for m in ins))
+                     + ", ".join(f"{_tensor(m)}@{m.device}" for m in ins))
         if tr.grad_inputs:
             lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
         lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")
@@ -120,6 +128,32 @@ def explain(self) -> str:
                      f"{len(reg.all_modules) if reg else 0} modules; optimizer "
                      "hyper-parameters; optimizer state identity; module parameter registration; "
                      ".grad presence and layout")
+    return "\n".join(lines)
+
+
+def explain_partial(gm) -> str:
+    """``GraphedModule.explain()``: graphs, ops, saved activations, inputs, recapture reasons, guards."""
+    from .passes import summarize
+    lines = [f"stepgraph.graph_module({gm.name}): backend={gm.backend}, {len(gm.order)} graph(s), "
+             f"max_captures={gm.max_captures}" + (" [DISABLED]" if gm.disabled else ""),
+             stats_line(gm.stats, compiles=False)]
+    lines += [f"  recapture: {r}" for r in gm.stats.recaptures]
+    for i, e in enumerate(gm.order):
+        fw = summarize(e.fw_gm, lambda t: None)
+        bw = (f"backward {summarize(e.bw_gm, lambda t: None).ops} aten ops, {e.n_saved} saved activations, "
+              f"grads for {len(e.grad_slots)} tensors") if e.bw_gm is not None else "no backward (forward only)"
+        ins = [f"{n}: {_tensor(m)}{' requires_grad' if m.requires_grad else ''}"
+               for n, m in zip(e.names, e.key.inputs) if isinstance(m, TensorMeta)]
+        lines += [f"  graph {i} (captured at call {e.at_call} in {e.seconds:.3f}s, backend {e.backend}): "
+                  f"forward {fw.ops} aten ops ({fw.random_ops} random), {bw}",
+                  f"    inputs: {', '.join(ins) or '-'}; grad mode {e.key.grad_mode}; "
+                  f"{'train' if e.key.training[0] else 'eval'}"]
+        if e.hook_calls:
+            lines.append("    hooks called after each replayed forward, with its tensors: "
+                         + ", ".join(dict.fromkeys(c.where for c in e.hook_calls)))
+    lines += [f"  eager (not graphed) for a signature: {why}" for why in gm.eager_keys.values()]
+    lines.append("  guards: input shapes/dtypes/devices/strides/requires_grad, non-tensor argument values, "
+                 "grad mode, autocast, train/eval of every submodule, parameter/buffer identity, hooks inside")
     return "\n".join(lines)
 
 

@@ -19,11 +19,13 @@ def _swap(module, mapping):
     """Put the trace's tensors in place of the module's parameters and buffers (tied ones too)."""
     undo = [(d, k, v) for m in module.modules() for d in (m._parameters, m._buffers)
             for k, v in d.items() if v is not None and id(v) in mapping]
-    _ = [d.__setitem__(k, mapping[id(v)]) for d, k, v in undo]
+    for d, k, v in undo:
+        d[k] = mapping[id(v)]
     try:
         yield
     finally:
-        _ = [d.__setitem__(k, v) for d, k, v in undo]
+        for d, k, v in undo:
+            d[k] = v
 
 
 def trace_joint(module, forward, sig, state):

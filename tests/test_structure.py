@@ -94,8 +94,8 @@ def test_a_misspelt_runner_ability_fails_loudly():
 def test_callers_do_not_probe_runners():
     import inspect
     import re
-    from stepgraph import check, explain, partial, runtime
-    for mod in (runtime, explain, check, partial):
+    from stepgraph import check, explain, partial, partial_graphs, runtime
+    for mod in (runtime, explain, check, partial, partial_graphs):
         src = inspect.getsource(mod)
         assert not re.search(r"getattr\((e\.|entry\.|last\.|self\._)?run\b", src), mod.__name__
 
@@ -205,3 +205,98 @@ def test_explain_and_check_read_public_fields_only():
     for mod in (explain, check):
         src = inspect.getsource(mod)
         assert not re.search(r"\b(self|step|stepfn)\._[a-z]", src), mod.__name__
+
+
+def test_graph_module_uses_the_whole_step_pieces():
+    """partial.py was a second runtime: its own key tuple, CUDA recording, stats and explain. Now
+    its key is sigkey.PartialKey (tensors as TensorMeta), its runners are the backends' Runners,
+    and each call's Branch is counted in the same Stats."""
+    import torch
+    import stepgraph
+    from stepgraph.backends import Runner
+    from stepgraph.captured import Branch
+    from stepgraph.capture.sigkey import PartialKey, TensorMeta, ValueMeta
+    gm = stepgraph.graph_module(torch.nn.Linear(4, 2))
+    for _ in range(3):
+        gm(torch.ones(2, 4)).sum().backward()
+    e = gm.order[0]
+    assert isinstance(e.key, PartialKey) and isinstance(e.key.inputs[0], TensorMeta)
+    assert isinstance(e.fw, Runner) and isinstance(e.bw, Runner) and e.stale() is None
+    assert gm.stats.branches == {Branch.WARMUP: 1, Branch.CAPTURE: 1, Branch.REPLAY: 1}
+    assert gm.stats.last_branch is Branch.REPLAY
+    assert ValueMeta("float", "2.0") != ValueMeta("float", "3.0")
+    assert "stats: eager_calls=1 captures=1 replays=1" in gm.explain()
+
+
+# ---- sizes and layers (issue 16) ------------------------------------------------------------
+MAX_FILE_LINES, MAX_CLASS_LINES = 400, 150
+# Known exceptions, each with its reason; remove an entry when the file or class is split.
+SIZE_EXCEPTIONS: dict = {}
+
+
+def _sources():
+    import glob
+    import os
+    import stepgraph
+    root = os.path.dirname(stepgraph.__file__)
+    for path in sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True)):
+        yield os.path.relpath(path, root).replace(os.sep, "/"), path
+
+
+def test_no_file_over_400_lines_and_no_class_over_150():
+    import ast
+    too_big = []
+    for rel, path in _sources():
+        text = open(path).read()
+        n = len(text.splitlines())
+        if n > MAX_FILE_LINES and rel not in SIZE_EXCEPTIONS:
+            too_big.append(f"{rel}: {n} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_CLASS_LINES and f"{rel}:{node.name}" not in SIZE_EXCEPTIONS:
+                    too_big.append(f"{rel}: class {node.name} {size} lines")
+    assert not too_big, "split by concern (or list in SIZE_EXCEPTIONS with a reason): " + "; ".join(too_big)
+
+
+# What each layer may import from stepgraph. Shared by every layer: errors, markers, config.
+# capture/ and backends/ are siblings (capture runs while tracing, backends after it); both may
+# use passes/; none of the three imports the runtime above them (runtime, pipeline, captured,
+# partial*, explain, ...), integrations/ or tools/.
+_SHARED = {"errors", "markers", "config"}
+_LAYER_MAY_IMPORT = {"passes": _SHARED, "capture": _SHARED | {"passes"}, "backends": _SHARED | {"passes"}}
+_ENTRY_POINTS = {"bench.py", "bench_ddp.py", "__main__.py"}   # three-line shims to tools/
+
+
+def _stepgraph_imports(rel, path):
+    """Top-level stepgraph names (``capture``, ``runtime``, ...) that ``rel`` imports."""
+    import ast
+    pkg = rel.split("/")[:-1]
+    for node in ast.walk(ast.parse(open(path).read())):
+        targets = []
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = pkg[:len(pkg) - (node.level - 1)]
+            targets = [base + node.module.split(".")] if node.module else [base + [a.name] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stepgraph."):
+            targets = [node.module.split(".")[1:]]
+        elif isinstance(node, ast.Import):
+            targets = [a.name.split(".")[1:] for a in node.names if a.name.startswith("stepgraph.")]
+        for t in targets:
+            if t:
+                yield t[0]
+
+
+def test_import_graph_points_down_only():
+    bad = []
+    for rel, path in _sources():
+        top = rel.split("/")[0] if "/" in rel else rel[:-3]
+        for target in _stepgraph_imports(rel, path):
+            if target == top:
+                continue
+            if top in _LAYER_MAY_IMPORT and target not in _LAYER_MAY_IMPORT[top]:
+                bad.append(f"{rel} imports {target} (a {top}/ module may import {sorted(_LAYER_MAY_IMPORT[top])})")
+            if target == "integrations":
+                bad.append(f"{rel} imports integrations/ (adapters import the library, not the reverse)")
+            if target == "tools" and rel not in _ENTRY_POINTS:
+                bad.append(f"{rel} imports tools/ (tooling, not library)")
+    assert not bad, "; ".join(bad)

@@ -34,6 +34,24 @@ class SignatureKey(NamedTuple):
     py_values: tuple        # Python values the step's code reads (pyvalues.py)
 
 
+class ValueMeta(NamedTuple):
+    """A non-tensor argument of a ``graph_module`` call, keyed by value (partial_key.py)."""
+    type: str               # its type's name
+    value: object           # the value; repr of a float (NaN-safe), repr of an unhashable
+
+
+class PartialKey(NamedTuple):
+    """A ``graph_module`` call's guard key (built by ``partial_key.signature``), read by section
+    name like ``SignatureKey``: a module's forward and backward depend on fewer sections."""
+    spec: str               # argument structure
+    inputs: tuple           # per leaf: TensorMeta (requires_grad as is: inputs get grads too) or ValueMeta
+    grad_mode: bool
+    autocast: tuple         # (cpu, cuda) enabled
+    training: tuple         # .training of every submodule, the module's own first
+    state: tuple            # (id, requires_grad, dtype, shape) per parameter/buffer
+    hooks: object           # partial_hooks.hook_key of the module
+
+
 # The order a miss is explained in: most fundamental first (a replaced optimizer state also
 # changes its hyper-parameters).
 DIFF_ORDER = ("spec", "inputs", "alias", "registration", "opt_state", "hypers", "grad_mode", "autocast",

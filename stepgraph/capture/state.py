@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .watch import _HOOK_EPOCH, GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS, watch
-from .fsdp import fsdp_modules, key as fsdp_key
+from .fsdp import fsdp_modules
+from .stateholding import HookWatching, WeakHolding
 
 
 @dataclass
@@ -45,23 +45,9 @@ class Slot:
             self.owner[self.key] = value
 
 
-class _Strong:
-    """Holds an object as a weak reference would (``h()``), but strongly."""
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __call__(self):
-        return self.obj
-
-
-def _held(pairs) -> list:
-    return [(n, o) for n, h in pairs for o in (h(),) if o is not None]
-
-
 @dataclass
-class StateRegistry:
+class StateRegistry(WeakHolding, HookWatching):
+    """The modules, optimizers and tensors a step reaches, each tensor named by its source."""
     names: dict = field(default_factory=dict)          # id(tensor) -> source
     params: list = field(default_factory=list)         # (source, Parameter), unique
     grad_params: list = field(default_factory=list)    # params that require grad, in params order
@@ -87,47 +73,6 @@ class StateRegistry:
         reg = cls()
         reg.optimizers = list(optimizers)
         return reg
-
-    def _hold(self, obj):
-        if id(obj) in self.weak_ids:
-            return weakref.ref(obj, self._died)
-        return _Strong(obj)
-
-    def _died(self, _ref) -> None:
-        if self.on_death is not None:
-            self.on_death()
-
-    @property
-    def modules(self) -> list:          # (name, Module)
-        return _held(self._mods)
-
-    @modules.setter
-    def modules(self, value) -> None:
-        self._mods = [(n, self._hold(m)) for n, m in value]
-
-    @property
-    def optimizers(self) -> list:       # (name, Optimizer)
-        return _held(self._opts)
-
-    @optimizers.setter
-    def optimizers(self, value) -> None:
-        self._opts = [(n, self._hold(o)) for n, o in value]
-
-    @property
-    def all_modules(self) -> list:      # every submodule, for train/eval guards
-        return self._all_plain if self._all_plain is not None else [m for _, m in _held(self._all)]
-
-    @property
-    def ddp(self) -> list:              # DistributedDataParallel modules (source, module)
-        return _held(self._ddp)
-
-    @property
-    def fsdp(self) -> list:             # fully_shard (FSDP2) modules (source, module)
-        return _held(self._fsdp)
-
-    def alive(self) -> bool:
-        """False once a weakly held model or optimizer was dropped by its user."""
-        return all(h() is not None for _, h in self._mods + self._opts)
 
     def prune(self) -> None:
         """Forget dropped models and optimizers and everything found through them."""
@@ -183,35 +128,7 @@ class StateRegistry:
         self._ddp = [(mname + (f".{sub}" if sub else ""), self._hold(m)) for mname, mod in self.modules
                      for sub, m in mod.named_modules() if isinstance(m, ddp_type)]
         self._fsdp = [(n, self._hold(m)) for n, m in fsdp_modules(self.modules)]
-        from torch.nn.modules import module as _m
-        # Hooks registered on watched modules are counted by their handles (``_counting``); only
-        # modules that already had hooks when first seen, and the global hook dicts, are read.
-        for m in subs:
-            if id(m) not in self._seen:
-                self._seen.add(id(m))
-                dicts = [getattr(m, a) for a in MODULE_HOOK_ATTRS if isinstance(getattr(m, a, None), dict)]
-                if any(dicts):
-                    self.pre_hooked_dicts += dicts
-        self.module_hook_dicts = list(self.pre_hooked_dicts)
-        self.module_hook_dicts += [getattr(_m, a) for a in GLOBAL_HOOK_ATTRS
-                                   if isinstance(getattr(_m, a, None), dict)]
-        watch(subs, [p for _, p in self.params])
-        # Hooks registered before stepgraph watched these params have uncounted handles: read
-        # those params' hook dicts directly (usually none, so this costs nothing).
-        # Decided once per parameter (when first seen), so the key keeps its shape afterwards.
-        for _, p in self.params:
-            if id(p) not in self._seen and (p._backward_hooks or getattr(p, "_post_accumulate_grad_hooks", None)):
-                self.pre_hooked.append(p)
-            self._seen.add(id(p))
-
-    def hook_key(self) -> tuple:
-        """Which hooks exist on the step's modules and parameters: hooks run inside the trace,
-        so adding or removing one after capture must recapture, never be silently ignored."""
-        return (tuple(map(len, self.module_hook_dicts)), _HOOK_EPOCH[0],
-                tuple((m.require_backward_grad_sync, m.require_forward_param_sync) for _, m in self.ddp),
-                fsdp_key(self.fsdp) if self._fsdp else (),
-                tuple(len(p._backward_hooks or ()) + len(getattr(p, "_post_accumulate_grad_hooks", None) or ())
-                      for p in self.pre_hooked))
+        self._watch_hooks(subs)
 
     def slots(self, extra_params=()) -> list[Slot]:
         """Every rebindable tensor slot: grads, buffers, optimizer state entries."""

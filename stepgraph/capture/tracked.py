@@ -26,10 +26,9 @@ from __future__ import annotations
 import math
 import operator
 import sys
-from dataclasses import dataclass, field
 
 from .hostscalar import HostFloat
-from .numchecks import Check, Op, Root, describe, roots_of, substitute
+from .numchecks import Op
 
 _NUMBERS = (int, float, bool)
 
@@ -269,146 +268,11 @@ Tracked.__round__ = _round
 Tracked.__divmod__, Tracked.__rdivmod__ = _divmod, _rdivmod
 
 
-# ---- what one trace saw ------------------------------------------------------------------
-def _reader(root: Root):
-    """Graph node target: the root's value at the replay (the Python before the step's)."""
-    def read_number():
-        return root.read((), ())
-    read_number.__name__ = "read_" + "".join(c if c.isalnum() else "_" for c in root.label)[:40]
-    return read_number
+def __getattr__(name):
+    # UseLog (what one trace did with the numbers) lives in uselog.py, which imports the proxies
+    # from here: resolved on first use, so ``from .tracked import UseLog`` still works.
+    if name == "UseLog":
+        from .uselog import UseLog
+        return UseLog
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-
-def _reads_in(expr) -> list:
-    return [r for r in roots_of(expr) if r.kind == "read"]
-
-
-def _settle(expr):
-    """A check runs before its graph replays, when the replay's own host reads (hostreads.ReadRef)
-    are not known yet: the reads ``expr`` involves are guarded by value in the graph, where it
-    is used, and the check keeps the rest (``correct + n > 5`` -> ``n`` guarded, ``correct + 3 > 5``)."""
-    reads = _reads_in(expr)
-    if not reads:
-        return expr
-    for r in reads:
-        r.ref.guard()
-    return substitute(expr, {id(r): r.ref.value for r in reads})
-
-
-@dataclass(eq=False)
-class UseLog:
-    """Uses of the tracked numbers during one trace, turned into checks by :meth:`checks`."""
-    active: bool = True
-    found: dict = field(default_factory=dict)       # describe(expr) -> Check (first seen)
-    node_uses: list = field(default_factory=list)   # (expr, value, graph nodes, where)
-    pending: list = field(default_factory=list)     # formats waiting for a print: [frame, offset, expr, value, where, ok]
-    proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
-    returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
-    # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
-    # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
-    # CPU: CUDA feeds changing floats as device scalars).
-    lift_tensor_ops: bool = False
-    lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
-
-    def wrap(self, value, root: Root):
-        p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
-        self.proxies.append(p)
-        return p
-
-    def derive(self, value, expr):
-        if type(value) is int:
-            p = TrackedInt(value, expr, self)
-        elif type(value) is float:
-            p = TrackedFloat(value, expr, self)
-        else:   # a bool (``a & b`` of 0/1), a complex: handed out plain, so used as is
-            self.used(expr, value, _where(3))
-            return value
-        self.proxies.append(p)
-        return p
-
-    def used(self, expr, value, where=""):
-        expr = _settle(expr)
-        self.found.setdefault(("=", describe(expr)), Check(expr, value, where))
-
-    def decide(self, expr, outcome: bool, where=""):
-        expr = _settle(expr)
-        self.found.setdefault(("?", describe(expr)), Check(expr, outcome, where, decided=True))
-
-    def lift(self, proxy, typed: bool = True):
-        """The graph node computing ``proxy`` from its roots read at each replay, or None: where
-        a number meets a value read from a tensor (``meter.sum += loss.item() * n``) the sum is
-        then live, not baked and checked (each step would miss). Roots only the call's Python
-        holds (arguments) are not lifted. ``typed``: their types are checked (a tensor op
-        promotes an int and a float apart; Python arithmetic with a float does not)."""
-        from .hostscalar import _tracer
-        tracer = _tracer()
-
-        def build(e):
-            if isinstance(e, Op):
-                return tracer.create_node("call_function", e.fn, tuple(build(a) for a in e.args), {})
-            if not isinstance(e, Root):
-                return e
-            if e.kind == "read":
-                return e.ref.node
-            if e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg":
-                raise LookupError(e.label)
-            if id(e) not in self.lifted:
-                self.lifted[id(e)] = tracer.create_node("call_function", _reader(e), (), {})
-            if typed:
-                t = Op(type, (e,))
-                self.found.setdefault(("?", describe(t)), Check(t, type(e.read((), ())), "", True))
-            return self.lifted[id(e)]
-        try:
-            return build(proxy._e)
-        except LookupError:
-            return None
-
-    def guard_stored_reads(self) -> None:
-        """At the end of the step, still in its trace: a number made from an int host read that
-        the step stored somewhere (``stats.last = n``; trackplan's write-backs are plain by now)
-        is guarded: a replay would not store it again, so it must not differ."""
-        for p in [p for p in self.proxies if _reads_in(p._e) and sys.getrefcount(p) > 3]:
-            self.used(p._e, p._v, "stored in a Python object")
-
-    def node_use(self, proxy, nodes):
-        """The number became a constant of these graph nodes: used only if one survives."""
-        if _reads_in(proxy._e):   # a host read: guarded now (after the trace no guard can be placed)
-            self.used(proxy._e, proxy._v, _where(3))
-            return
-        self.node_uses.append((proxy._e, proxy._v, list(nodes), _where(3)))
-
-    def formatted(self, proxy, frame):
-        from .sinks import format_target, in_sink
-        if in_sink():
-            return  # formatted by print/logging themselves
-        if _reads_in(proxy._e):
-            self.used(proxy._e, proxy._v, _where(3))
-            return
-        offset = format_target(frame.f_code, frame.f_lasti)
-        if offset is None:
-            self.used(proxy._e, proxy._v, _where(3))
-        else:
-            self.pending.append([frame, offset, proxy._e, proxy._v, _where(3), False])
-
-    def confirm(self, frame, offset):
-        for p in self.pending:
-            if p[0] is frame and p[1] == offset:
-                p[5] = True
-
-    def checks(self, gm) -> list[Check]:
-        """Every check of this trace, once the graph is final (after dead-code elimination)."""
-        self.active = False
-        for frame, _, expr, value, where, ok in self.pending:
-            if not ok:   # formatted into text that went elsewhere than print/logging
-                self.used(expr, value, where)
-        self.pending.clear()
-        if self.node_uses:
-            alive = set(gm.graph.nodes)
-            replaced = gm.meta.get("replaced", {})
-            for expr, value, nodes, where in self.node_uses:
-                for n in nodes:
-                    while n not in alive and n in replaced:
-                        n = replaced[n]
-                    if n in alive:
-                        self.used(expr, value, where)
-                        break
-        return list(self.found.values())

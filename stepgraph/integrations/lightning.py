@@ -46,8 +46,6 @@ that run Python.
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 try:
@@ -57,16 +55,18 @@ except ImportError as e:  # pragma: no cover - exercised only without lightning
     raise ImportError("stepgraph.integrations.lightning needs Lightning: pip install 'stepgraph[lightning]'") from e
 
 from lightning.pytorch.profilers import PassThroughProfiler
-from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 
 from ..runtime import StepFunction
-from ._common import Effects, Once, detached_copy, reads_parameter, user_function
-
-from ._lightning_core import (_GroupRead, _group_slot, _group_values, _scheduler_epochs, _odd_kwargs, _has_varargs, _is_metric, _user_calls, _automatic_core, _manual_core, _Ctx, _PER_BATCH_ARGS)
+from ._common import Effects, Once, detached_copy
+from ._lightning_batch import BatchRunner
+from ._lightning_checks import unsupported
+from ._lightning_core import _GroupRead, _group_slot, _scheduler_epochs, _is_metric, _user_calls, _automatic_core, \
+    _manual_core, _Ctx
 
 __all__ = ["StepGraphCallback"]
 
-class StepGraphCallback(Callback):
+
+class StepGraphCallback(BatchRunner, Callback):
     """Capture Lightning's training step with stepgraph (see the module docstring).
 
     Args:
@@ -98,7 +98,7 @@ class StepGraphCallback(Callback):
     # ---- Lightning hooks -----------------------------------------------------------------
     def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
         self._uninstall()
-        self.eager_reason = self._unsupported(trainer, pl_module)
+        self.eager_reason = unsupported(trainer, pl_module)
         if self.eager_reason is not None:
             self._warn(f"stepgraph: {self.eager_reason}; the training step runs eagerly (the rest of the fit is "
                        "unchanged)")
@@ -114,45 +114,6 @@ class StepGraphCallback(Callback):
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._uninstall()
-
-    # ---- what cannot be captured ---------------------------------------------------------
-    def _unsupported(self, trainer, module) -> str | None:
-        strategy = trainer.strategy
-        if type(strategy) not in (SingleDeviceStrategy, DDPStrategy):
-            return (f"the Lightning strategy {type(strategy).__name__} is not captured (single-device and DDP "
-                    "steps are)")
-        if strategy.handles_gradient_accumulation:
-            return f"the strategy {type(strategy).__name__} accumulates gradients itself"
-        loop = trainer.fit_loop.epoch_loop
-        for name in ("automatic_optimization", "manual_optimization"):
-            if not hasattr(loop, name):
-                return f"this Lightning version ({pl.__version__}) has no fit_loop.epoch_loop.{name}"
-        auto = loop.automatic_optimization
-        for obj, name in ((auto, "_training_step"), (auto, "_make_backward_fn"), (auto, "optim_progress"),
-                          (trainer.fit_loop, "_should_accumulate"), (strategy, "_lightning_optimizers")):
-            if not hasattr(obj, name):
-                return f"this Lightning version ({pl.__version__}) has no {type(obj).__name__}.{name}"
-        for hook, spec in _PER_BATCH_ARGS.items():
-            if not module.automatic_optimization and hook != "training_step":
-                continue
-            f = getattr(type(module), hook, None)
-            if f is None or not user_function(f):
-                continue
-            params = list(inspect.signature(f).parameters)[1:]
-            first, names = spec[0], spec[1:]
-            for i, name in enumerate(names):
-                pos = first + i
-                pname = params[pos] if pos < len(params) else name
-                if hook == "training_step" and pos >= len(params) and not _has_varargs(f):
-                    continue  # training_step(self, batch): Lightning passes no batch_idx
-                if reads_parameter(f, pname):
-                    return (f"{type(module).__name__}.{hook} reads its '{pname}' argument, which has a new value at "
-                            f"every batch: a replayed graph would keep the captured value (use it outside the "
-                            f"step, e.g. in on_train_batch_start, or drop it from {hook})")
-        ts = getattr(type(module), "training_step", None)
-        if ts is not None and "dataloader_iter" in inspect.signature(ts).parameters:
-            return "training_step(dataloader_iter) fetches its own batches inside the step"
-        return None
 
     # ---- installing ----------------------------------------------------------------------
     def _install(self, trainer, module) -> None:
@@ -209,80 +170,3 @@ class StepGraphCallback(Callback):
         for obj, name in self._patched:
             obj.__dict__.pop(name, None)
         self._patched = []
-
-    # ---- per batch -----------------------------------------------------------------------
-    def _eager(self, reason: str | None) -> bool:
-        """Whether this batch runs Lightning's own (eager) code."""
-        if self.eager_reason is not None:
-            return True
-        if reason is not None:
-            self._warn(f"stepgraph: {reason}; those batches run eagerly")
-            return True
-        return False
-
-    def _run_automatic(self, optimizer, batch_idx, kwargs):
-        ctx = self._ctx
-        loop, trainer = ctx.loop, ctx.trainer
-        skip = "a callback asked to skip backward (e.g. StochasticWeightAveraging)" if loop._skip_backward else None
-        if self._eager(skip or _odd_kwargs(kwargs)):
-            return type(loop).run(loop, optimizer, batch_idx, kwargs)
-        step_now = trainer.strategy.handles_gradient_accumulation or not trainer.fit_loop._should_accumulate()
-        zero_first = batch_idx % trainer.accumulate_grad_batches == 0
-        progress = loop.optim_progress.optimizer
-        if step_now:
-            progress.step.increment_ready()
-        if zero_first:
-            progress.zero_grad.increment_ready()
-            progress.zero_grad.increment_started()
-        ctx.batch_idx, ctx.optimizer, ctx.pass_idx = batch_idx, optimizer, "batch_idx" in kwargs
-        out, _ = self._call(kwargs["batch"], zero_first, step_now)
-        if zero_first:
-            progress.zero_grad.increment_completed()
-        if step_now:
-            progress.step.increment_completed()
-        return out
-
-    def _advance_manual(self, kwargs) -> None:
-        ctx = self._ctx
-        loop = ctx.loop
-        if self._eager(_odd_kwargs(kwargs)):
-            return type(loop).advance(loop, kwargs)
-        los = ctx.trainer.strategy._lightning_optimizers
-        hooks = [(lo._on_before_step, lo._on_after_step) for lo in los]
-        ctx.batch_idx, ctx.pass_idx = kwargs.get("batch_idx"), "batch_idx" in kwargs
-        out, entry = self._call(kwargs["batch"])
-        for i, after in entry["calls"]:  # the loop's progress counters, once per opt.step() made
-            hooks[i][after]()
-        loop._output = out
-
-    def _call(self, batch, *flags):
-        """Run the step function (eager, capture or replay); make its Python effects."""
-        ctx, step = self._ctx, self.step_function
-        st = step.stats
-        before = (st.eager_calls, st.captures, st.failed_captures)
-        counts = [int(m._update_count) for m in self._metrics]
-        groups_before = _group_values(ctx.trainer)
-        out, key, values = step(batch, *flags)
-        entry = ctx.effects.get(key)
-        ran_python = (st.eager_calls, st.captures, st.failed_captures) != before
-        if ran_python:
-            changed = [type(m).__name__ for m, c in zip(self._metrics, counts) if int(m._update_count) != c]
-            if changed:
-                self.eager_reason = f"torchmetrics {', '.join(changed)} updated inside the training step"
-                self._warn(f"stepgraph: {self.eager_reason}: a metric's state is Python (counters, reassigned "
-                           "tensors) that a replay cannot update; the training step runs eagerly from now on "
-                           "(or update metrics in on_train_batch_end from the step's outputs)")
-        module = ctx.module
-        for fx, name, args, kwargs, index, obj in entry["logs"]:
-            if isinstance(obj, _GroupRead):
-                value = obj.read(ctx.trainer, groups_before)
-            else:
-                value = values[index] if index is not None else obj
-            prev, module._current_fx_name = module._current_fx_name, fx
-            try:
-                self._real_log(name, value, *args, **kwargs)
-            finally:
-                module._current_fx_name = prev
-        if ran_python and st.captures == before[1]:
-            ctx.effects.forget(key)  # an eager call's entry (a graph's is used by its replays)
-        return out, entry

@@ -1,0 +1,80 @@
+"""The replay side of ``StepFunction``'s call policy (a mixin of it): replay the graph found
+for a call's key or one of its siblings, fall back on a host-read guard miss (the graph undid
+its writes), give up on a value that keeps changing past ``max_captures``, remember the quick
+key for the next call, and drop a stale graph with its siblings."""
+from __future__ import annotations
+
+import logging
+import warnings
+
+from .captured import Branch
+from .check import checked_call
+from .errors import GuardMiss
+from .pipeline import capture
+
+log = logging.getLogger("stepgraph")
+
+
+class ReplayPaths:
+    def _replay_entry(self, entry, sig, args, kwargs):
+        """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
+        if entry.gave_up:
+            self.stats.took(Branch.EAGER)
+            return self._eager(args, kwargs)
+        miss = None
+        for e in [entry] + entry.siblings:
+            if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
+                miss = miss or e.check_miss(sig.leaves, args)
+                continue
+            out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
+            if m is None:
+                self._remember(e, args, kwargs)
+                return out
+            miss = m
+        if len(self._order) >= self.max_captures:
+            entry.gave_up = True
+            msg = (f"stepgraph: {self.__name__}: a value the graphs depend on keeps changing ({miss}); "
+                   f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
+                   "from now on. Return the value from the step and decide outside it, or raise "
+                   "max_captures if it takes few values")
+            warnings.warn(msg, stacklevel=3)
+            log.warning(msg)
+            self.stats.took(Branch.EAGER)
+            return self._eager(args, kwargs)
+        self.stats.took(Branch.CAPTURE)
+        return capture(self, sig, args, kwargs, reason=str(miss), sibling_of=entry)
+
+    def _try_replay(self, entry, replay, args, kwargs):
+        """``(output, None)``, or ``(None, GuardMiss)`` when a host read differed from the
+        capture's (the graph undid its writes; not counted as a replay). Check mode applies."""
+        self.stats.replays += 1
+        try:
+            if len(self.stats.check_reports) < self.check:
+                out = checked_call(self, entry, replay, args, kwargs, self.check_rtol)
+            else:
+                out = replay()
+                entry.number_effects(args, kwargs)
+            self.stats.took(Branch.REPLAY)
+            return out, None
+        except GuardMiss as miss:
+            self.stats.replays -= 1
+            self.stats.guard_misses[miss.site] = self.stats.guard_misses.get(miss.site, 0) + 1
+            return None, miss
+
+    def _drop(self, entry) -> None:
+        for key in [k for k, e in self._entries.items() if e is entry]:
+            del self._entries[key]
+        for e in [entry] + entry.siblings:
+            self._order.remove(e)
+        self._last = self._last_quick = None
+
+    def _remember(self, entry, args, kwargs):
+        # The quick key is taken from the state *after* this call, which is the next call's
+        # state only if nothing changes in between: trust it only when that post-call state
+        # still has this entry's full signature (a graph that rebinds .grad does not), and
+        # only for flat calls, whose leaves are the args themselves.
+        key = self._guards.signature(args, kwargs).key if entry.flat_args and not kwargs else None
+        if key is not None and (key == entry.key or self._entries.get(key) is entry):
+            self._last, self._last_quick = entry, self._guards.quick_key(args, kwargs)
+        else:
+            self._last = self._last_quick = None
