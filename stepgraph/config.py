@@ -48,6 +48,11 @@ KNOBS = {k.name: k for k in [
          "backend='inductor': at the switch to the background-compiled graph, check its first step "
          "against the unfused graph on the same state (host copies of what the step writes, taken "
          "once); beyond tolerance the unfused graph stays, warned (0: switch unchecked)."),
+    Knob("artifact_cache", "STEPGRAPH_ARTIFACT_CACHE", "",
+         "backend='inductor': a folder of compiled whole-step graphs keyed by the graph, its inputs' "
+         "metadata, Inductor's config and the torch/CUDA/device versions, so a rerun of the same "
+         "script loads its fused step instead of compiling it ('' = Inductor's cache dir/stepgraph; "
+         "'0' = off; also off where Inductor's caches are disabled)."),
     Knob("progress", "STEPGRAPH_PROGRESS", True,
          "backend='inductor': one line on stderr when the background compile starts, is ready and "
          "is switched to (through the 'stepgraph' logger at INFO where logging is configured; 0: quiet)."),

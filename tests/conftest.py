@@ -8,6 +8,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+# Each test compiles afresh: stepgraph's artifact cache would let a test load what an earlier
+# test compiled (tests/test_inductor.py turns it on where it tests it).
+os.environ.setdefault("STEPGRAPH_ARTIFACT_CACHE", "0")
 
 
 

@@ -328,3 +328,41 @@ def test_inductor_every_optimizer_matches_eager(name, monkeypatch):
         for k, v in o.state[p].items():
             torch.testing.assert_close(v, o2.state[p2][k], **close, msg=lambda s: f"state {k!r}: {s}")
     assert all(g.get("capturable", False) is False for g in o.param_groups), "user flags restored"
+
+
+def test_inductor_artifact_cache_loads_a_rerun_without_compiling(tmp_path, monkeypatch, caplog):
+    """A second run of the same step (a rerun of the script) loads the fused graph the first one
+    compiled from stepgraph's artifact cache, with no child process, and trains identically."""
+    import logging
+
+    import stepgraph
+    monkeypatch.setenv("STEPGRAPH_ARTIFACT_CACHE", str(tmp_path))
+    caplog.set_level(logging.INFO, logger="stepgraph")
+    runs = []
+    for attempt in range(2):
+        torch.manual_seed(0)
+        case, opt, step = _mlp_step()
+        sg = stepgraph.compile(step, backend="inductor")
+        losses = [sg(*case.make_batch(i)) for i in range(2)]
+        job = sg.captures[0].run.job
+        assert (job.cached is None) == (attempt == 0), (attempt, job.cached)
+        assert sg.wait_compiled(), sg.explain()
+        losses += [sg(*case.make_batch(i)) for i in range(2, 5)]
+        runs.append((losses, [p.detach().clone() for p in case.model.parameters()]))
+        assert len(list(tmp_path.glob("*.bin"))) == 1
+    assert "in stepgraph's artifact cache" in caplog.text
+    for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
+        assert torch.equal(a, b), "the same compiled code on the same inputs"
+
+
+def test_inductor_artifact_cache_key_follows_the_graph_and_its_inputs():
+    from stepgraph.backends import artifact_cache
+    from stepgraph.backends.compile_worker import InputSpec
+    gm = torch.fx.symbolic_trace(lambda x: x * 2)
+    gm2 = torch.fx.symbolic_trace(lambda x: x * 3)
+    a = [InputSpec.of(torch.zeros(2, 3))]
+    k = artifact_cache.key(gm, a, {})
+    assert k == artifact_cache.key(gm, a, {})
+    assert k != artifact_cache.key(gm2, a, {})
+    assert k != artifact_cache.key(gm, [InputSpec.of(torch.zeros(3, 2))], {})
+    assert k != artifact_cache.key(gm, a, {"max_autotune": True})

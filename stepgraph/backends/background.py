@@ -33,6 +33,7 @@ import weakref
 
 import torch
 
+from . import artifact_cache
 from .compile_worker import ARTIFACT, InputSpec, Job
 from .progress import progress
 from .runner import Runner
@@ -102,6 +103,15 @@ class BackgroundCompile:
         from torch.fx._graph_pickler import GraphPickler, Options
         # GraphPickler keeps the graph node for node; plain pickling of a GraphModule re-traces
         # its code, which turns e.g. an arange into a tensor constant (an extra input).
+        specs = [InputSpec.of(t) for t in inputs]
+        self.cache = artifact_cache.folder()
+        self.key = artifact_cache.key(gm, specs, patches) if self.cache else None
+        self.cached = artifact_cache.lookup(self.cache, self.key) if self.cache else None
+        if self.cached:
+            self._start(_Done(), tempfile.mkdtemp(prefix="stepgraph-inductor-"))
+            progress("stepgraph: the fused step is in stepgraph's artifact cache (%s); loading it in "
+                     "the background, training continues on the unfused graph", self.cached)
+            return
         graph = GraphPickler.dumps(gm, Options(ops_filter=None))
         spare = _spare.pop() if _spare else None
         if spare is not None and spare[0].poll() is not None:  # it died: start a fresh one below
@@ -109,13 +119,19 @@ class BackgroundCompile:
             spare = None
         self.proc, self.dir = spare or _spawn(spare=False)
         with open(os.path.join(self.dir, "job.pkl"), "wb") as f:
-            pickle.dump(Job(graph, [InputSpec.of(t) for t in inputs], patches), f)
+            pickle.dump(Job(graph, specs, patches), f)
         if spare is not None:
             try:
                 self.proc.stdin.write(b"go\n")
                 self.proc.stdin.close()
             except OSError:  # it died: start a fresh one
                 self.proc, self.dir = _spawn(spare=False)
+        self._start(self.proc, self.dir)
+        progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
+                 "training continues on the unfused graph", self.proc.pid)
+
+    def _start(self, proc, directory: str) -> None:
+        self.proc, self.dir = proc, directory
         self.started = time.perf_counter()
         self.phases: dict = {}
         self.exited_s = self.ready_s = 0.0  # seconds from the start: child exited, artifact loaded
@@ -125,8 +141,6 @@ class BackgroundCompile:
         # The thread holds the job weakly: a dropped job still kills its child (the finalizer).
         threading.Thread(target=_watch, args=(weakref.ref(self), self.proc), daemon=True,
                          name="stepgraph-inductor-load").start()
-        progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
-                 "training continues on the unfused graph", self.proc.pid)
 
     def done(self) -> bool:
         return self.ready.is_set()
@@ -144,8 +158,9 @@ class BackgroundCompile:
     def _load(self):
         """The compiled callable; raises with the child's last output lines if it failed."""
         rc = self.proc.wait()
+        artifact = self.cached or os.path.join(self.dir, ARTIFACT)
         try:
-            if rc != 0 or not os.path.exists(os.path.join(self.dir, ARTIFACT)):
+            if rc != 0 or not os.path.exists(artifact):
                 with open(os.path.join(self.dir, "log.txt"), errors="replace") as f:
                     lines = [ln for ln in f.read().strip().splitlines() if ln.strip()]
                 raise RuntimeError(f"the Inductor compile process exited with status {rc}: "
@@ -160,9 +175,24 @@ class BackgroundCompile:
             # Loading unpacks the artifact's cache entries and looks them up, so it needs the
             # caches on even where the user turned them off for their own compiles.
             with ic.patch(force_disable_caches=False), torch.compiler.config.patch(force_disable_caches=False):
-                return CompiledArtifact.load(path=os.path.join(self.dir, ARTIFACT), format="binary")
+                loaded = CompiledArtifact.load(path=artifact, format="binary")
+            if self.key and not self.cached:  # (kept only once it loaded)
+                artifact_cache.store(self.cache, self.key, artifact)
+            return loaded
         finally:
             self._finalizer()
+
+
+class _Done:
+    """The child of a job found in the artifact cache: there is none, it has 'exited' fine."""
+
+    pid = 0
+
+    def wait(self):
+        return 0
+
+    def poll(self):
+        return 0
 
 
 def _watch(ref, proc: subprocess.Popen) -> None:
