@@ -366,3 +366,28 @@ def test_inductor_artifact_cache_key_follows_the_graph_and_its_inputs():
     assert k != artifact_cache.key(gm2, a, {})
     assert k != artifact_cache.key(gm, [InputSpec.of(torch.zeros(3, 2))], {})
     assert k != artifact_cache.key(gm, a, {"max_autotune": True})
+
+
+def test_inductor_switch_survives_warnings_raised_as_errors():
+    """A warnings filter set to "error" (pytest -W error, a test's simplefilter) once failed
+    the background compile: Inductor's imports in the watcher thread warn (torch.jit's
+    deprecation, torch 2.11). The load then happens on the user's thread, warnings silenced."""
+    import subprocess
+    import sys
+    script = (
+        "import warnings, torch, stepgraph\n"
+        "from stepgraph.tools import models\n"
+        "case = models.build('mlp', width=16, depth=2)\n"
+        "opt = torch.optim.AdamW(case.model.parameters(), lr=1e-3)\n"
+        "sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend='inductor')\n"
+        "warnings.simplefilter('error')\n"
+        "for i in range(3):\n"
+        "    sg(*case.make_batch(i))\n"
+        "assert sg.wait_compiled(), sg.explain()\n"
+        "sg(*case.make_batch(3))\n"
+        "print('STATE', sg.captures[0].run.state)\n")
+    env = dict(os.environ, STEPGRAPH_PROGRESS="0", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                           os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "STATE fused" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])

@@ -137,6 +137,7 @@ class BackgroundCompile:
         self.exited_s = self.ready_s = 0.0  # seconds from the start: child exited, artifact loaded
         self.ready = threading.Event()      # set once loaded (or failed): the next call switches
         self._loaded = self._error = None
+        self._deferred = False  # the load was left to the switching call (load())
         self._finalizer = weakref.finalize(self, _stop, self.proc, self.dir)
         # The thread holds the job weakly: a dropped job still kills its child (the finalizer).
         threading.Thread(target=_watch, args=(weakref.ref(self), self.proc), daemon=True,
@@ -151,6 +152,19 @@ class BackgroundCompile:
     def load(self):
         """The compiled callable (loaded by the watcher thread); raises its error if it failed."""
         self.ready.wait()
+        if self._deferred:
+            # The watcher met a warnings filter set to "error" (pytest -W error, a test's
+            # simplefilter): Inductor's imports warn (torch.jit.script_method's deprecation,
+            # torch 2.11), which then raised. Silencing warnings is only safe on this thread
+            # (catch_warnings swaps process-wide filters), so the load happens here.
+            self._deferred = False
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    _import_loader()
+                    self._loaded = self._load()
+            except Exception as e:  # noqa: BLE001 - the switching call reports it
+                self._error = e
         if self._error is not None:
             raise self._error
         return self._loaded
@@ -178,9 +192,13 @@ class BackgroundCompile:
                 loaded = CompiledArtifact.load(path=artifact, format="binary")
             if self.key and not self.cached:  # (kept only once it loaded)
                 artifact_cache.store(self.cache, self.key, artifact)
-            return loaded
-        finally:
+        except Warning:
+            raise  # (load() retries on the user's thread: the files must stay)
+        except BaseException:
             self._finalizer()
+            raise
+        self._finalizer()
+        return loaded
 
 
 class _Done:
@@ -207,10 +225,12 @@ def _watch(ref, proc: subprocess.Popen) -> None:
     try:
         _import_loader()
         job._loaded = job._load()
+    except Warning:  # a warning raised as an error by the user's filters: see load()
+        job._deferred = True
     except BaseException as e:  # noqa: BLE001 - handed to the call that switches
         job._error = e
     job.ready_s = time.perf_counter() - job.started
-    if job._error is None:
+    if job._error is None and not job._deferred:
         progress("stepgraph: fused step ready after %.1fs (compiled %.1fs, loaded %.2fs); "
                  "it takes over at the next call", job.ready_s, job.exited_s, job.ready_s - job.exited_s)
     job.ready.set()
