@@ -206,28 +206,26 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
 
 
 def refuse_host_python(tr: TraceResult) -> None:
-    """NeedsReplay for a CUDA graph whose Python values come from host reads: numbers computed
-    from them, variables and lists they are written back to (the replay backend reads them)."""
+    """NeedsReplay for a CUDA graph without segments (Inductor's) whose Python values come from
+    host reads: numbers computed from them, variables and lists they are written back to. The
+    cudagraph backend's segments run that Python between and after its graphs."""
     if tr.uses.lifted:
         # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
-        # read at each replay by a Python node a CUDA graph cannot hold; baked instead, it
+        # read at each replay by a Python node one CUDA graph cannot hold; baked instead, it
         # missed at every call (a recapture per step, 1-4 s each: timm, torchvision on an H100).
         raise NeedsReplay(
             "the step updates a Python number from a value read on the host (e.g. a meter's "
             "sum += loss.item()): a CUDA graph cannot recompute it at each replay",
             op="host read kept in a Python number", where="the step function",
-            fix="use backend='replay' (backend='auto' does so), or keep the meters outside the "
+            fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or keep the meters outside the "
                 "step and update them from a returned tensor")
     reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
     if reads_kept:
-        # ``train_loss += loss.item()`` written back from a CUDA graph ended 4.63 where eager
-        # had 6.14 (H100, tests/test_cuda_accumulators.py): until that path is right, such a
-        # step runs on the replay backend, whose host reads are the CPU's (bitwise there).
         raise NeedsReplay(
-            f"the step adds a value read on the host to {reads_kept[0].source.describe()}: its "
-            "write-back from a CUDA graph is not right yet", op="host read kept in a Python variable",
+            f"the step adds a value read on the host to {reads_kept[0].source.describe()}: one "
+            "graph cannot run that Python at each replay", op="host read kept in a Python variable",
             where=reads_kept[0].source.where or "the step function",
-            fix="use backend='replay' (backend='auto' does so), or accumulate a tensor "
+            fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or accumulate a tensor "
                 "(total += loss.detach()) and read it outside the step")
 
 
@@ -254,7 +252,9 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
                           + [s.describe() for s in tr.source_inputs]))
     scalars = None
     try:
-        if not backend.runs_host_reads and device == "cuda":
+        # (a graph cut into segments runs its Python between them: segments._host_nodes)
+        segmented = backend.segmented is not None and tr.reads is not None and bool(tr.reads.sites())
+        if not backend.runs_host_reads and device == "cuda" and not segmented:
             refuse_host_python(tr)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it

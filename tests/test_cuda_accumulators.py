@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import stepgraph
-from stepgraph.errors import CaptureError
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -92,22 +91,22 @@ def test_cuda_host_reads_accumulated_into_globals(backend):
     global train_loss, correct, total
     (m, o), (m2, o2) = _pair()
     sg, eager = stepgraph.compile(make(m, o), backend=backend), make(m2, o2)
-    try:
-        for _ in range(2):
-            mine = theirs = (0, 0, 0)
-            for _ in range(4):
-                x, y = _batch()
-                train_loss, correct, total = mine
-                a = sg(x, y)
-                mine = (train_loss, correct, total)
-                train_loss, correct, total = theirs
-                b = eager(x, y)
-                theirs = (train_loss, correct, total)
-                assert _close(a, b)
-                assert all(_close(u, v) for u, v in zip(mine, theirs)), (mine, theirs)
-    except CaptureError:
-        return   # a clear refusal is fine; a silent difference is not
+    for _ in range(2):
+        mine = theirs = (0, 0, 0)
+        for _ in range(4):
+            x, y = _batch()
+            train_loss, correct, total = mine
+            a = sg(x, y)
+            mine = (train_loss, correct, total)
+            train_loss, correct, total = theirs
+            b = eager(x, y)
+            theirs = (train_loss, correct, total)
+            assert _close(a, b)
+            assert all(_close(u, v) for u, v in zip(mine, theirs)), (mine, theirs)
     assert _same_params(m, m2)
+    # The reads only Python uses run after the step's one CUDA graph (segments.py), not on the
+    # replay backend (which was slower than eager: timm_vit 0.63x, H100).
+    assert sg.captures[-1].backend == "cudagraph" and len(sg.captures[-1].run.segments) == 1, sg.explain()
 
 
 class AverageMeter:

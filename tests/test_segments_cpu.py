@@ -103,3 +103,50 @@ def test_a_read_only_returned_needs_one_segment(emulated_cudagraph):
         x, y = torch.randn(4, 8), torch.randn(4, 2)
         assert sg(x, y) == eager(x, y), i
     assert len(sg.captures[-1].run.segments) == 1
+
+
+class _Meter:
+    def __init__(self):
+        self.val = self.sum = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+
+
+def test_python_fed_by_reads_runs_after_the_last_segment(emulated_cudagraph):
+    """``train_loss += loss.item()``, a meter's ``sum += loss.item() * n`` and an append of a read:
+    the live read of the user's number once ran inside a recorded segment, which froze it (every
+    replay added to the first value: 4.63 where eager had 6.14 on an H100). Now that Python runs
+    after the step's one graph, and the user's numbers are read at each replay."""
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        box = {"train_loss": 0.0, "meter": _Meter(), "losses": []}
+
+        def step(x, y):
+            nonlocal_total = box["train_loss"]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            box["train_loss"] = nonlocal_total + loss.item()
+            box["meter"].update(loss.item(), x.shape[0])
+            box["losses"].append(loss.item())
+            return loss.detach()
+        return step, box
+    (f, mine), (g, theirs) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f, backend="cudagraph")
+    for i in range(8):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        if i == 4:  # a new epoch: fresh meters
+            mine["meter"], theirs["meter"] = _Meter(), _Meter()
+        x, y = torch.randn(4, 8), torch.randn(4, 2)
+        assert torch.equal(sg(x, y), g(x, y)), i
+        assert mine["train_loss"] == theirs["train_loss"], (i, mine, theirs)
+        assert vars(mine["meter"]) == vars(theirs["meter"]), i
+        assert mine["losses"] == theirs["losses"], i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    run = sg.captures[-1].run
+    assert sg.captures[-1].backend == "cudagraph" and len(run.segments) == 1, sg.explain()
