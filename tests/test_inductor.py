@@ -337,6 +337,10 @@ def test_inductor_artifact_cache_loads_a_rerun_without_compiling(tmp_path, monke
 
     import stepgraph
     monkeypatch.setenv("STEPGRAPH_ARTIFACT_CACHE", str(tmp_path))
+    # (the cache is off where Inductor's caches are; the benchmark's tests turn those off for good)
+    import torch._inductor.config as ic
+    monkeypatch.setattr(ic, "force_disable_caches", False)
+    monkeypatch.setattr(torch.compiler.config, "force_disable_caches", False)
     caplog.set_level(logging.INFO, logger="stepgraph")
     runs = []
     for attempt in range(2):
