@@ -47,6 +47,13 @@
     (eager's kernels, bitwise), then switches to the fused graph (fp tolerance) at whichever call
     finds the compile done: the switch call depends on timing. ``step.wait_compiled()`` switches
     at a call you choose; ``STEPGRAPH_INDUCTOR_BACKGROUND=0`` compiles inside the capturing call.
+(q) nn.LSTM / nn.GRU / nn.RNN where eager runs cuDNN (CUDA, cuDNN on) are captured as their
+    decomposition (matmuls and pointwise ops, capture/rnns.py, logged once): fp tolerance, not
+    bitwise; eager cuDNN follows ``torch.backends.cudnn.allow_tf32`` (on by default), the
+    decomposition ``torch.backends.cuda.matmul.allow_tf32`` (off by default); dropout between
+    layers draws from PyTorch's generator, not cuDNN's dropout state (other masks, same
+    distribution; as eager with cuDNN off). A packed sequence in a CUDA step is refused
+    (test_cuda_rnn.py); on the CPU its batch sizes are guarded: new lengths recapture.
 """
 import copy
 import sys
@@ -305,3 +312,34 @@ def test_o_number_from_an_lr_a_scheduler_changed_inside_the_step_is_frozen_and_w
     assert lr == 0.1 * 0.5 ** 3            # live: this call's lr
     assert twice == 2 * 0.1 * 0.5 ** 2     # frozen: the capture's
     assert counts(sg) == (1, 1, 1), sg.stats.recaptures
+
+
+def test_q_cudnn_rnn_is_captured_as_its_decomposition(monkeypatch, caplog):
+    """The CUDA form, forced on the CPU: the graph holds the decomposition (no RNN kernel), equal
+    to eager within fp tolerance, and the difference is logged once."""
+    import logging
+    import stepgraph.capture.rnns as rnns
+    monkeypatch.setattr(rnns, "_FORCE", True)
+    monkeypatch.setattr(rnns, "_logged", [False])
+    torch.manual_seed(0)
+    rnn = nn.LSTM(4, 8, num_layers=2)
+    twin = copy.deepcopy(rnn)
+    opt, topt = torch.optim.SGD(rnn.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+
+    def make(m, o):
+        def step(x):
+            loss = m(x)[0].pow(2).mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    step, eager = stepgraph.compile(make(rnn, opt)), make(twin, topt)
+    with caplog.at_level(logging.INFO, logger="stepgraph"):
+        for k in range(5):
+            x = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(k))
+            torch.testing.assert_close(step(x), eager(x).detach(), rtol=1e-5, atol=0)
+    assert sum("captured as its decomposition" in r.getMessage() for r in caplog.records) == 1
+    targets = {str(n.target) for n in step.graph.graph.nodes if n.op == "call_function"}
+    assert not any("rnn" in t or "lstm" in t for t in targets), targets
+    assert step.stats.replays == 3

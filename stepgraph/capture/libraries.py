@@ -170,24 +170,3 @@ def _unlive(opt) -> list:
             g[key] = plain
     return saved
 
-
-def untraceable_modules(reg, device: str):
-    """A ``CaptureError`` for a module whose kernels the trace cannot record, found before
-    tracing (the caller runs the call eagerly, then raises it): cuDNN's RNNs hand the trace
-    their flattened weight buffer as an UntypedStorage (NotImplementedError in make_fx, torch
-    2.11). None when there is none."""
-    import torch
-    from ..errors import CaptureError, user_frame
-    if device != "cuda" or not torch.backends.cudnn.enabled:
-        return None
-    for name, m in [(f"{root}.{k}" if k else root, m) for root, mod in reg.modules for k, m in mod.named_modules()]:
-        if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
-            what = f"{name} ({type(m).__name__})"
-            return CaptureError(
-                f"{what} runs cuDNN's RNN kernel, which stepgraph cannot trace yet (it takes a "
-                "flattened weight buffer the tracer does not handle)\n  this call ran eagerly to its "
-                "end: your model and optimizer hold the result of this step", op=f"cuDNN RNN {what}",
-                where=user_frame(), fix="run the step with cuDNN off for RNNs (wrap the call in "
-                "`with torch.backends.cudnn.flags(enabled=False):`), or keep this step eager "
-                "(on_capture_error='eager')")
-    return None

@@ -180,6 +180,11 @@ def tensor_shape(t) -> tuple:
     return tuple(t.shape)
 
 
+def tensor_values(t) -> tuple:
+    """Graph node: a CPU tensor's values, read on the host (a packed sequence's batch sizes)."""
+    return tuple(t.tolist())
+
+
 class _DispatchCheckMode(TorchDispatchMode):
     def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
                  reads: ReadLog | None = None):
@@ -190,6 +195,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         self.host_scalar_ops = 0
         self.known = known if known is not None else set()
         self.foreign_seen: set = set()
+        self.batch_sizes: list = []   # packed batch sizes guarded by value: reading them is safe
 
     def _shape_guards(self, func, out) -> None:
         from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
@@ -201,6 +207,29 @@ class _DispatchCheckMode(TorchDispatchMode):
                 shape = tracer.create_node("call_function", tensor_shape, (node,), {})
                 self.reads.guard(shape, tuple(t.shape), f"the shape of {func}'s output (it depends on "
                                  "tensor values)", site)
+
+    def guard_batch_sizes(self, sizes) -> bool:
+        """A packed sequence's batch sizes (host values, from the lengths) are read by every RNN
+        kernel after it and baked into the graph: guarded by value (new lengths: another graph;
+        unguarded, a replay crashed or computed on the wrong rows). False: refused instead."""
+        from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+        if self._reads_guarded(sizes):
+            return True
+        tracer, site = get_proxy_mode().tracer, user_frame()
+        if self.reads is None or not has_proxy_slot(sizes, tracer):
+            self.problems.append(Problem(
+                "pack_padded_sequence: the packed batch sizes are read from the lengths on the host",
+                site, "use host_reads='guard' (the default): the lengths are then guarded by value"))
+            return False
+        node = tracer.create_node("call_function", tensor_values, (get_proxy_slot(sizes, tracer).proxy.node,), {})
+        self.reads.guard(node, tuple(sizes.tolist()), "the batch sizes of a packed sequence (its lengths)", site)
+        self.batch_sizes.append(sizes)
+        return True
+
+    def _reads_guarded(self, t) -> bool:
+        """``t`` is (a view of) guarded batch sizes (nn.LSTM's ``max_batch_size = batch_sizes[0]``)."""
+        base = t._base if t._base is not None else t
+        return any(base is b for b in self.batch_sizes)
 
     def _foreign_history(self, args, kwargs) -> None:
         """A tensor computed *before* the step, with autograd history (REINFORCE's saved
@@ -223,6 +252,9 @@ class _DispatchCheckMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._foreign_history(args, kwargs)
+        if func is torch.ops.aten._local_scalar_dense.default and self.batch_sizes and self._reads_guarded(args[0]):
+            with _disable_current_modes():
+                return func(*args, **kwargs)   # a value the graph's guard already fixes
         found = _dynamic_problem(func, args)
         if found is not None and self.reads is not None and torch.Tag.dynamic_output_shape in func.tags:
             # nonzero, boolean masks, unique: this graph holds for the output shape the trace saw;
@@ -238,6 +270,11 @@ class _DispatchCheckMode(TorchDispatchMode):
                 with _disable_current_modes():
                     return func(*args, **kwargs)
         out = func(*args, **kwargs)
+        if func is torch.ops.aten._pack_padded_sequence.default:
+            if self.cuda_step:
+                from .rnns import refuse_packed
+                refuse_packed(self.problems, user_frame())
+            self.guard_batch_sizes(out[1])
         work = _cpu_work(func, args, kwargs, out) if self.cuda_step else None
         if work == "scalar":
             self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only

@@ -30,6 +30,7 @@ from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, 
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
+from .rnns import RnnDecomposition
 from . import pyeffects
 from .rollback import CopyOnWrite, Rollback
 from .sinks import TrackMode, scrub, sinks, unwrap_result
@@ -130,7 +131,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
-                sinks(uses), TrackMode(uses):
+                sinks(uses), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes):
             try:
                 swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
