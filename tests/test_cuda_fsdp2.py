@@ -41,10 +41,12 @@ def _run(step, batches):
 
 
 def _graph_pool_bytes() -> int:
-    """Bytes held by CUDA-graph private pools (only stepgraph's graph makes one here): blocks a
-    replay uses but the allocator counts as free, so max_memory_allocated does not see them."""
+    """Free bytes of CUDA-graph private pools (only stepgraph's graph makes one here): blocks a
+    replay uses for its temporaries but the allocator counts as free, so max_memory_allocated
+    does not see them. (The pool's allocated blocks, e.g. static outputs, are counted already.)"""
     segs = torch.cuda.memory._snapshot().get("segments", [])
-    return sum(s["total_size"] for s in segs if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
+    return sum(s["total_size"] - s.get("allocated_size", 0) for s in segs
+               if tuple(s.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
 def _transient(step, batches, pool: int) -> int:
