@@ -93,13 +93,10 @@ def _root(n: fx.Node) -> fx.Node:
 
 
 def _tensor_args(n: fx.Node):
-    """Every node among ``n``'s arguments (lists included), once each."""
-    seen = []
-    for a in list(n.args) + list(n.kwargs.values()):
-        for x in (a if isinstance(a, (list, tuple)) else [a]):
-            if isinstance(x, fx.Node) and x not in seen:
-                seen.append(x)
-    return seen
+    """Every node among ``n``'s arguments (nested lists, tuples and dicts included), once each."""
+    seen = {}
+    fx.node.map_arg((n.args, n.kwargs), lambda x: seen.setdefault(x, None))
+    return list(seen)
 
 
 def _candidates(gm: fx.GraphModule, report: UnshardedReport) -> dict:
