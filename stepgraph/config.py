@@ -60,9 +60,13 @@ KNOBS = {k.name: k for k in [
          "Override host_reads of every compile(): 'guard' (values read on the host are live or "
          "guarded between graph segments) or 'error' (any host read is a CaptureError)."),
     Knob("fsdp2_cuda", "STEPGRAPH_FSDP2_CUDA", False,
-         "Capture FSDP2 (fully_shard) steps on CUDA too: bitwise equal to eager on an H100 but "
-         "replayed without a CUDA graph, 1.13x eager's step time (issue 19); off: such steps are "
-         "refused with a CaptureError and run eagerly."),
+         "Capture FSDP2 (fully_shard) steps on CUDA too (issue 19): their unsharded parameters "
+         "become graph temporaries (passes/unsharded.py), so backend='auto' records one CUDA graph "
+         "(not yet measured on a GPU); off: such steps are refused with a CaptureError and run eagerly."),
+    Knob("fsdp2_temporaries", "STEPGRAPH_FSDP2_TEMPORARIES", True,
+         "FSDP2 steps: turn the unsharded-parameter storages FSDP2 frees and allocates into graph "
+         "temporaries (passes/unsharded.py; no storage resizes left, so a CUDA graph can record "
+         "the step); 0: keep the resizes as traced (the replay backend runs them)."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

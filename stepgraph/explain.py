@@ -78,6 +78,13 @@ def explain(self) -> str:
         if resizes:
             lines.append(f"    storages freed or allocated in the graph: {resizes} (FSDP2's unsharded parameters, "
                          "as in eager)")
+        unsh = e.graph.meta.get("unsharded")
+        if unsh is not None and unsh.storages:
+            lines.append(f"    FSDP2 unsharded parameters as graph temporaries: {unsh.storages} storages, "
+                         f"{unsh.temporaries} all-gather intervals, {unsh.resizes_removed} resizes removed")
+        if unsh is not None and unsh.left:
+            lines.append(f"    FSDP2 storages left resized as traced: {len(unsh.left)} "
+                         f"({next(iter(unsh.left.values()))})")
         live = list(dict.fromkeys(n.target.live_label for n in e.graph.graph.nodes
                                   if n.op == "call_function" and hasattr(n.target, "live_label")))
         if live:

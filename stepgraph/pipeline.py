@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import backends
+from . import backends, config
 from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream, refuse_uncapturable
 from .captured import CapturedStep, log_recapture, plain_floats
@@ -44,6 +44,7 @@ from .errors import NeedsReplay
 from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
+from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
 
@@ -194,6 +195,8 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     distributed.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)
+    if reg.fsdp and config.get("fsdp2_temporaries"):
+        storages_to_temporaries(gm)   # FSDP2's freed storages as graph temporaries: no resizes left
     traced.checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
     traced.guard_plan = place_guards(gm, plan.device, reg.name_of)
     traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")

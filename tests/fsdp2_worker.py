@@ -122,7 +122,9 @@ def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at
         diffs.append(max_diff(a, oa, b, ob))  # state_dict() mid-run included
     s = sg.stats
     code = sg.graph.code if s.captures else ""
-    return {"errors": errors, "max_diff": max(diffs), "loss_diff": max(loss_diffs, default=0.0),
+    unsh = sg.graph.meta.get("unsharded") if s.captures else None
+    return {"errors": errors, "unsharded": None if unsh is None else
+            {"storages": unsh.storages, "temporaries": unsh.temporaries, "left": len(unsh.left)}, "max_diff": max(diffs), "loss_diff": max(loss_diffs, default=0.0),
             "captures": s.captures, "replays": s.replays, "eager_calls": s.eager_calls,
             "recaptures": s.recaptures,
             "graph_ops": {op: code.count(f".{op}.default(") for op in ("all_gather_into_tensor",
@@ -158,6 +160,11 @@ def accumulating_step(model, opt):
 def scenario_fsdp2(out):
     for raf in (True, False):
         out[f"raf={raf}"] = run_case(raf)
+    os.environ["STEPGRAPH_FSDP2_TEMPORARIES"] = "0"  # the storages resized in the graph, as traced
+    try:
+        out["resizes_kept"] = run_case(True)
+    finally:
+        del os.environ["STEPGRAPH_FSDP2_TEMPORARIES"]
     out["settings_change"] = run_case(True, calls=8, change_at=4)
     from torch.distributed.fsdp import MixedPrecisionPolicy
     out["bf16_params"] = run_case(True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16,

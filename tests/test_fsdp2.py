@@ -39,17 +39,26 @@ def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
     per-rank batches; parameters, optimizer state and state_dict() equal eager FSDP2's bitwise
     after every call."""
     for r, res in enumerate(launch("fsdp2", tmp_path)):
-        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step", "gpt"):
+        for case in ("raf=True", "raf=False", "bf16_params", "accumulate_in_step", "gpt", "resizes_kept"):
             got = res[case]
             assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
             assert got["captures"] == 1 and got["replays"] == 5 and not got["errors"], (r, case, got)
             ops = got["graph_ops"]  # the communication is in the graph
             assert ops["reduce_scatter_tensor"] == 3 and ops["all_reduce"] == 1, (r, case, ops)
-            # storages freed and allocated again in the graph: FSDP2's memory promise
-            assert ops["resize_storage_bytes_"] >= 4 * ops["all_gather_into_tensor"] - 12, (r, case, ops)
+            unsh = got["unsharded"]
+            if case == "resizes_kept":  # STEPGRAPH_FSDP2_TEMPORARIES=0: freed and allocated in the graph
+                assert unsh is None and ops["resize_storage_bytes_"] >= 4 * ops["all_gather_into_tensor"] - 12
+                continue
+            # every unsharded storage is a graph temporary, one per all-gather interval: no resizes
+            # left (passes/unsharded.py), so a CUDA graph could record the step
+            assert ops["resize_storage_bytes_"] == 0 and unsh["left"] == 0, (r, case, ops, unsh)
+            assert unsh["storages"] > 0 and unsh["temporaries"] >= unsh["storages"], (r, case, unsh)
         # reshard_after_forward=True all-gathers again in backward (3 blocks: 6), False keeps them
         assert res["raf=True"]["graph_ops"]["all_gather_into_tensor"] == 6
         assert res["raf=False"]["graph_ops"]["all_gather_into_tensor"] == 3
+        # ... and so holds two temporaries per unsharded storage, False one
+        u_t, u_f = res["raf=True"]["unsharded"], res["raf=False"]["unsharded"]
+        assert u_t["temporaries"] == 2 * u_t["storages"] and u_f["temporaries"] == u_f["storages"], (u_t, u_f)
         # a setting changed between calls (set_reshard_after_forward) recaptures, with the reason
         ch = res["settings_change"]
         assert ch["max_diff"] == 0.0 and ch["captures"] == 2 and ch["replays"] == 5, (r, ch)
@@ -102,8 +111,8 @@ def test_world_of_one_fsdp2_model_passed_as_an_argument_is_captured(world_of_one
         assert torch.equal(sg(a, oa, x, y), step(b, ob, x, y))
         assert max_diff(a, oa, b, ob) == 0.0
     assert sg.stats.captures == 1 and sg.stats.replays == 3
-    assert "resize_storage_bytes_" in sg.graph.code
-    assert "storages freed or allocated in the graph" in sg.explain()
+    assert "resize_storage_bytes_" not in sg.graph.code  # graph temporaries instead (passes/unsharded.py)
+    assert "FSDP2 unsharded parameters as graph temporaries: 6 storages" in sg.explain()
 
 
 def test_step_leaving_fsdp2_settings_changed_is_refused_after_running_as_eager(world_of_one):

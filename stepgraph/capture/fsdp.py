@@ -13,7 +13,9 @@ while stepgraph traces:
 * Storage frees. FSDP2 frees an unsharded parameter's storage after use and allocates it again
   before the next all-gather (``UntypedStorage.resize_``, outside the dispatcher). While tracing,
   its ``alloc_storage`` / ``free_storage`` call ``inductor.resize_storage_bytes_`` instead: an op
-  the graph records, so a replay frees and allocates as eager does (memory as eager's).
+  the graph records. After the trace, ``passes/unsharded.py`` turns each such storage into graph
+  temporaries (one per all-gather interval) where it can prove that safe, so no resize is left
+  for a CUDA graph to refuse; a storage it leaves keeps its resizes (replay backend).
 
 FSDP2's Python flags that decide which ops its hooks run (``set_requires_gradient_sync``,
 ``set_reshard_after_backward``, ...) are part of the step's signature (``key``): changing one
@@ -91,11 +93,12 @@ def refusal(reg, device: str, backend: str) -> CaptureError | None:
             return _refuse(name, "no lazy initialisation yet (its first call is the capture)",
                            "let the first call run eagerly (the default warmup=1)")
         if device == "cuda" and not config.get("fsdp2_cuda"):
-            # Measured on one H100 (torch 2.11, NCCL, world 1, GPT-6L d=384): bitwise equal to
-            # eager, but 53.1 vs 47.1 ms/step: FSDP2's storage resizes keep it off a CUDA graph, so
-            # it replays as generated Python, which is slower than eager here.
-            return _refuse(name, "CUDA (captured FSDP2 steps replay without a CUDA graph, slower than "
-                           "eager: 1.13x on an H100; STEPGRAPH_FSDP2_CUDA=1 captures them anyway)",
+            # Measured on one H100 (torch 2.11, NCCL, world 1, GPT-6L d=384) before
+            # passes/unsharded.py: bitwise equal to eager, but 53.1 vs 47.1 ms/step on the replay
+            # backend. With the pass the step can be one CUDA graph; opt-in until
+            # tests/test_cuda_fsdp2.py has passed on a GPU.
+            return _refuse(name, "CUDA (captured FSDP2 steps are not yet measured on a GPU as one CUDA "
+                           "graph; STEPGRAPH_FSDP2_CUDA=1 captures them)",
                            "keep this step eager (on_capture_error='eager')")
         if backend == "inductor":
             return _refuse(name, "backend='inductor'", "use backend='replay'")
