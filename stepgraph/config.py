@@ -67,6 +67,10 @@ KNOBS = {k.name: k for k in [
          "FSDP2 steps: turn the unsharded-parameter storages FSDP2 frees and allocates into graph "
          "temporaries (passes/unsharded.py; no storage resizes left, so a CUDA graph can record "
          "the step); 0: keep the resizes as traced (the replay backend runs them)."),
+    Knob("cudnn_rnn", "STEPGRAPH_CUDNN_RNN", "refuse",
+         "A step whose nn.LSTM/GRU/RNN runs cuDNN on CUDA: 'refuse' (a CaptureError naming the fix "
+         "cudnn.flags(enabled=False); the call runs eagerly) or 'decompose' (captured as matmuls and "
+         "pointwise ops, capture/rnns.py: fp tolerance vs cuDNN; tested on the CPU only so far)."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

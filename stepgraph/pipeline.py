@@ -34,6 +34,7 @@ from .capture.compiled import note_compiled_parts
 from .capture.effects import resolve_bindings
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
+from .capture.libraries import untraceable_modules
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
 from .capture.rollback import Rollback
@@ -125,7 +126,8 @@ def adapt_optimizers(step, plan: Plan, args, kwargs) -> None:
     step._reg.refresh_names()
     step._agree(step._reg, plan.sig.leaves, step._calls, "capture")  # ranks meet (DDP steps only)
     # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
-    plan.refusal = fsdp.refusal(step._reg, plan.device, backend.name)
+    plan.refusal = (fsdp.refusal(step._reg, plan.device, backend.name)
+                    or untraceable_modules(step._reg, plan.device))
     if backend.prepare is not None and plan.refusal is None:
         changed = backend.prepare(step._reg)
         if changed:

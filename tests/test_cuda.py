@@ -211,3 +211,39 @@ def test_inputs_with_static_address_skip_copy_and_mutated_inputs_copied_back():
         step(*_batch(seed=i), counter)
     assert counter.item() == 5.0, "an input the graph writes must be written back"
 
+
+
+def test_cudnn_lstm_is_a_clear_error_and_captures_with_cudnn_off():
+    torch.manual_seed(0)
+    lstm, head = torch.nn.LSTM(8, 16, num_layers=2).cuda(), torch.nn.Linear(16, 4).cuda()
+    twin_lstm, twin_head = copy.deepcopy(lstm), copy.deepcopy(head)
+    params = list(lstm.parameters()) + list(head.parameters())
+    twin_params = list(twin_lstm.parameters()) + list(twin_head.parameters())
+    opt, topt = torch.optim.SGD(params, lr=0.1), torch.optim.SGD(twin_params, lr=0.1)
+
+    def body(rnn, lin, o):
+        def f(x, y):
+            out, _ = rnn(x)
+            loss = F.cross_entropy(lin(out[-1]), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return f
+    step, eager = stepgraph.compile(body(lstm, head, opt)), body(twin_lstm, twin_head, topt)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    batches = [(torch.randn(5, 3, 8, device="cuda", generator=g), torch.randint(0, 4, (3,), device="cuda", generator=g))
+               for _ in range(6)]
+    step(*batches[0]), eager(*batches[0])
+    with pytest.raises(stepgraph.CaptureError, match="cudnn.flags") as e:
+        step(*batches[1])
+    eager(*batches[1])
+    assert "test_cuda.py" in e.value.where
+    for a, b in zip(params, twin_params):
+        assert torch.equal(a, b)  # the refused call ran eagerly to its end
+    with torch.backends.cudnn.flags(enabled=False):
+        for x, y in batches[2:]:
+            assert torch.equal(step(x, y), eager(x, y))
+    for a, b in zip(params, twin_params):
+        assert torch.equal(a, b)
+    assert step.stats.replays >= 2, step.stats
