@@ -150,3 +150,25 @@ def test_python_fed_by_reads_runs_after_the_last_segment(emulated_cudagraph):
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
     run = sg.captures[-1].run
     assert sg.captures[-1].backend == "cudagraph" and len(run.segments) == 1, sg.explain()
+
+
+def test_a_sparse_input_is_refused_before_recording(emulated_cudagraph):
+    """pygcn's sparse adjacency matrix with a host read in the step once reached the segments'
+    static-buffer copy ("copy_() between dense and sparse Tensors"), an unclear failure after
+    which every call ran eagerly; now it is NeedsReplay (backend "auto" runs such a step on the
+    replay backend)."""
+    from stepgraph.errors import NeedsReplay
+    m, m2, o, o2 = _pair()
+    adj = torch.eye(4).to_sparse()
+
+    def step(a, x, y):
+        loss = torch.nn.functional.mse_loss(m(torch.sparse.mm(a, x)), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        print(f"{loss.item():.4f}")
+        return loss.detach()
+    sg = stepgraph.compile(step, backend="cudagraph")
+    sg(adj, torch.randn(4, 8), torch.randn(4, 2))
+    with pytest.raises(NeedsReplay, match="sparse"):
+        sg(adj, torch.randn(4, 8), torch.randn(4, 2))

@@ -147,10 +147,14 @@ def absorb_floats(reg) -> None:
             group[key] = held
 
 
-def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
+def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
     """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
-    (CPU tensor work is classified while tracing, op by op: capture/trace.py:_cpu_work.)"""
+    (CPU tensor work is classified while tracing, op by op: capture/trace.py:_cpu_work.)
+    ``inputs``: the graph's example inputs (a sparse input has no node value to show it: pygcn's
+    adjacency matrix reached the static-buffer copy, "copy_() between dense and sparse")."""
     devices = set()
+    if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in inputs):
+        problems_out.append("sparse")
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
             problems_out.append("host-scalar")
@@ -168,7 +172,7 @@ def check_graph(gm: fx.GraphModule, problems_out: list) -> None:
 
 
 def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileRequest):
-    refuse_uncapturable(gm, request.host_scalar_ops, request.rng_state_calls)
+    refuse_uncapturable(gm, request.host_scalar_ops, request.rng_state_calls, example_inputs)
     _, fn = generate(gm)
     return record(fn, example_inputs, request)
 
@@ -188,7 +192,8 @@ def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
     return not any(n.op == "call_function" and n.target in RNG_STATE_FUNCS for n in gm.graph.nodes)
 
 
-def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_calls: int = 0) -> None:
+def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_calls: int = 0,
+                        inputs=()) -> None:
     if rng_state_calls and not _drop_idle_rng_state_calls(gm):
         raise NeedsReplay(
             "the step saves and restores the RNG state on the host (activation checkpointing with "
@@ -203,7 +208,7 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_
             "cannot record that", op="inductor.resize_storage_bytes_", where="FSDP2's hooks",
             fix="use backend='replay' (backend='auto' does so)")
     problems: list = []
-    check_graph(gm, problems)
+    check_graph(gm, problems, inputs)
     if "dynamic-shape" in problems:
         raise NeedsReplay(
             "the step has an op whose output shape depends on tensor values (nonzero, a boolean "

@@ -153,9 +153,9 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     """The step as CUDA-graph segments between its host reads; the per-call runner."""
     host_scalar_ops, rng_state_calls = request.host_scalar_ops, request.rng_state_calls
     problems: list = []
-    check_graph(gm, problems)
+    check_graph(gm, problems, example_inputs)
     if "sparse" in problems or "dynamic-shape" in problems:
-        refuse_uncapturable(gm)  # (raises its NeedsReplay)
+        refuse_uncapturable(gm, inputs=example_inputs)  # (raises its NeedsReplay)
     if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
         refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)
     if rng_state_calls and not _drop_idle_rng_state_calls(gm):
