@@ -264,3 +264,36 @@ def test_step_leaving_dtensor_grads_is_refused_after_running_as_eager(world_of_o
                 sg(x, y)
         eager(x, y)
         assert max_diff(a, oa, b, ob) == 0.0
+
+
+def test_world_of_one_eager_unshard_before_a_call_is_another_state(world_of_one):
+    """The graph assumes FSDP2 at rest (parameters sharded, unsharded storages empty: the graph
+    builds its own unsharded temporaries, passes/unsharded.py). An eager ``model.unshard()``
+    before a call is another state: it recaptures instead of replaying, and stays equal to eager."""
+    import torch
+    import torch.nn.functional as F
+
+    import stepgraph
+    from fsdp2_worker import max_diff
+    a, oa, b, ob = _twins()
+
+    def step(model, opt, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for i in range(5):
+        x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
+        if i == 3:  # every FSDP module's parameters (the root holds none of its own here)
+            for m in [x for model in (a, b) for x in model.modules() if hasattr(x, "unshard")]:
+                m.unshard()
+        try:
+            got = sg(a, oa, x, y)
+        except stepgraph.CaptureError:  # a clear refusal runs the call eagerly: also fine
+            got = None
+        want = step(b, ob, x, y)
+        assert got is None or torch.equal(got, want), i
+        assert max_diff(a, oa, b, ob) == 0.0, i
+    assert sg.stats.replays < 3 or sg.stats.captures > 1, (sg.stats, "the unsharded call was not a replay")

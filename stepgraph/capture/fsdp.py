@@ -68,6 +68,9 @@ def key(fsdp) -> tuple:
             flags += [(k, v) for k, v in vars(g).items() if isinstance(v, _SIMPLE)]
             flags += [g.post_forward_mesh_info is None, g._all_reduce_hook is None,
                       type(g._all_gather_comm).__name__, type(g._reduce_scatter_comm).__name__]
+            # The graph assumes FSDP2 at rest (parameters sharded, their unsharded storages empty:
+            # passes/unsharded.py); an eager ``model.unshard()`` before a call is another state.
+            flags.append(tuple(p.sharded_state.name for p in g.fsdp_params))
         out.append(tuple(flags))
     return tuple(out)
 
