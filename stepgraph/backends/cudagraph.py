@@ -1,6 +1,5 @@
-"""``cudagraph``: the whole step recorded into one ``torch.cuda.CUDAGraph``; a call is
-guard check -> copy user inputs into static buffers (skipped when the address already
-matches) -> ``replay()`` -> outputs.
+"""``cudagraph``: the whole step recorded into one ``torch.cuda.CUDAGraph``; a call is guard
+check -> copy user inputs into static buffers (unless at that address) -> ``replay()`` -> outputs.
 
 Parameters, buffers, optimizer state and persistent grads are never copied: the graph
 holds their addresses, checked on every call by one C++ data-pointer comparison; when one
@@ -149,9 +148,8 @@ def absorb_floats(reg) -> None:
 
 def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
     """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
-    (CPU tensor work is classified while tracing, op by op: capture/trace.py:_cpu_work.)
-    ``inputs``: the graph's example inputs (a sparse input has no node value to show it: pygcn's
-    adjacency matrix reached the static-buffer copy, "copy_() between dense and sparse")."""
+    (CPU tensor work: capture/trace.py:_cpu_work.) ``inputs``: a sparse one shows in no node value
+    (pygcn's adjacency matrix reached the static-buffer copy: "copy_() between dense and sparse")."""
     devices = set()
     if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in inputs):
         problems_out.append("sparse")
@@ -192,8 +190,7 @@ def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
     return not any(n.op == "call_function" and n.target in RNG_STATE_FUNCS for n in gm.graph.nodes)
 
 
-def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops: int = 0, rng_state_calls: int = 0,
-                        inputs=()) -> None:
+def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops=0, rng_state_calls=0, inputs=()) -> None:
     if rng_state_calls and not _drop_idle_rng_state_calls(gm):
         raise NeedsReplay(
             "the step saves and restores the RNG state on the host (activation checkpointing with "
