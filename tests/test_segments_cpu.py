@@ -103,3 +103,42 @@ def test_a_read_only_returned_needs_one_segment(emulated_cudagraph):
         x, y = torch.randn(4, 8), torch.randn(4, 2)
         assert sg(x, y) == eager(x, y), i
     assert len(sg.captures[-1].run.segments) == 1
+
+
+def _mask_step(model, opt):
+    def step(x, y):
+        keep = y != -100   # a data-dependent count: x[keep] syncs to allocate, in eager too
+        loss = torch.nn.functional.cross_entropy(model(x)[keep], y[keep])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def _mask_batch(i, dropped):
+    g = torch.Generator().manual_seed(i)
+    x, y = torch.randn(6, 8, generator=g), torch.randint(0, 2, (6,), generator=g)
+    y[:dropped] = -100
+    return x, y
+
+
+def test_a_data_dependent_shape_runs_between_segments(emulated_cudagraph):
+    """``x[mask]`` ends a segment: the op runs on the host as in eager, its shape is guarded, its
+    output is copied into the static buffer the next segment reads; a new count -> a sibling."""
+    m, m2, o, o2 = _pair()
+    sg, eager = stepgraph.compile(_mask_step(m, o), backend="cudagraph"), _mask_step(m2, o2)
+    counts = [1, 1, 1, 1, 3, 3, 1, 3, 0, 1]
+    for i, dropped in enumerate(counts):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        x, y = _mask_batch(i, dropped)
+        assert torch.equal(sg(x, y), eager(x, y)), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+    run = sg.captures[0].run
+    # forward x[keep] and y[keep], and the backward's index_put of the mask: each on the host
+    assert len(run.segments) >= 3 and sum(len(s.materialise) for s in run.segments) >= 3, sg.explain()
+    assert sg.stats.captures == 3, sg.stats   # one graph per count: 1, 3, 0
+    assert any("shape of aten.index.Tensor" in r for r in sg.stats.recaptures), sg.stats.recaptures
+    assert sum(sg.stats.guard_misses.values()) >= 3, sg.stats
