@@ -142,3 +142,41 @@ def test_a_data_dependent_shape_runs_between_segments(emulated_cudagraph):
     assert sg.stats.captures == 3, sg.stats   # one graph per count: 1, 3, 0
     assert any("shape of aten.index.Tensor" in r for r in sg.stats.recaptures), sg.stats.recaptures
     assert sum(sg.stats.guard_misses.values()) >= 3, sg.stats
+
+
+def test_a_count_that_never_repeats_stops_at_max_captures_with_one_warning(emulated_cudagraph):
+    """A mask count new at every call: at most ``max_captures`` graphs, then ONE warning naming
+    the site, then eager calls (bitwise throughout); misses counted per site in stats."""
+    import warnings
+    m, m2, o, o2 = _pair()
+    sg = stepgraph.compile(_mask_step(m, o), backend="cudagraph", max_captures=3)
+    eager = _mask_step(m2, o2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(7):
+            if i == 1:
+                emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+            x, y = _mask_batch(i, i % 6)   # 0, 1, 2, ... dropped: never the same count twice
+            assert torch.equal(sg(x, y), eager(x, y)), i
+    msgs = [str(x.message) for x in w if "keeps changing" in str(x.message)]
+    assert len(msgs) == 1 and "max_captures=3" in msgs[0] and "test_segments_cpu.py:" in msgs[0], msgs
+    assert sg.stats.captures == 3 and sg.stats.eager_calls == 1 + 3, sg.stats
+    site = next(iter(sg.stats.guard_misses))
+    assert "model(x)[keep]" in site and list(sg.stats.guard_misses) == [site], sg.stats.guard_misses
+    assert f"guard misses at {site}: " in sg.explain()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_explain_lists_segments_and_what_each_sync_costs(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+    sg = stepgraph.compile(_skip_step(m, o), backend="cudagraph")
+    for i in range(5):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        sg(torch.randn(4, 8), torch.randn(4, 2))
+    syncs = sg.captures[0].run.syncs
+    assert syncs and all(p.count == 3 and p.seconds > 0 for p in syncs), syncs
+    text = sg.explain()
+    assert "segment 0:" in text and "segment 1:" in text, text
+    line = next(x for x in text.splitlines() if "sync:" in x and "isfinite" in x)
+    assert "test_segments_cpu.py:" in line and "µs host wait per call (3 calls)" in line, line
