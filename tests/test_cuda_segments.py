@@ -119,3 +119,31 @@ def test_boolean_mask_loss_runs_as_segments_around_the_data_dependent_op():
     run = sg.captures[0].run
     assert len(run.segments) >= 2 and any(s.materialise for s in run.segments), sg.explain()
     assert all(p.count > 0 for p in run.syncs) and "host wait per call" in sg.explain()
+
+
+def test_nonzero_unique_and_masked_select_run_between_segments():
+    m, m2, opt, opt2 = _pair()
+
+    def make(model, o):
+        def step(x, y):
+            out = model(x)
+            sel = torch.masked_select(out, out > 0)   # backward: masked_scatter (no sync on CUDA)
+            idx = (y > 1).nonzero().squeeze(1)        # then integer indexing: a static shape
+            classes = torch.unique(y)
+            loss = sel.sum() + out[idx].square().mean() + classes.sum() * 0.1
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.detach(), classes
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to replay
+        for i in range(8):
+            x, y = _batch(i % 2)   # two batches, so counts repeat
+            (a, ca), (b, cb) = sg(x, y), eager(x, y)
+            assert torch.equal(ca, cb) and torch.equal(a, b), i
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+    assert any(s.materialise for s in sg.captures[0].run.segments), sg.explain()

@@ -37,7 +37,9 @@ def emulated_cudagraph(monkeypatch):
             res = list(fn(*args))
             for t, c in saved:
                 t.copy_(c)
-        outs = [torch.empty_like(o) if isinstance(o, torch.Tensor) else o for o in res]
+        # (the values it computed, not garbage: a later segment's recording run reads them, and
+        # a CPU masked_scatter checks its mask against its source, which CUDA's does not)
+        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in res]
         return _EmulatedGraph(fn, args, outs), outs
     monkeypatch.setattr(segments, "_record", record)
     cpu = dataclasses.replace(cudagraph.BACKEND, device_types=("cpu", "cuda"))
@@ -180,3 +182,34 @@ def test_explain_lists_segments_and_what_each_sync_costs(emulated_cudagraph):
     assert "segment 0:" in text and "segment 1:" in text, text
     line = next(x for x in text.splitlines() if "sync:" in x and "isfinite" in x)
     assert "test_segments_cpu.py:" in line and "µs host wait per call (3 calls)" in line, line
+
+
+def test_nonzero_unique_and_masked_select_run_between_segments(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        def step(x, y):
+            out = model(x)
+            sel = torch.masked_select(out, y > 0)        # backward: masked_scatter
+            idx = (y[:, 0] > 0).nonzero().squeeze(1)     # integer indices: a static shape after it
+            classes = torch.unique(y.sign())
+            loss = sel.sum() + out[idx].square().mean() + classes.sum() * 0.1
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), classes
+        return step
+    sg, eager = stepgraph.compile(make(m, o), backend="cudagraph"), make(m2, o2)
+    for i in range(8):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        g = torch.Generator().manual_seed(i % 2)   # two batches: two sets of counts
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+        (a, ca), (b, cb) = sg(x, y), eager(x, y)
+        assert torch.equal(a, b) and torch.equal(ca, cb), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert all(e.backend == "cudagraph" for e in sg.captures) and sg.stats.captures == 2, sg.explain()
+    assert sg.stats.replays == 5, sg.stats
+    ops = {str(p.what.split()[0]) for p in sg.captures[0].run.syncs}
+    assert {"aten.masked_select.default", "aten.nonzero.default"} <= ops, ops
+    assert any("unique" in op for op in ops), ops
