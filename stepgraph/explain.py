@@ -41,6 +41,8 @@ def explain(self) -> str:
                      + "; optimizers " + (", ".join(n for n, _ in reg.optimizers) or "-"))
     for r in self.stats.recaptures:
         lines.append(f"  recapture: {r}")
+    for site, n in self.stats.guard_misses.items():
+        lines.append(f"  guard misses at {site}: {n}")
     for i, e in enumerate(self.captures):
         s = e.summary
         tr = e.trace
@@ -105,6 +107,7 @@ def explain(self) -> str:
         if segs:
             lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
+            lines += _segment_lines(segs, e.run.syncs)
         if tr.source_inputs:
             lines.append("    tensors of loop variables read as inputs at each call: "
                          + _names([src.describe() for src in tr.source_inputs], 6))
@@ -136,6 +139,22 @@ def explain(self) -> str:
                      "hyper-parameters; optimizer state identity; module parameter registration; "
                      ".grad presence and layout")
     return "\n".join(lines)
+
+
+def _segment_lines(segs, syncs) -> list[str]:
+    """Each CUDA-graph segment, and after it each host sync with its site and measured wait."""
+    lines = []
+    for k in range(-1, len(segs)):
+        if k >= 0:
+            seg = segs[k]
+            ops = sum(1 for n in seg.module.graph.nodes if n.op == "call_function")
+            lines.append(f"      segment {k}: {ops} ops" + (f", reads {len(seg.materialise)} host op output(s) "
+                                                           "from static buffers" if seg.materialise else ""))
+        for p in syncs:
+            if p.after_segment == k:
+                cost = f"{p.average_us():.1f} µs host wait per call ({p.count} calls)" if p.count else "not run yet"
+                lines.append(f"      sync: {p.what} at {p.site}: {cost}")
+    return lines
 
 
 def explain_partial(gm) -> str:

@@ -87,3 +87,63 @@ def test_returned_item_needs_no_segment():
         assert type(a) is float and a == b
     assert sg.captures[-1].backend == "cudagraph"
     assert len(sg.captures[-1].run.segments) == 1
+
+
+def test_boolean_mask_loss_runs_as_segments_around_the_data_dependent_op():
+    """``logits[keep]`` (a count read on the host to allocate, in eager too) ends a segment: the
+    op runs between the CUDA graphs, its shape guarded; a new count captures a sibling graph.
+    Bitwise with eager for both counts, and never on the replay backend."""
+    m, m2, opt, opt2 = _pair()
+
+    def make(model, o):
+        def step(x, y):
+            keep = y != -100
+            loss = F.cross_entropy(model(x)[keep], y[keep])
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to replay
+        for i in range(10):
+            x, y = _batch(i)
+            y[: 1 + (i >= 5) * 2] = -100   # 7 kept, then 5 kept
+            a, b = sg(x, y), eager(x, y)
+            assert torch.equal(a, b), (i, a, b)
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+    assert sg.stats.captures == 2 and sg.stats.replays == 7, sg.stats
+    run = sg.captures[0].run
+    assert len(run.segments) >= 2 and any(s.materialise for s in run.segments), sg.explain()
+    assert all(p.count > 0 for p in run.syncs) and "host wait per call" in sg.explain()
+
+
+def test_nonzero_unique_and_masked_select_run_between_segments():
+    m, m2, opt, opt2 = _pair()
+
+    def make(model, o):
+        def step(x, y):
+            out = model(x)
+            sel = torch.masked_select(out, x[:, :4] > 0)  # backward: masked_scatter (no sync on CUDA)
+            idx = (y > 1).nonzero().squeeze(1)        # then integer indexing: a static shape
+            classes = torch.unique(y)
+            loss = sel.sum() + out[idx].square().mean() + classes.sum() * 0.1
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.detach(), classes
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to replay
+        for i in range(8):
+            x, y = _batch(i % 2)   # two batches, so counts repeat
+            (a, ca), (b, cb) = sg(x, y), eager(x, y)
+            assert torch.equal(ca, cb) and torch.equal(a, b), i
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
+    assert all(e.backend == "cudagraph" for e in sg.captures) and sg.stats.captures <= 2, sg.explain()
+    assert any(s.materialise for s in sg.captures[0].run.segments), sg.explain()

@@ -37,7 +37,9 @@ def emulated_cudagraph(monkeypatch):
             res = list(fn(*args))
             for t, c in saved:
                 t.copy_(c)
-        outs = [torch.empty_like(o) if isinstance(o, torch.Tensor) else o for o in res]
+        # (the values it computed, not garbage: a later segment's recording run reads them, and
+        # a CPU masked_scatter checks its mask against its source, which CUDA's does not)
+        outs = [o.clone() if isinstance(o, torch.Tensor) else o for o in res]
         return _EmulatedGraph(fn, args, outs), outs
     monkeypatch.setattr(segments, "_record", record)
     cpu = dataclasses.replace(cudagraph.BACKEND, device_types=("cpu", "cuda"))
@@ -172,3 +174,111 @@ def test_a_sparse_input_is_refused_before_recording(emulated_cudagraph):
     sg(adj, torch.randn(4, 8), torch.randn(4, 2))
     with pytest.raises(NeedsReplay, match="sparse"):
         sg(adj, torch.randn(4, 8), torch.randn(4, 2))
+
+
+def _mask_step(model, opt):
+    def step(x, y):
+        keep = y != -100   # a data-dependent count: x[keep] syncs to allocate, in eager too
+        loss = torch.nn.functional.cross_entropy(model(x)[keep], y[keep])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def _mask_batch(i, dropped):
+    g = torch.Generator().manual_seed(i)
+    x, y = torch.randn(6, 8, generator=g), torch.randint(0, 2, (6,), generator=g)
+    y[:dropped] = -100
+    return x, y
+
+
+def test_a_data_dependent_shape_runs_between_segments(emulated_cudagraph):
+    """``x[mask]`` ends a segment: the op runs on the host as in eager, its shape is guarded, its
+    output is copied into the static buffer the next segment reads; a new count -> a sibling."""
+    m, m2, o, o2 = _pair()
+    sg, eager = stepgraph.compile(_mask_step(m, o), backend="cudagraph"), _mask_step(m2, o2)
+    counts = [1, 1, 1, 1, 3, 3, 1, 3, 0, 1]
+    for i, dropped in enumerate(counts):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        x, y = _mask_batch(i, dropped)
+        assert torch.equal(sg(x, y), eager(x, y)), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+    run = sg.captures[0].run
+    # forward x[keep] and y[keep], and the backward's index_put of the mask: each on the host
+    assert len(run.segments) >= 3 and sum(len(s.materialise) for s in run.segments) >= 3, sg.explain()
+    assert sg.stats.captures == 3, sg.stats   # one graph per count: 1, 3, 0
+    assert any("shape of aten.index.Tensor" in r for r in sg.stats.recaptures), sg.stats.recaptures
+    assert sum(sg.stats.guard_misses.values()) >= 3, sg.stats
+
+
+def test_a_count_that_never_repeats_stops_at_max_captures_with_one_warning(emulated_cudagraph):
+    """A mask count new at every call: at most ``max_captures`` graphs, then ONE warning naming
+    the site, then eager calls (bitwise throughout); misses counted per site in stats."""
+    import warnings
+    m, m2, o, o2 = _pair()
+    sg = stepgraph.compile(_mask_step(m, o), backend="cudagraph", max_captures=3)
+    eager = _mask_step(m2, o2)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(7):
+            if i == 1:
+                emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+            x, y = _mask_batch(i, i % 6)   # 0, 1, 2, ... dropped: never the same count twice
+            assert torch.equal(sg(x, y), eager(x, y)), i
+    msgs = [str(x.message) for x in w if "keeps changing" in str(x.message)]
+    assert len(msgs) == 1 and "max_captures=3" in msgs[0] and "test_segments_cpu.py:" in msgs[0], msgs
+    assert sg.stats.captures == 3 and sg.stats.eager_calls == 1 + 3, sg.stats
+    site = next(iter(sg.stats.guard_misses))
+    assert "model(x)[keep]" in site and list(sg.stats.guard_misses) == [site], sg.stats.guard_misses
+    assert f"guard misses at {site}: " in sg.explain()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_explain_lists_segments_and_what_each_sync_costs(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+    sg = stepgraph.compile(_skip_step(m, o), backend="cudagraph")
+    for i in range(5):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        sg(torch.randn(4, 8), torch.randn(4, 2))
+    syncs = sg.captures[0].run.syncs
+    assert syncs and all(p.count == 3 and p.seconds > 0 for p in syncs), syncs
+    text = sg.explain()
+    assert "segment 0:" in text and "segment 1:" in text, text
+    line = next(x for x in text.splitlines() if "sync:" in x and "isfinite" in x)
+    assert "test_segments_cpu.py:" in line and "µs host wait per call (3 calls)" in line, line
+
+
+def test_nonzero_unique_and_masked_select_run_between_segments(emulated_cudagraph):
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        def step(x, y):
+            out = model(x)
+            sel = torch.masked_select(out, y > 0)        # backward: masked_scatter
+            idx = (y[:, 0] > 0).nonzero().squeeze(1)     # integer indices: a static shape after it
+            classes = torch.unique(y.sign())
+            loss = sel.sum() + out[idx].square().mean() + classes.sum() * 0.1
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), classes
+        return step
+    sg, eager = stepgraph.compile(make(m, o), backend="cudagraph"), make(m2, o2)
+    for i in range(8):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        g = torch.Generator().manual_seed(i % 2)   # two batches: two sets of counts
+        x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+        (a, ca), (b, cb) = sg(x, y), eager(x, y)
+        assert torch.equal(a, b) and torch.equal(ca, cb), i
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert all(e.backend == "cudagraph" for e in sg.captures) and sg.stats.captures == 2, sg.explain()
+    assert sg.stats.replays == 5, sg.stats
+    ops = {str(p.what.split()[0]) for p in sg.captures[0].run.syncs}
+    assert {"aten.masked_select.default", "aten.nonzero.default"} <= ops, ops
+    assert any("unique" in op for op in ops), ops

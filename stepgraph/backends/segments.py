@@ -12,6 +12,9 @@ returned for logging) run on the host between them:
 Each read costs one sync, which eager pays too. A read whose only use is to be returned
 (``return loss.item()``) is taken after the last segment, so it cuts nothing; so is
 a read only Python uses (``meter.sum += loss.item()``), and a live read of the user's number.
+An op whose output shape depends on tensor values (``nonzero``, ``x[mask]``, ``unique``) ends a
+segment: it runs on the host as in eager, its shape is guarded, and its output is copied into a
+static buffer the next segment reads (backends/hostops.py says why). Each sync is timed (``syncs``).
 
 What a segment takes from the host must be fixed while it is recorded: a value a guard checks
 (the graph holds for that value only) or a live float fed as a device tensor
@@ -29,26 +32,27 @@ from torch import fx
 from ..markers import host_guard
 from ..errors import NeedsReplay
 from . import CompileRequest
+from .hostops import (READ as _READ, is_shape_read, materialiser, needs_host, shape_from_data, static_like,
+                      sync_point, timed, writes_first_arg)
 from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
                         refuse_uncapturable)
 from .replay import generate
 from .runner import Runner
 
-_READ = torch.ops.aten._local_scalar_dense.default
-
-
 def _host_nodes(gm: fx.GraphModule) -> set:
-    """Host reads, the guards and the RNG snapshot they use, and every Python function: what
-    computes on read values, and the live reads of the user's numbers (capture/uselog.py's
-    ``read_*``: ``train_loss += loss.item()`` reads ``train_loss`` at each replay). Those once
-    counted as device work when no host node fed them, so a segment's recording froze them:
-    the write-back kept adding to the first value (4.63 where eager had 6.14, H100)."""
+    """Host reads, the guards and the RNG snapshot they use, the ops that sync to allocate
+    (hostops.needs_host) with their shape reads, and every Python function: what computes on
+    read values, and the live reads of the user's numbers (capture/uselog.py's ``read_*``:
+    ``train_loss += loss.item()`` reads ``train_loss`` at each replay). Those once counted as
+    device work when no host node fed them, so a segment's recording froze them: the
+    write-back kept adding to the first value (4.63 where eager had 6.14, H100)."""
     host: set = set()
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
         t = n.target
-        if t is _READ or t is host_guard or getattr(t, "__name__", "") == "generator_state":
+        if t is _READ or t is host_guard or getattr(t, "__name__", "") == "generator_state" \
+                or is_shape_read(n) or needs_host(n):
             host.add(n)
         elif isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
             continue
@@ -81,6 +85,7 @@ class Segment:
     outputs: list                # nodes of the step graph it defines and later nodes use
     graph: object = None         # torch.cuda.CUDAGraph once recorded
     static_outputs: list = field(default_factory=list)  # what its replays write, at fixed addresses
+    materialise: list = field(default_factory=list)  # (host op node, its static buffer) it reads
 
 
 def _place_host_nodes(gm: fx.GraphModule, host: set) -> None:
@@ -154,7 +159,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     host_scalar_ops, rng_state_calls = request.host_scalar_ops, request.rng_state_calls
     problems: list = []
     check_graph(gm, problems, example_inputs)
-    if "sparse" in problems or "dynamic-shape" in problems:
+    if "sparse" in problems:   # (a data-dependent shape runs on the host between segments)
         refuse_uncapturable(gm, inputs=example_inputs)  # (raises its NeedsReplay)
     if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
         refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)
@@ -163,16 +168,41 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
                           where="torch.utils.checkpoint / torch.random.fork_rng", fix="use backend='replay'")
     items, host = split(gm)
     gm.graph.lint()
-    fixed = _fixed_values(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
     segments = [_segment_module(gm, it) for it in items if isinstance(it, list)]
-    # Record in order; what a segment takes from the host must be fixed (guarded) now.
-    env: dict = dict(zip(placeholders, static))
-    for seg in segments:
+    _record_in_order(gm, items, segments, dict(zip(placeholders, static)), request.pool)
+    program, syncs = _per_call_program(gm, items, segments, placeholders)
+    return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
+                           request.clone_outputs, moved_state_check(request.state_tensors), syncs)
+
+
+def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool) -> None:
+    """Record each segment; what it takes from the host must be fixed now: a guarded value, or
+    a host op's output (a static buffer, filled at each call once its shape guard held)."""
+    fixed = _fixed_values(gm)
+    guarded: set = set()    # nodes whose shape a guard has checked by this point
+    seg_iter = iter(segments)
+    for it in items:
+        if not isinstance(it, list):
+            if it.target is host_guard and isinstance(it.args[0], fx.Node) and is_shape_read(it.args[0]):
+                guarded.add(it.args[0].args[0])
+            elif needs_host(it) and writes_first_arg(it):   # in place: its output is its argument's
+                a = it.args[0]
+                if a in env or a.op == "get_attr":
+                    env[it] = env[a] if a in env else getattr(gm, a.target)
+            continue
+        seg = next(seg_iter)
         args = []
         for x in seg.inputs:
+            if x not in env and x not in fixed and isinstance(x.meta.get("val"), torch.Tensor):
+                if shape_from_data(x) and x not in guarded:
+                    raise NeedsReplay(f"{x.name}'s shape depends on tensor values and no guard checks it "
+                                      "before a CUDA graph segment reads it", op=str(x.target),
+                                      where="the step", fix="use backend='replay' (backend='auto' does so)")
+                env[x] = static_like(x.meta["val"])
+                seg.materialise.append((x, env[x]))
             if x in env:
                 args.append(env[x])
             elif x in fixed:
@@ -183,35 +213,49 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
                     "graph segment would bake it", op="host read", where="the step",
                     fix="use backend='replay' (backend='auto' does so)")
         _, fn = generate(seg.module, "segment")
-        seg.graph, seg.static_outputs = _record(fn, args, request.pool)
+        seg.graph, seg.static_outputs = _record(fn, args, pool)
         env.update(zip(seg.outputs, seg.static_outputs))
-    # The per-call program: host nodes as they are, each segment a replay of its graph.
+
+
+def _per_call_program(gm: fx.GraphModule, items: list, segments: list, placeholders: list):
+    """Host nodes as they are (each sync timed), each segment a replay of its graph after its
+    host inputs are copied into their buffers; (program, sync points in order)."""
     top = fx.Graph()
-    tenv: dict = {}
-    for p in placeholders:
-        tenv[p] = top.placeholder(p.name)
+    tenv: dict = {p: top.placeholder(p.name) for p in placeholders}
+
+    def val(x):
+        return tenv[x] if x in tenv else _attr(top, gm, x, tenv)
+    syncs: list = []
     seg_iter = iter(segments)
+    k = -1
     for it in items:
         if isinstance(it, list):
             seg = next(seg_iter)
+            k += 1
+            for x, buf in seg.materialise:
+                tenv[x] = top.call_function(materialiser(buf, x.name), (tenv[x],))
             call = top.call_function(_replayer(seg), ())
             for i, o in enumerate(seg.outputs):
                 tenv[o] = top.call_function(operator.getitem, (call, i))
         else:
-            tenv[it] = top.node_copy(it, lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv))
+            tenv[it] = top.node_copy(it, val)
+            point = sync_point(it, k)
+            if point is not None:
+                syncs.append(point)
+                tenv[it].target = timed(it.target, point)
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    top.output(fx.node.map_arg(out.args[0], lambda x: tenv[x] if x in tenv else _attr(top, gm, x, tenv)))
+    top.output(fx.node.map_arg(out.args[0], val))
     _, program = generate(fx.GraphModule(gm, top), "segmented_step")
-    return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
-                           request.clone_outputs, moved_state_check(request.state_tensors))
+    return program, syncs
 
 
 class SegmentedRunner(Runner):
     """The per-call program: host nodes run in Python, each segment replays its CUDA graph."""
-    extras = ("static_inputs",)
+    extras = ("static_inputs", "syncs")
 
-    def __init__(self, program, static, segments, written, n_user, clone_outputs, moved):
+    def __init__(self, program, static, segments, written, n_user, clone_outputs, moved, syncs=()):
         self._program, self.static_inputs, self.segments = program, static, segments
+        self.syncs = list(syncs)   # hostops.SyncPoint: each host wait, timed at every replay
         self._written, self._n_user, self._clone, self._moved = written, n_user, clone_outputs, moved
 
     def __call__(self, inputs):

@@ -141,6 +141,7 @@ def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog, lazy: bool = True):
     ``lazy``: an int ``.item()`` may be a tracked number, guarded only where used."""
     site = user_frame()
     value, node = record_item(tracer, t)   # aten._local_scalar_dense(t)
+    node.meta["stepgraph_site"] = site    # (named by the sync timing of backends/segments.py)
     if t.dtype.is_floating_point and func is torch.Tensor.item:
         return ReadFloat(value, node, site, log)
     if lazy and func is torch.Tensor.item and type(value) is int and log.uses is not None \
