@@ -357,7 +357,11 @@ def main(argv=None) -> int:
                                        f"{_f(r.median_ms, '.3f')} ms/step, {time.perf_counter() - t:.1f} s {r.note}"),
                   file=sys.stderr, flush=True)
         compare_losses(rows, args.loss_tol)
-        section = f"## {name}: {describe(ctx)}\n\n{table(rows, gpu, args.loss_tol)}\n"
+        try:
+            what = describe(ctx)
+        except Exception as e:  # (a framework not installed: every row already says so)
+            what = f"({type(e).__name__}: {e})"
+        section = f"## {name}: {what}\n\n{table(rows, gpu, args.loss_tol)}\n"
         print(section, flush=True)
         md.append(section)
         results += [asdict(r) for r in rows]
