@@ -40,3 +40,32 @@ def test_bench_integrations_cpu_smoke(tmp_path, capsys):
         assert "replays=3" in got["stepgraph"]["note"] and "NO REPLAYS" not in got["stepgraph"]["note"]
         assert got["stepgraph"]["losses"] == got["eager"]["losses"]  # bitwise on the CPU
         assert got["stepgraph"]["loss_rel_diff"] == 0.0
+
+
+def test_fallback_variants_run_only_when_the_documented_compile_failed(tmp_path, monkeypatch):
+    """Lightning's ``*-net`` variants (torch.compile of the network inside the module) stand in for
+    the documented ``torch.compile(model)`` only where that failed; a variant whose losses leave
+    eager's is flagged."""
+    from stepgraph.tools import bench_integrations as bi
+    ran = []
+
+    def run(variant, ctx, timer):
+        ran.append(variant)
+        if variant == "reduce-overhead":
+            raise RuntimeError("documented way broke")
+        for _ in range(ctx.total):
+            timer.begin()
+            timer.end()
+        wrong = 1.5 if variant == "compile-net" else 1.0
+        return [(s, 4.0 - s / 100 * wrong) for s in range(1, ctx.total + 1)], ""
+    monkeypatch.setattr(bi, "_suites", lambda: {"fake": (run, lambda ctx: "fake", bi.PL_VARIANTS)})
+    bi.main(["--device", "cpu", "--suites", "fake", "--steps", "2", "--warm-cache", "--compile-backend", "eager",
+             "--out", str(tmp_path / "t.md")])
+    assert ran == ["eager", "compile", "reduce-overhead", "reduce-overhead-net", "stepgraph"]
+    md = (tmp_path / "t.md").read_text()
+    assert "| fake | compile-net | skipped: compile worked" in md
+    assert "| fake | reduce-overhead | FAILED: RuntimeError: documented way broke |" in md
+    bi.main(["--device", "cpu", "--suites", "fake", "--steps", "2", "--warm-cache", "--variants", "eager,compile-net",
+             "--loss-tol", "0.001", "--out", str(tmp_path / "t.md")])
+    row = [r for r in (tmp_path / "t.md").read_text().splitlines() if r.startswith("| fake | compile-net |")][0]
+    assert " !" in row and "differ from eager" in row
