@@ -2,7 +2,12 @@
 ``torch.compile`` runs (issue 18), in one process on one device::
 
     python -m stepgraph.bench_integrations --out bench_integrations.md          # GPU: 'small' sizes
-    python -m stepgraph.bench_integrations --device cpu --steps 10 --compile-backend eager
+    python -m stepgraph.bench_integrations --device cpu --compile-backend eager  # CPU: 'tiny' sizes
+
+On a GPU the defaults (100 timed steps after 10, a few ms each) take well under a minute of
+training in all; the run's time is torch.compile's cold compiles (inductor caches off, one per
+compile variant, a few minutes in all). Progress goes to stderr, with the seconds since the start;
+the markdown (and a .json of the rows) is rewritten after every suite.
 
 Suites (``--suites``), each run under every variant (``--variants``):
 

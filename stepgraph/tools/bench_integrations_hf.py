@@ -45,7 +45,10 @@ def _bert(s):
     import transformers
     return transformers.BertForSequenceClassification(transformers.BertConfig(
         vocab_size=s["vocab"], hidden_size=s["d"], num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
-        intermediate_size=4 * s["d"], max_position_embeddings=s["cls_seq"], num_labels=2))
+        intermediate_size=4 * s["d"], max_position_embeddings=s["cls_seq"], num_labels=2,
+        # set, as a saved fine-tuned config has it: left None, the first forward sets it and
+        # torch.compile recompiles at step 2 on that guard
+        problem_type="single_label_classification"))
 
 
 def describe_gpt2(ctx) -> str:
