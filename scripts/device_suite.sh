@@ -22,6 +22,7 @@ fi
 if [ "${BENCH:-1}" = 1 ]; then
   python3 -m stepgraph.bench --out "$OUT" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.txt"
   python3 scripts/bench_segments.py 2>&1 | tee "$OUT/bench_segments.txt"
+  python3 -m stepgraph.bench_integrations --out "$OUT/bench_integrations.md" 2>&1 | tee "$OUT/bench_integrations.txt"
 fi
 # Data-parallel (issue 7): with 2+ GPUs, eager DDP vs stepgraph DDP over NCCL.
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
