@@ -90,21 +90,25 @@ def _twins(raf=True):
     return a, torch.optim.AdamW(a.parameters(), lr=1e-2), b, torch.optim.AdamW(b.parameters(), lr=1e-2)
 
 
+def _argument_step(model, opt, x, y):
+    """A step that takes the FSDP2 model and its optimizer as arguments."""
+    import torch.nn.functional as F
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
 def test_world_of_one_fsdp2_model_passed_as_an_argument_is_captured(world_of_one):
     """Found among the call's arguments as well as in the closure; storages freed in the graph."""
     import torch
-    import torch.nn.functional as F
 
     import stepgraph
     from fsdp2_worker import max_diff
     a, oa, b, ob = _twins()
 
-    def step(model, opt, x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    step = _argument_step
     sg = stepgraph.compile(step)
     for i in range(5):
         x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
@@ -271,18 +275,12 @@ def test_world_of_one_eager_unshard_before_a_call_is_another_state(world_of_one)
     builds its own unsharded temporaries, passes/unsharded.py). An eager ``model.unshard()``
     before a call is another state: it recaptures instead of replaying, and stays equal to eager."""
     import torch
-    import torch.nn.functional as F
 
     import stepgraph
     from fsdp2_worker import max_diff
     a, oa, b, ob = _twins()
 
-    def step(model, opt, x, y):
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
+    step = _argument_step
     sg = stepgraph.compile(step)
     for i in range(5):
         x, y = torch.randn(8, 8), torch.randint(0, 4, (8,))
