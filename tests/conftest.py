@@ -22,3 +22,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def world_of_one(tmp_path):
+    """A one-process gloo group for the tests of DDP and FSDP2 steps that need no second rank."""
+    import torch.distributed as dist
+    if not dist.is_available():
+        pytest.skip("torch.distributed unavailable")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()

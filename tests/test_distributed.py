@@ -100,14 +100,6 @@ def test_nccl_replaying_rank_is_aborted_while_the_recapturing_rank_lives_on(tmp_
 
 # ---- single process (a world of one): fast checks of the error paths ----------------------------
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    if not dist.is_available():
-        pytest.skip("torch.distributed unavailable")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
 
 def _mlp():
     torch.manual_seed(0)

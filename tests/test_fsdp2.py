@@ -73,14 +73,6 @@ def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
         assert "ran eagerly to its end" in errs[0] and "on_capture_error='eager'" in errs[0]
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    if not dist.is_available():
-        pytest.skip("torch.distributed unavailable")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
 
 def _twins(raf=True):
     import torch

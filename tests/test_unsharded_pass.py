@@ -85,15 +85,6 @@ def test_storages_the_pass_cannot_prove_safe_are_left_as_traced(case, why):
         refuse_uncapturable(gm)
 
 
-@pytest.fixture
-def world_of_one(tmp_path):
-    import torch.distributed as dist
-    if not dist.is_available():
-        pytest.skip("torch.distributed unavailable")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
 
 @pytest.mark.parametrize("raf,bf16", [(True, False), (False, False), (True, True)])
 def test_fsdp2_graph_has_no_resize_and_the_cuda_backend_would_take_it(world_of_one, monkeypatch, raf, bf16):
