@@ -34,13 +34,17 @@ def _train(model, opt, x, y):
     return loss
 
 
+def _appending_to_history(model, opt):
+    """A step that appends its detached loss to the module-global list ``history``."""
+    def step(x, y):
+        loss = _train(model, opt, x, y)
+        history.append(loss.detach())
+        return loss.detach()
+    return step
+
+
 def test_a_global_list_of_detached_losses_grows_at_each_replay():
-    def make(model, opt):
-        def step(x, y):
-            loss = _train(model, opt, x, y)
-            history.append(loss.detach())
-            return loss.detach()
-        return step
+    make = _appending_to_history
     global history
     (m, o), (m2, o2) = _pair()
     sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
@@ -98,12 +102,7 @@ def test_a_list_given_other_python_values_is_still_only_warned():
 def test_a_failed_trace_leaves_the_list_as_one_eager_call_would(monkeypatch):
     from stepgraph import pipeline
 
-    def make(model, opt):
-        def step(x, y):
-            loss = _train(model, opt, x, y)
-            history.append(loss.detach())
-            return loss.detach()
-        return step
+    make = _appending_to_history
     global history
     history = []
     (m, o), _ = _pair()
