@@ -256,8 +256,8 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     scalars = None
     try:
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
-        segmented = backend.segmented is not None and tr.reads is not None and bool(tr.reads.sites())
-        if not backend.runs_host_reads and device == "cuda" and not segmented:
+        host_reads = tr.reads is not None and bool(tr.reads.sites())
+        if not backend.runs_host_reads and device == "cuda" and not (host_reads and backend.segmented is not None):
             refuse_host_python(tr)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
@@ -267,7 +267,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
             step._live.notes.clear()
             if scalars is not None:
                 example.append(scalars.pack())
-        if not backend.runs_host_reads and tr.reads is not None and tr.reads.sites():
+        if not backend.runs_host_reads and host_reads:
             if backend.segmented is None:
                 raise NeedsReplay(
                     f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "

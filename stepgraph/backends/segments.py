@@ -39,6 +39,11 @@ from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, 
 from .replay import generate
 from .runner import Runner
 
+def _stays_put(n: fx.Node) -> bool:
+    """A guard, or the RNG snapshot a guard restores: host work tied to its place in the step."""
+    return n.target is host_guard or getattr(n.target, "__name__", "") == "generator_state"
+
+
 def _host_nodes(gm: fx.GraphModule) -> set:
     """Host reads, the guards and the RNG snapshot they use, the ops that sync to allocate
     (hostops.needs_host) with their shape reads, and every Python function: what computes on
@@ -51,7 +56,7 @@ def _host_nodes(gm: fx.GraphModule) -> set:
         if n.op != "call_function":
             continue
         t = n.target
-        if t is _READ or t is host_guard or getattr(t, "__name__", "") == "generator_state" \
+        if t is _READ or _stays_put(n) \
                 or is_shape_read(n) or needs_host(n):
             host.add(n)
         elif isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
@@ -97,7 +102,7 @@ def _place_host_nodes(gm: fx.GraphModule, host: set) -> None:
     anchor = [n for n in gm.graph.nodes if n.op == "placeholder"][-1:]  # hoisted after it, in order
     late: set = set()
     for n in reversed(list(gm.graph.nodes)):
-        if n in host and n.target is not host_guard and getattr(n.target, "__name__", "") != "generator_state" \
+        if n in host and not _stays_put(n) \
                 and all(u is out or u in late for u in n.users):
             late.add(n)
     for n in list(gm.graph.nodes):
