@@ -1,13 +1,14 @@
 """FSDP2 on one GPU (world size 1, NCCL): issue 19's single-GPU target. Skipped without CUDA.
 
-Capture on CUDA is behind STEPGRAPH_FSDP2_CUDA=1 until this has passed on a GPU (capture/fsdp.py).
 FSDP2's unsharded-parameter storages become graph temporaries (passes/unsharded.py), so the
 step has no storage resize left and backend='auto' records it as one CUDA graph: asserted here
 (no fallback to the replay backend). The eager twin takes the capturable optimizer form
 stepgraph switches to, so the comparison is kernel for kernel. Each case prints ms/step and
 memory, eager FSDP2 vs stepgraph; the targets are <= 0.6x eager's time and <= 1.2x its memory.
 
-    STEPGRAPH_FSDP2_CUDA=1 python -m pytest -q -s tests/test_cuda_fsdp2.py
+    STEPGRAPH_TEST_CUDA=1 python -m pytest -q -s tests/test_cuda_fsdp2.py
+
+H100, torch 2.11, 2026-11-23 (GPT-6L d=384): 0.09x eager's time at 1.05x its memory, bitwise.
 """
 import time
 import warnings
@@ -23,8 +24,7 @@ SIZE = dict(layers=6, d=384, heads=6, vocab=512, seq=128, sdpa=False)
 
 
 @pytest.fixture
-def nccl_world_of_one(tmp_path, monkeypatch):
-    monkeypatch.setenv("STEPGRAPH_FSDP2_CUDA", "1")
+def nccl_world_of_one(tmp_path):
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield

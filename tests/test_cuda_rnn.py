@@ -19,13 +19,8 @@ from parity import deterministic_cudnn  # noqa: F401  (fixture)
 from parity import rel_err
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-              pytest.mark.usefixtures("deterministic_cudnn", "no_tf32", "decompose_cudnn_rnns")]
+              pytest.mark.usefixtures("deterministic_cudnn", "no_tf32")]
 
-
-@pytest.fixture
-def decompose_cudnn_rnns(monkeypatch):
-    """The decomposition is opt-in on CUDA until these tests have passed on a GPU."""
-    monkeypatch.setenv("STEPGRAPH_CUDNN_RNN", "decompose")
 RTOL = 1e-3
 CELLS = ["LSTM", "GRU", "RNN"]
 
@@ -123,8 +118,17 @@ def test_dropout_between_layers_as_eager_without_cudnn(cell):
     def eager_no_cudnn(*b):
         with torch.backends.cudnn.flags(enabled=False):
             return eager(*b)
-    _compare(mods, twin, opt, topt, step, eager_no_cudnn, _batches(7, False), seeds=True)
+
+    def warm_up_without_cudnn(*b):
+        # Call 1 is stepgraph's eager warm-up: with cuDNN on it would draw cuDNN's masks (5e-2
+        # apart on an H100), so it runs as its eager twin does; calls 2.. are the decomposition.
+        if step.stats.eager_calls == 0:
+            with torch.backends.cudnn.flags(enabled=False):
+                return step(*b)
+        return step(*b)
+    _compare(mods, twin, opt, topt, warm_up_without_cudnn, eager_no_cudnn, _batches(7, False), seeds=True)
     _one_cuda_graph(step)
+    assert step.stats.replays == 5, step.stats
 
 
 def test_packed_sequence_is_a_clear_error():

@@ -173,14 +173,14 @@ def _unlive(opt) -> list:
 
 
 def untraceable_modules(reg, device: str):
-    """A ``CaptureError`` for a cuDNN RNN on CUDA unless ``STEPGRAPH_CUDNN_RNN=decompose`` (found
-    before tracing; the caller runs the call eagerly, then raises it): tracing cuDNN's RNN hands
-    make_fx its flattened weight buffer as an UntypedStorage (torch 2.11). The decomposition
-    (capture/rnns.py) passes its CPU tests but has not run on a GPU yet, so it is opt-in."""
+    """A ``CaptureError`` for a cuDNN RNN on CUDA when ``STEPGRAPH_CUDNN_RNN=refuse`` (found before
+    tracing; the caller runs the call eagerly, then raises it). By default such RNNs are captured
+    as their decomposition (capture/rnns.py): tracing cuDNN's RNN itself hands make_fx its
+    flattened weight buffer as an UntypedStorage (torch 2.11)."""
     import torch
     from .. import config
     from ..errors import CaptureError, user_frame
-    if device != "cuda" or not torch.backends.cudnn.enabled or config.get("cudnn_rnn") == "decompose":
+    if device != "cuda" or not torch.backends.cudnn.enabled or config.get("cudnn_rnn") != "refuse":
         return None
     for name, m in [(f"{root}.{k}" if k else root, m) for root, mod in reg.modules for k, m in mod.named_modules()]:
         if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
@@ -189,8 +189,8 @@ def untraceable_modules(reg, device: str):
                 f"{what} runs cuDNN's RNN kernel, which stepgraph cannot trace (it takes a flattened "
                 "weight buffer the tracer does not handle)\n  this call ran eagerly to its end: your "
                 "model and optimizer hold the result of this step", op=f"cuDNN RNN {what}",
-                where=user_frame(), fix="run the step with cuDNN off for RNNs (wrap the call in "
-                "`with torch.backends.cudnn.flags(enabled=False):`), or set STEPGRAPH_CUDNN_RNN=decompose "
-                "(the RNN captured as matmuls, within fp tolerance of cuDNN; not yet GPU-verified), or "
-                "keep this step eager (on_capture_error='eager')")
+                where=user_frame(), fix="unset STEPGRAPH_CUDNN_RNN=refuse (the RNN is then captured as "
+                "matmuls, within fp tolerance of cuDNN), run the step with cuDNN off for RNNs (wrap "
+                "the call in `with torch.backends.cudnn.flags(enabled=False):`), or keep this step "
+                "eager (on_capture_error='eager')")
     return None
