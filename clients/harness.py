@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.utils._pytree as pytree
 
+from stepgraph.captured import reason_kind
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 OK, WRONG, CLEAR, UNCLEAR, EAGER, RECAPTURES = "OK", "WRONG", "CLEAR-ERROR", "UNCLEAR-ERROR", "EAGER", "RECAPTURES"
@@ -320,23 +322,32 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     extra_eager = sum(max(0, s.eager_calls - s_warm - s.new_state_warmups) for s, s_warm in
                       ((st.stats, st.warmup) for st in sgr.steps))
     # A new input shape needs its own graph (as torch.compile without dynamic shapes): counted
-    # apart from recaptures, which are the ones a user would not expect.
+    # apart. Of the other recaptures, a *variant* is the first time the loop takes another path
+    # through the step (a branch the other way, a gradient None then a tensor, a number reset
+    # where a tensor was): its graph is kept and replayed whenever that path comes back. A
+    # *recapture* is a guard site missing again (a value that keeps changing): the user pays a
+    # capture per change, which is what RECAPTURES flags.
     recaptures = [r for s in stats for r in s.recaptures if " shape " not in r.split(" (now")[0]]
     shapes = sum(1 for s in stats for r in s.recaptures) - len(recaptures)
-    expected = getattr(mod, "EXPECTED_RECAPTURES", 0)
+    sites: dict = {}
+    for r in recaptures:
+        sites.setdefault(reason_kind(r), []).append(r)
+    repeated = [rs for rs in sites.values() if len(rs) > 1]
     if not sgr.steps:
         res.status, res.detail = "BROKEN", "the client never called sg.compile"
     elif extra_eager:
         res.status = EAGER
         res.detail = ("warned: " + warns[0][:140]) if warns else "SILENT"
-    elif len(recaptures) > expected:
-        res.status, res.detail = RECAPTURES, f"{len(recaptures)}: {recaptures[0][:140]}"
+    elif repeated:
+        res.status, res.detail = RECAPTURES, f"{len(repeated[0])} at one site: {' | '.join(repeated[0])[:160]}"
     elif not any(s.replays for s in stats):
         res.status, res.detail = EAGER, "never replayed"
     else:
         res.detail = "; ".join(f"{s.captures} capture(s), {s.replays} replays" for s in stats)
         if shapes:
             res.detail += f" ({shapes} for new input shapes)"
+        if recaptures:
+            res.detail += f" ({len(recaptures)} variant(s): {'; '.join(recaptures)[:160]})"
     return res
 
 
