@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 from .backends.runner import Runner
 from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
-from .capture.numchecks import checks_hold
+from .capture.numchecks import checks_hold, roots_of
 from .errors import StepGraphError
 from .passes import GraphSummary
 
@@ -78,6 +78,13 @@ class CapturedStep:
     def check_miss(self, leaves, args) -> str:
         memo: dict = {}
         return next((c.miss(leaves, args) for c in self.checks if not c.holds(leaves, args, memo)), "")
+
+    def moved_numbers(self, leaves, args) -> set:
+        """Labels of the numbers behind the value checks that miss now (not the decisions: a
+        branch stays guarded): a recapture reads them live (UseLog.moving)."""
+        memo: dict = {}
+        return {r.label for c in self.checks if not c.decided and not c.holds(leaves, args, memo)
+                for r in roots_of(c.expr) if r.kind != "read"}
 
     def number_effects(self, args, kwargs) -> None:
         """Numbers the step assigned from tracked arithmetic (``completed_steps += 1``): computed

@@ -170,7 +170,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
-                                      append_sources=appends_at, append_lens=append_lens)
+                                      append_sources=appends_at, append_lens=append_lens,
+                                      moving_numbers=step._moving_numbers)
     except BaseException as e:
         done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
         raise
@@ -257,7 +258,9 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     try:
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
-        if not backend.runs_host_reads and device == "cuda" and not (host_reads and backend.segmented is not None):
+        # (a number read live into a device op: that op runs on the host between segments)
+        host_work = host_reads or (device == "cuda" and bool(tr.uses.lifted))
+        if not backend.runs_host_reads and device == "cuda" and not (host_work and backend.segmented is not None):
             refuse_host_python(tr)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
@@ -267,7 +270,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
             step._live.notes.clear()
             if scalars is not None:
                 example.append(scalars.pack())
-        if not backend.runs_host_reads and host_reads:
+        if not backend.runs_host_reads and host_work:
             if backend.segmented is None:
                 raise NeedsReplay(
                     f"the step reads tensor values on the host ({'; '.join(tr.reads.sites()[:3])}): "

@@ -25,6 +25,7 @@ class ReplayPaths:
         for e in [entry] + entry.siblings:
             if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
                 miss = miss or e.check_miss(sig.leaves, args)
+                self._moving_numbers |= e.moved_numbers(sig.leaves, args)
                 continue
             out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
             if m is None:

@@ -74,6 +74,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._warm_done = 0
             self._live: LiveFloats | None = None  # which floats captures read live (livefloats.py)
             self._recapture_kinds: set = set()  # reasons already shown at WARNING
+            self._moving_numbers: set = set()   # tracked numbers a value check saw change (UseLog.moving)
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False

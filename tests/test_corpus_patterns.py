@@ -282,3 +282,50 @@ def test_a_batch_taken_from_an_iterator_inside_the_step_is_refused():
     assert "test_corpus_patterns.py" in e.value.where, e.value.where
     same(m, m2)
     del want
+
+
+class AverageMeter:
+    """pytorch/examples imagenet's AverageMeter."""
+
+    def __init__(self):
+        self.val = self.avg = self.sum = self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def test_a_meter_updated_through_a_subscript_is_replayed_like_a_meter_bound_to_a_local():
+    """``meters['loss'].update(loss.item(), n)`` (no local variable): the meter was reached twice,
+    as the record the step reads and as the ``self`` of ``update``, and the capture refused
+    ``count += n`` as a value it did not compute. Now it is the record only, as with a local."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 3)
+    twin = copy.deepcopy(m)
+    o, ot = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+
+    def make(model, opt):
+        meters = {"loss": AverageMeter(), "acc": AverageMeter()}
+
+        def step(x, y):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            meters["loss"].update(loss.item(), x.shape[0])
+            meters["acc"].update((out.argmax(1) == y).float().mean() * 100, x.shape[0])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step, meters
+    (f, mine), (g, theirs) = make(m, o), make(twin, ot)
+    sg = stepgraph.compile(f)
+    for i in range(6):
+        x, y = torch.randn(4, 8), torch.randint(0, 3, (4,))
+        assert torch.equal(sg(x, y), g(x, y)), i
+        for k in mine:
+            a, b = vars(mine[k]), vars(theirs[k])
+            assert all(torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n] for n in a), (i, a, b)
+    same(m, twin)
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats

@@ -147,3 +147,58 @@ def test_nonzero_unique_and_masked_select_run_between_segments():
         assert torch.equal(p, q)
     assert all(e.backend == "cudagraph" for e in sg.captures) and sg.stats.captures <= 2, sg.explain()
     assert any(s.materialise for s in sg.captures[0].run.segments), sg.explain()
+
+
+class _AverageMeter:
+    """torchvision references/classification's AverageMeter."""
+
+    def __init__(self):
+        self.val = self.avg = self.sum = self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+@pytest.mark.parametrize("with_item", [True, False])
+def test_a_meter_count_that_changes_is_read_live_after_one_miss(with_item):
+    """torchvision's train loop: ``top1.update(acc1[0], n)`` divides a device tensor by the
+    meter's int count, 8 more at every call. It recaptured at each call on CUDA (16 -> 24,
+    16 -> 32, ...); after one miss the count is read live and the division runs on the host
+    after the graph, eager's own kernel: bitwise equal meters, one CUDA-graph segment."""
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        meters = {"loss": _AverageMeter(), "top1": _AverageMeter()}
+
+        def step(x, y):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            acc = (out.argmax(1) == y).float().sum(0, keepdim=True).mul_(100.0 / x.shape[0])
+            if with_item:
+                meters["loss"].update(loss.item(), x.shape[0])
+            meters["top1"].update(acc[0], x.shape[0])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step, meters
+    (f, mine), (g, theirs) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    for i in range(10):
+        if i == 6:  # a new epoch: fresh meters
+            for d in (mine, theirs):
+                for v in d.values():
+                    v.__init__()
+        x, y = torch.randn(8, 16, device="cuda"), torch.randint(0, 4, (8,), device="cuda")
+        assert torch.equal(sg(x, y), g(x, y)), i
+        for k in mine:
+            a, b = vars(mine[k]), vars(theirs[k])
+            assert all(torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n]
+                       for n in a), (i, k, a, b)
+    counts = [r for r in sg.stats.recaptures if "count" in r]
+    assert len(counts) <= 1, sg.stats.recaptures
+    assert sg.stats.captures <= 3 and sg.stats.replays >= 6, sg.stats
+    assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()

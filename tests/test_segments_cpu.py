@@ -154,6 +154,58 @@ def test_python_fed_by_reads_runs_after_the_last_segment(emulated_cudagraph):
     assert sg.captures[-1].backend == "cudagraph" and len(run.segments) == 1, sg.explain()
 
 
+class _AverageMeter:
+    """torchvision's references/classification AverageMeter (also pytorch/examples imagenet)."""
+    def __init__(self):
+        self.val = self.avg = self.sum = self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def test_a_device_op_taking_a_live_number_runs_on_the_host(emulated_cudagraph):
+    """``top1.update(acc1[0], n)``: ``avg = sum / count`` divides a tensor by the meter's int
+    count, which changes every call. Read live, the division runs on the host after the step's
+    graph (eager's kernel, Python scalar): no recapture per call, bitwise equal meters."""
+    m, m2, o, o2 = _pair()
+
+    def make(model, opt):
+        meters = {"loss": _AverageMeter(), "acc": _AverageMeter()}
+
+        def step(x, y):
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            acc = (out.argmax(1) == y).float().sum(0, keepdim=True).mul_(100.0 / x.shape[0])
+            meters["loss"].update(loss.item(), x.shape[0])
+            meters["acc"].update(acc[0], x.shape[0])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step, meters
+    (f, mine), (g, theirs) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f, backend="cudagraph")
+    for i in range(9):
+        if i == 1:
+            emulated_cudagraph += list(m.parameters()) + [v for s in o.state.values() for v in s.values()]
+        if i == 5:  # a new epoch: fresh meters
+            for d in (mine, theirs):
+                for v in d.values():
+                    v.__init__()
+        x, y = torch.randn(4, 8), torch.randint(0, 2, (4,))
+        assert torch.equal(sg(x, y), g(x, y)), i
+        for k in mine:
+            a, b = vars(mine[k]), vars(theirs[k])
+            assert a.keys() == b.keys() and all(
+                torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n] for n in a), (i, k, a, b)
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    assert not [r for r in sg.stats.recaptures if "count" in r], sg.stats.recaptures
+    assert sg.stats.captures <= 2 and all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+
+
 def test_a_sparse_input_is_refused_before_recording(emulated_cudagraph):
     """pygcn's sparse adjacency matrix with a host read in the step once reached the segments'
     static-buffer copy ("copy_() between dense and sparse Tensors"), an unclear failure after

@@ -44,6 +44,17 @@ def _stays_put(n: fx.Node) -> bool:
     return n.target is host_guard or getattr(n.target, "__name__", "") == "generator_state"
 
 
+def _takes_host_number(n: fx.Node, host: set, fixed: dict) -> bool:
+    """A device op taking a number computed on the host at each call (``meter.sum / meter.count``
+    with ``count`` read live, capture/uselog.py): a recording would bake it, so it runs on the
+    host, eager's own kernel with the Python scalar (bitwise: on CUDA a CPU-scalar divisor is a
+    multiply by its reciprocal, which no tensor form reproduces). A guarded value (``fixed``) is
+    what the segments are recorded for: those ops stay in them."""
+    return isinstance(n.target, torch._ops.OpOverload) and any(
+        a in host and a not in fixed and not isinstance(a.meta.get("val"), torch.Tensor)
+        for a in n.all_input_nodes)
+
+
 def _host_nodes(gm: fx.GraphModule) -> set:
     """Host reads, the guards and the RNG snapshot they use, the ops that sync to allocate
     (hostops.needs_host) with their shape reads, and every Python function: what computes on
@@ -52,12 +63,13 @@ def _host_nodes(gm: fx.GraphModule) -> set:
     device work when no host node fed them, so a segment's recording froze them: the
     write-back kept adding to the first value (4.63 where eager had 6.14, H100)."""
     host: set = set()
+    fixed = _fixed_values(gm)
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
         t = n.target
         if t is _READ or _stays_put(n) \
-                or is_shape_read(n) or needs_host(n):
+                or is_shape_read(n) or needs_host(n) or _takes_host_number(n, host, fixed):
             host.add(n)
         elif isinstance(t, (torch._ops.OpOverload, torch._ops.HigherOrderOperator)):
             continue

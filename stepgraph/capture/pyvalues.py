@@ -244,7 +244,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     seen: set = set()
     literals: set = set()
 
-    def visit(func, depth, bound=None, binds=None):
+    def visit(func, depth, bound=None, binds=None, self_is_record=False):
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
@@ -271,6 +271,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 if binds and name in binds:
                     src = Source("object", binds[name], name, path, where)
                 elif bound is not None:
+                    if idx == 0 and self_is_record:
+                        continue  # its attributes are keyed and replayed as the record's parts
                     if idx == 0:
                         src = Source("object", bound, name, path, where)
                     else:
@@ -302,7 +304,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 if isinstance(m, types.FunctionType):
-                    visit(types.MethodType(m, v), depth + 1)
+                    # ``meters['loss'].update(...)``: the meter is a record the step reads by
+                    # path (trackplan.record_key), as when bound to a local first
+                    from .trackplan import record_key
+                    visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):
                 call = getattr(type(v), "__call__", None)   # a callable user object
                 if isinstance(call, types.FunctionType):

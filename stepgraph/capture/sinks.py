@@ -221,7 +221,7 @@ def _lift_into(nodes, p, found, log) -> bool:
     """Put the graph node reading ``p`` at each replay (UseLog.lift) where its value is the
     op's scalar (``meter.sum / meter.count``); False when that place is not unique."""
     v = p._v
-    if not log.lift_tensor_ops or any(q is not p and plain(q) == v for q in found):
+    if not (log.lift_tensor_ops or log.moving(p)) or any(q is not p and plain(q) == v for q in found):
         return False
     same = lambda a: type(a) is type(v) and a == v   # noqa: E731
     places = [(n, k) for n in nodes for k in list(range(len(n.args))) + list(n.kwargs) if

@@ -83,13 +83,14 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
-               append_lens=()) -> TraceResult:
+               append_lens=(), moving_numbers=frozenset()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
     Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed,
     ``append_sources``: lists whose appends are replayed, with their ``append_lens`` before the call
-    (pyeffects.py)."""
+    (pyeffects.py); ``moving_numbers``: labels of tracked numbers whose value check missed before
+    (read live into the ops they feed on every device: uselog.UseLog.moving)."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -106,7 +107,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu"))
+        uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu",
+                                                   moving_labels=frozenset(moving_numbers)))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         a, kw = pytree.tree_unflatten(flat, in_spec)

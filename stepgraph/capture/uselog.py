@@ -16,6 +16,7 @@ def _reader(root: Root):
     def read_number():
         return root.read((), ())
     read_number.__name__ = "read_" + "".join(c if c.isalnum() else "_" for c in root.label)[:40]
+    read_number.number_label = root.label   # (explain(): the numbers read live)
     return read_number
 
 
@@ -48,7 +49,13 @@ class UseLog:
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU: CUDA feeds changing floats as device scalars).
     lift_tensor_ops: bool = False
+    # On CUDA too, numbers whose value check missed once (a meter's ``count``, 16 then 24): a
+    # CUDA graph's segments run the op they feed on the host (backends/segments.py), as eager.
+    moving_labels: frozenset = frozenset()
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
+
+    def moving(self, proxy) -> bool:
+        return bool(self.moving_labels) and any(r.label in self.moving_labels for r in roots_of(proxy._e))
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
