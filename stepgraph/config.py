@@ -68,11 +68,12 @@ KNOBS = {k.name: k for k in [
          "FSDP2 steps: turn the unsharded-parameter storages FSDP2 frees and allocates into graph "
          "temporaries (passes/unsharded.py; no storage resizes left, so a CUDA graph can record "
          "the step); 0: keep the resizes as traced (the replay backend runs them)."),
-    Knob("cudnn_rnn", "STEPGRAPH_CUDNN_RNN", "decompose",
-         "A step whose nn.LSTM/GRU/RNN runs cuDNN on CUDA: 'decompose' (captured as matmuls and "
-         "pointwise ops, capture/rnns.py: within 1e-5 relative of cuDNN on an H100, dropout between "
-         "layers drawn from PyTorch's generator) or 'refuse' (a CaptureError naming the fix "
-         "cudnn.flags(enabled=False); the call runs eagerly)."),
+    Knob("cudnn_rnn", "STEPGRAPH_CUDNN_RNN", "auto",
+         "A step whose nn.LSTM/GRU/RNN runs cuDNN on CUDA: 'auto' (captured as matmuls and pointwise "
+         "ops, capture/rnns.py, within 1e-5 relative of cuDNN on an H100, unless it trains with "
+         "dropout between layers: cuDNN draws those masks from a state no graph can replay, so such "
+         "a step is refused with the fixes), 'decompose' (always: such masks then come from "
+         "PyTorch's generator, statistically alike, not cuDNN's) or 'refuse' (a CaptureError)."),
     Knob("dist_timeout", "STEPGRAPH_DIST_TIMEOUT", 300,
          "Seconds a rank waits for the others before a capture of a DDP step (rank agreement); "
          "past it, a CaptureError names the ranks that did not come."),

@@ -1,8 +1,9 @@
 """nn.LSTM / nn.GRU / nn.RNN on CUDA with cuDNN: captured as their decomposition into one CUDA
 graph (capture/rnns.py) and compared with eager cuDNN over fresh batches (fp tolerance: other
-kernels; TF32 off on both sides, see test_footguns.py (q)). Dropout between layers is compared
-with eager on PyTorch's non-cuDNN kernels (the same generator draws; cuDNN's dropout state
-draws other masks). Packed sequences in a CUDA step are refused with a clear error.
+kernels; TF32 off on both sides, see test_footguns.py (q)). Dropout between layers in training
+is refused by default (cuDNN's dropout state draws masks no graph can); with
+STEPGRAPH_CUDNN_RNN=decompose it is compared with eager on PyTorch's non-cuDNN kernels (the same
+generator draws). Packed sequences in a CUDA step are refused with a clear error.
 
 Skipped without CUDA; run with STEPGRAPH_TEST_CUDA=1 (scripts/device_suite.sh).
 """
@@ -107,10 +108,24 @@ def test_cudnn_rnn_captures_into_one_cuda_graph(cell, bidirectional):
     assert not any("cudnn" in str(n.target) for n in step.graph.graph.nodes)
 
 
+def test_dropout_between_layers_is_refused_by_default():
+    """cuDNN's masks come from its own dropout state: by default a step training such an RNN is
+    refused before anything changed (it ran eagerly), naming the fixes."""
+    mods, twin, opt, topt = _pair("LSTM", dropout=0.3)
+    step = stepgraph.compile(_body(mods, opt, False), backend="cudagraph")
+    b = _batches(2, False)
+    step(*b[0])
+    with pytest.raises(stepgraph.CaptureError, match="dropout") as e:
+        step(*b[1])
+    assert "cudnn.flags(enabled=False)" in str(e.value) and "STEPGRAPH_CUDNN_RNN=decompose" in str(e.value)
+
+
 @pytest.mark.parametrize("cell", CELLS)
-def test_dropout_between_layers_as_eager_without_cudnn(cell):
-    """Eager cuDNN draws its dropout masks from its own state: compared with eager on PyTorch's
-    non-cuDNN kernels, which draw from the same generator as the captured decomposition."""
+def test_dropout_between_layers_as_eager_without_cudnn(cell, monkeypatch):
+    """With STEPGRAPH_CUDNN_RNN=decompose: eager cuDNN draws its dropout masks from its own
+    state, so this compares with eager on PyTorch's non-cuDNN kernels, which draw from the same
+    generator as the captured decomposition."""
+    monkeypatch.setenv("STEPGRAPH_CUDNN_RNN", "decompose")
     mods, twin, opt, topt = _pair(cell, dropout=0.3)
     step = stepgraph.compile(_body(mods, opt, False), backend="cudagraph")
     eager = _body(twin, topt, False)

@@ -50,8 +50,9 @@
 (q) nn.LSTM / nn.GRU / nn.RNN where eager runs cuDNN (CUDA, cuDNN on) are captured as their
     decomposition (matmuls and pointwise ops, capture/rnns.py, logged once): fp tolerance, not
     bitwise; eager cuDNN follows ``torch.backends.cudnn.allow_tf32`` (on by default), the
-    decomposition ``torch.backends.cuda.matmul.allow_tf32`` (off by default); dropout between
-    layers draws from PyTorch's generator, not cuDNN's dropout state (other masks, same
+    decomposition ``torch.backends.cuda.matmul.allow_tf32`` (off by default). Training with
+    dropout between layers is refused (cuDNN's own dropout state draws the masks); with
+    STEPGRAPH_CUDNN_RNN=decompose those masks come from PyTorch's generator (other masks, same
     distribution; as eager with cuDNN off). A packed sequence in a CUDA step is refused
     (test_cuda_rnn.py); on the CPU its batch sizes are guarded: new lengths recapture.
 """

@@ -173,18 +173,34 @@ def _unlive(opt) -> list:
 
 
 def untraceable_modules(reg, device: str):
-    """A ``CaptureError`` for a cuDNN RNN on CUDA when ``STEPGRAPH_CUDNN_RNN=refuse`` (found before
-    tracing; the caller runs the call eagerly, then raises it). By default such RNNs are captured
-    as their decomposition (capture/rnns.py): tracing cuDNN's RNN itself hands make_fx its
-    flattened weight buffer as an UntypedStorage (torch 2.11)."""
+    """A ``CaptureError`` for a cuDNN RNN on CUDA (found before tracing; the caller runs the call
+    eagerly, then raises it) with ``STEPGRAPH_CUDNN_RNN=refuse``, or by default ('auto') when it
+    trains with dropout between layers. Otherwise such RNNs are captured as their decomposition
+    (capture/rnns.py): tracing cuDNN's RNN itself hands make_fx its flattened weight buffer as an
+    UntypedStorage (torch 2.11). The dropout masks cuDNN draws come from its own dropout state,
+    which the decomposition cannot replay: measured on an H100, word_language_model's gradients
+    then differed from eager's by 1.2 (relative), the same masks from PyTorch's generator."""
     import torch
     from .. import config
     from ..errors import CaptureError, user_frame
-    if device != "cuda" or not torch.backends.cudnn.enabled or config.get("cudnn_rnn") != "refuse":
+    mode = config.get("cudnn_rnn")
+    if device != "cuda" or not torch.backends.cudnn.enabled or mode == "decompose":
         return None
     for name, m in [(f"{root}.{k}" if k else root, m) for root, mod in reg.modules for k, m in mod.named_modules()]:
         if isinstance(m, torch.nn.RNNBase) and any(p.is_cuda for p in m.parameters()):
             what = f"{name} ({type(m).__name__})"
+            if mode != "refuse" and m.training and m.dropout > 0 and m.num_layers > 1:
+                return CaptureError(
+                    f"{what} trains with dropout={m.dropout} between its layers, which cuDNN draws "
+                    "from its own dropout state: no graph can draw the masks eager draws\n  this call "
+                    "ran eagerly to its end: your model and optimizer hold the result of this step",
+                    op=f"cuDNN RNN dropout {what}", where=user_frame(),
+                    fix="run the step with cuDNN off for RNNs (wrap the call in `with "
+                    "torch.backends.cudnn.flags(enabled=False):`: eager and the graph then draw the "
+                    "same masks), set STEPGRAPH_CUDNN_RNN=decompose (masks from PyTorch's generator: "
+                    "statistically alike, not eager's), or keep this step eager (on_capture_error='eager')")
+            if mode != "refuse":
+                continue
             return CaptureError(
                 f"{what} runs cuDNN's RNN kernel, which stepgraph cannot trace (it takes a flattened "
                 "weight buffer the tracer does not handle)\n  this call ran eagerly to its end: your "
