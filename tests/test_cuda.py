@@ -213,7 +213,10 @@ def test_inputs_with_static_address_skip_copy_and_mutated_inputs_copied_back():
 
 
 
-def test_cudnn_lstm_is_a_clear_error_and_captures_with_cudnn_off():
+def test_cudnn_lstm_refused_by_the_knob_is_a_clear_error_and_captures_with_cudnn_off(monkeypatch):
+    """STEPGRAPH_CUDNN_RNN=refuse (by default such an LSTM is captured as its decomposition:
+    test_cuda_rnn.py)."""
+    monkeypatch.setenv("STEPGRAPH_CUDNN_RNN", "refuse")
     torch.manual_seed(0)
     lstm, head = torch.nn.LSTM(8, 16, num_layers=2).cuda(), torch.nn.Linear(16, 4).cuda()
     twin_lstm, twin_head = copy.deepcopy(lstm), copy.deepcopy(head)
