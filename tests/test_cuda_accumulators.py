@@ -147,7 +147,8 @@ def test_cuda_meters_made_each_epoch(backend):
             a, b = vars(mine["top1"]), vars(theirs["top1"])
             assert all(_close(a[k], b[k]) for k in a), (a, b)
     assert _same_params(m, m2)
-    if sg.stats.captures != 2:
-        # Known gap (H100, 2026-11-23): the meter's int count feeds a tensor op (sum / count), which
-        # a CUDA graph bakes and checks: one recapture per call until max_captures, values right.
-        pytest.xfail(f"CUDA: a meter's count in a tensor op recaptures ({sg.stats.captures} graphs)")
+    # The count feeding ``sum / count`` is baked until it changes once, then read live (the
+    # division runs after the graph); a new epoch's meter (numbers where tensors were) is one
+    # more graph: 3 in all, then replays. (It recaptured at every call before, H100 2026-11-23.)
+    assert len([r for r in sg.stats.recaptures if "count" in r]) <= 1, sg.stats.recaptures
+    assert sg.stats.captures <= 3, sg.stats.recaptures
