@@ -307,3 +307,31 @@ def test_a_counter_the_step_increments_is_replayed():
         assert done_sg() == done_eager(), (i, done_sg(), done_eager())
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
     assert sg.stats.captures == 2 and sg.stats.replays == 7, sg.stats
+
+
+def test_a_counter_in_a_list_slot_is_replayed():
+    """``calls[0] += 1`` (a closure's one-element list, the pre-``nonlocal`` counter) was refused
+    as a change to the whole list; the slot is a tracked number like a ``nonlocal`` one."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        calls = [0, "tag"]
+
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            calls[0] += 1
+            return loss.detach()
+        return step, calls
+    (f, mine), (g, theirs) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    for i in range(6):
+        x = torch.randn(3, 4)
+        assert torch.equal(sg(x), g(x)), i
+        assert mine == theirs, (i, mine, theirs)
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats

@@ -221,6 +221,10 @@ def _code_chains(code: types.CodeType):
                         and isinstance(y.argval, (str, int)):
                     path.append(("item", y.argval))
                     j += 1
+                elif y.opname == "LOAD_CONST" and isinstance(y.argval, (str, int)) \
+                        and [z.opname for z in ins[j + 1:j + 4]] == ["COPY", "COPY", *_SUBSCR]:
+                    path.append(("item", y.argval))   # ``it[0] += 1``: the item, read then stored
+                    break
                 else:
                     break
                 j += 1

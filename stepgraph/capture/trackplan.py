@@ -101,7 +101,8 @@ def writable(s, args) -> bool:
         return False
     kind, k = s.path[-1]
     if kind == "item":
-        return type(parent) is dict
+        # (a list slot too: ``it[0] += 1``, the counter in a closure's one-element list)
+        return type(parent) is dict or (type(parent) is list and type(k) is int and -len(parent) <= k < len(parent))
     if isinstance(parent, type):
         return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
     return plain_object(parent) and k in vars(parent)
