@@ -36,7 +36,8 @@ from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture.libraries import untraceable_modules
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
-from .capture.outputs import container_sizes, live_outputs, read_side_effects, refuse_python_side_effects, warn_appends
+from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
+                              refuse_slot_stores, warn_appends)
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
@@ -164,7 +165,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
             frozen = guards.frozen_key(args, kwargs)
             traced = Traced(trace=None, frozen=frozen, ddp_records=ddp_records, fsdp_record=fsdp_record,
                             py_before=py_before,
-                            sizes_before=container_sizes(guards.py, args))
+                            sizes_before=container_slots(guards.py, args))
             traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
@@ -191,7 +192,10 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
                                replayed=[e.source for e in tr.number_effects + tr.source_effects])
-    traced.notes = warn_appends(guards.py, traced.sizes_before, container_sizes(guards.py, args), step.__name__,
+    slots_after = container_slots(guards.py, args)
+    refuse_slot_stores(guards.py, traced.sizes_before, slots_after, args,
+                       covered=[e.source for e in tr.number_effects + tr.source_effects])
+    traced.notes = warn_appends(guards.py, traced.sizes_before, slots_after, step.__name__,
                                 replayed={id(e.source) for e in tr.append_effects})
     live_outputs(tr, reg, guards.py, args, step.__name__)
     traced.notes += read_side_effects(tr, step.__name__)

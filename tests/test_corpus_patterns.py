@@ -329,3 +329,26 @@ def test_a_meter_updated_through_a_subscript_is_replayed_like_a_meter_bound_to_a
             assert all(torch.equal(a[n], b[n]) if isinstance(a[n], torch.Tensor) else a[n] == b[n] for n in a), (i, a, b)
     same(m, twin)
     assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+def test_a_plateau_scheduler_stepped_on_a_loss_behind_dropout_names_the_fix():
+    """``ReduceLROnPlateau.step(loss)`` inside the step compares ``float(loss)`` on the host; behind
+    dropout it differs at every call. Refused at once with a fix for this code (the batch-building
+    fix of a random index would not apply), the call run eagerly."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+
+    @stepgraph.compile
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step(loss)
+        return loss.detach()
+    step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+    with pytest.raises(stepgraph.CaptureError, match=r"scheduler\.step\(loss\)") as e:
+        step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+    assert "test_corpus_patterns.py" in e.value.where and "get_batch" not in str(e.value)

@@ -4,7 +4,10 @@
     print(), and appending anything but a tensor the step computed or a value it read on the host
     to a list (warned at capture when the list is one the step's code reads; ``history.append(
     loss.detach())`` and ``losses.append(loss.item())`` are replayed: test_appends.py); a Python
-    value the step reads and changes other than by arithmetic stepgraph can redo is refused.
+    value the step reads and changes other than by arithmetic stepgraph can redo is refused
+    (``calls[0] += 1`` is such arithmetic; a graph tensor stored into a constant slot,
+    ``info['loss'] = t``, is written back after each replay; ``d.update(...)`` or a computed key
+    is refused: test_pyvalues.py).
 (b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``.
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
@@ -127,16 +130,17 @@ def test_a_python_side_effects_run_only_at_warmup_and_capture(capsys):
     assert seen == [8, 8]
     assert capsys.readouterr().out.count("step ran") == 2
 
-    counter = [0]
+    counter, tags = [0], ["run"]
 
     @stepgraph.compile
     def counting(x, y):
-        counter[0] += 1
+        counter[0] += 1            # arithmetic on a tracked number: replayed
+        tags[0] = tags[0] + "."    # string concatenation: refused, naming it
         return train(model, opt, x, y)
     counting(*batch(0))
-    with pytest.raises(stepgraph.CaptureError, match=r"changes the Python value counter") as info:
+    with pytest.raises(stepgraph.CaptureError, match=r"changes the Python value tags") as info:
         counting(*batch(1))
-    assert "test_footguns.py" in info.value.where and counter == [2]
+    assert "test_footguns.py" in info.value.where and counter == [2] and tags == ["run.."]
 
 
 def test_b_replayed_loss_has_no_autograd_history():

@@ -335,3 +335,69 @@ def test_a_counter_in_a_list_slot_is_replayed():
         assert torch.equal(sg(x), g(x)), i
         assert mine == theirs, (i, mine, theirs)
     assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+def _slot_pair():
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    m2 = copy.deepcopy(m)
+    return m, m2, torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+
+def test_a_tensor_stored_in_a_constant_slot_is_written_after_each_replay():
+    """``info['loss'] = loss.detach()`` and ``last[0] = ...``: each replay left the capture's
+    tensor in the slot, silently (the container is keyed by identity). A constant slot is now a
+    variable the step rebinds to a graph tensor, written back after each replay."""
+    m, m2, o, o2 = _slot_pair()
+
+    def make(model, opt):
+        info, last = {"loss": None}, [None]
+
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            info["loss"] = loss.detach()
+            last[0] = loss.detach() * 2
+            return loss.detach()
+        return step, info, last
+    (f, i1, l1), (g, i2, l2) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    for k in range(6):
+        x = torch.randn(3, 4)
+        assert torch.equal(sg(x), g(x)), k
+        assert torch.equal(i1["loss"], i2["loss"]) and torch.equal(l1[0], l2[0]), k
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+@pytest.mark.parametrize("how", ["update", "computed key"])
+def test_a_slot_no_replay_writes_is_refused(how):
+    """``d.update({'loss': t})`` or ``hist[key] = t`` with a key computed in the step: no replay
+    would write the slot again, so the capture is refused, naming it (the call ran eagerly)."""
+    m, m2, o, o2 = _slot_pair()
+
+    def make(model, opt):
+        d = {}
+
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if how == "update":
+                d.update({"loss": loss.detach()})
+            else:
+                d["loss_" + str(x.shape[0])] = loss.detach()
+            return loss.detach()
+        return step, d
+    (f, d1), (g, d2) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(f)
+    x = torch.randn(3, 4)
+    sg(x), g(x)
+    x = torch.randn(3, 4)
+    with pytest.raises(stepgraph.CaptureError, match=r"stores a new value into d\['loss"):
+        sg(x)
+    g(x)
+    assert all(torch.equal(d1[k], d2[k]) for k in d2) and d1.keys() == d2.keys()
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))

@@ -271,6 +271,16 @@ def random_guards(gm) -> list:
         if draw is None:
             continue
         site, what = n.args[2], n.args[3]
+        if any(f"{d} tensor" in str(what) for d in ("float16", "bfloat16", "float32", "float64")):
+            # A float computed after a draw (``ReduceLROnPlateau.step(loss)`` behind dropout): no
+            # batch to build outside; the fix is to compare it in the loop.
+            out.append(Problem(
+                f"the step compares a value computed after a random draw on the host ({what}; "
+                f"{draw} feeds it): it differs at every call, so no graph captured for one value "
+                "could be replayed", site,
+                "return the value from the step and use it outside (e.g. scheduler.step(loss) or "
+                "the comparison in the training loop)", plain=True))
+            continue
         out.append(Problem(
             f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
             "every call, so no graph captured for one value could be replayed", site,

@@ -20,9 +20,54 @@ from .pyvalues import _show, guard_value
 log = logging.getLogger("stepgraph")
 
 
-def container_sizes(py, args) -> list:
-    return [len(v) if s.identity_only and isinstance(v, (list, dict, set)) else None
-            for s in py.sources for v in [s.read_or(args)]]
+def container_slots(py, args) -> list:
+    """Per source, what its list or dict holds (by identity, shallow) or None: a container keyed
+    by identity (its items are not in the guard key) can change under the guards' eyes."""
+    out = []
+    for s in py.sources:
+        v = s.read_or(args)
+        if type(v) is list:
+            out.append(("list", [id(x) for x in v], id(v)))
+        elif type(v) is dict:
+            out.append(("dict", {k: id(x) for k, x in v.items()}, id(v)))
+        elif isinstance(v, (list, dict, set)):
+            out.append(("sized", [None] * len(v), id(v)))
+        else:
+            out.append(None)
+    return out
+
+
+def _size(snap):
+    return None if snap is None else len(snap[1])
+
+
+def refuse_slot_stores(py, before: list, after: list, args, covered=()) -> None:
+    """Raise when the step put something new into a list or dict slot that no replay writes
+    again (``info.update({"loss": loss.detach()})``, ``hist[key] = t``: every replay would leave
+    this call's object there). Appends are the lists' own business (warn_appends, pyeffects);
+    ``covered``: the Sources whose slot a replay writes (pyeffects.SourceEffect, NumberEffect)."""
+    from .trackplan import slot_of
+    done = {slot_of(s, args) for s in covered}
+    for s, a, b in zip(py.sources, before, after):
+        if a is None or b is None or a[0] != b[0] or a[0] == "sized" or a[2] != b[2] or not s.from_step \
+                or ".param_groups" in s.describe():   # (rebound: the guard key's business; lr: live)
+            continue
+        v = s.read_or(args)
+        if a[0] == "list":
+            changed = [i for i, (x, y) in enumerate(zip(a[1], b[1])) if x != y]
+            if len(b[1]) < len(a[1]):
+                changed.append(len(b[1]))
+        else:
+            changed = [k for k in b[1] if a[1].get(k) != b[1][k]] + [k for k in a[1] if k not in b[1]]
+        changed = [k for k in changed if (id(v), k) not in done]
+        if changed:
+            name = f"{s.describe()}[{changed[0]!r}]"
+            raise CaptureError(
+                f"the step stores a new value into {name}: a replay runs no Python code, so that slot "
+                "would keep this call's value\n  this call ran eagerly to its end: your model and "
+                "optimizer hold the result of this step", op=f"store into {name}", where=s.where,
+                fix=f"return the value from the step and store it in {s.describe()} outside the step "
+                    "(or assign it with a constant key: d['loss'] = t is replayed)")
 
 
 def warn_appends(py, before: list, after: list, step_name: str, replayed=frozenset()) -> list:
@@ -32,8 +77,8 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
     (pyeffects.collect_appends)."""
     notes = [f"{s.describe()} grows by {b - a} at each call (read at {s.where}); replays do not run "
              "Python code, so they will not add to it (return the values from the step instead)"
-             for s, a, b in zip(py.sources, before, after) if a is not None and b is not None and a != b
-             and id(s) not in replayed]
+             for s, a, b in zip(py.sources, map(_size, before), map(_size, after)) if s.identity_only
+             and a is not None and b is not None and a != b and id(s) not in replayed]
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
         warnings.warn(msg, stacklevel=5)

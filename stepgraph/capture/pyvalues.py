@@ -221,9 +221,10 @@ def _code_chains(code: types.CodeType):
                         and isinstance(y.argval, (str, int)):
                     path.append(("item", y.argval))
                     j += 1
-                elif y.opname == "LOAD_CONST" and isinstance(y.argval, (str, int)) \
-                        and [z.opname for z in ins[j + 1:j + 4]] == ["COPY", "COPY", *_SUBSCR]:
-                    path.append(("item", y.argval))   # ``it[0] += 1``: the item, read then stored
+                elif y.opname == "LOAD_CONST" and isinstance(y.argval, (str, int)) and (
+                        [z.opname for z in ins[j + 1:j + 2]] == ["STORE_SUBSCR"]   # info['loss'] = t
+                        or [z.opname for z in ins[j + 1:j + 4]] == ["COPY", "COPY", *_SUBSCR]):  # it[0] += 1
+                    path.append(("item", y.argval))   # a slot the step writes
                     break
                 else:
                     break
@@ -275,9 +276,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 if binds and name in binds:
                     src = Source("object", binds[name], name, path, where)
                 elif bound is not None:
-                    if idx == 0 and self_is_record:
-                        continue  # its attributes are keyed and replayed as the record's parts
-                    if idx == 0:
+                    if idx == 0 and not self_is_record:   # (a record's attributes: its parts)
                         src = Source("object", bound, name, path, where)
                     else:
                         continue  # arguments of a method called from the step: not ours to key
@@ -308,9 +307,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 if isinstance(m, types.FunctionType):
-                    # ``meters['loss'].update(...)``: the meter is a record the step reads by
-                    # path (trackplan.record_key), as when bound to a local first
-                    from .trackplan import record_key
+                    from .trackplan import record_key   # (meters['x'].update(): a record, by path)
                     visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):
                 call = getattr(type(v), "__call__", None)   # a callable user object
