@@ -22,9 +22,13 @@ class ReplayPaths:
             self.stats.took(Branch.EAGER)
             return self._eager(args, kwargs)
         miss = None
+        # (the reason shown is the newest graph's miss: the oldest's, e.g. the first branch
+        # taken, said nothing about why the latest one missed too)
+        newest = entry.siblings[0] if entry.siblings else entry
         for e in [entry] + entry.siblings:
             if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
-                miss = miss or e.check_miss(sig.leaves, args)
+                m = e.check_miss(sig.leaves, args)
+                miss = m if e is newest or miss is None else miss
                 self._moving_numbers |= e.moved_numbers(sig.leaves, args)
                 continue
             out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)

@@ -401,3 +401,26 @@ def test_a_slot_no_replay_writes_is_refused(how):
     g(x)
     assert all(torch.equal(d1[k], d2[k]) for k in d2) and d1.keys() == d2.keys()
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_a_recapture_names_why_the_newest_graph_missed():
+    """With graphs for both sides of ``if it < 2``, a later miss is the newest graph's value
+    check (``(it - 2) / 8``); the reason used to repeat the first graph's branch at every call."""
+    m, m2, o, o2 = _slot_pair()
+
+    def make(model, opt):
+        def step(x, it):
+            scale = 1.0 if it < 2 else (it - 2) / 8
+            loss = model(x).square().mean() * scale
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o), max_captures=4), make(m2, o2)
+    with pytest.warns(UserWarning, match="keeps changing"):
+        for it in range(7):
+            x = torch.randn(3, 4)
+            assert torch.equal(sg(x, it), eager(x, it)), it
+    assert sg.stats.recaptures[0].startswith("it < 2"), sg.stats.recaptures
+    assert all(r.startswith("it - 2") for r in sg.stats.recaptures[1:]), sg.stats.recaptures
