@@ -326,3 +326,31 @@ def test_tolist_of_a_small_tensor_is_read_at_each_replay():
         assert torch.equal(a, b) and pa == pb and ta == tb, i
         assert all(type(v) is float for v in pa) and all(type(v) is int for v in ta)
     assert sg.stats.replays >= 1
+
+
+def test_a_float_summed_from_micro_batch_reads_and_returned_is_live_and_not_warned():
+    """``tot += (loss / k).item()`` over micro-batches, ``return tot``: live at each replay. It was
+    warned as "stored in Python objects": the pipeline's own one-item tuple of the result."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    m2 = copy.deepcopy(m)
+    o, o2 = (torch.optim.AdamW(x.parameters(), lr=1e-3) for x in (m, m2))
+
+    def make(model, opt):
+        def step(x, y):
+            tot = 0.0
+            for xs, ys in zip(x.chunk(4), y.chunk(4)):
+                loss = F.cross_entropy(model(xs), ys) / 4
+                loss.backward()
+                tot += loss.item()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return tot
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(5):
+            x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
+            assert sg(x, y) == eager(x, y), k
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

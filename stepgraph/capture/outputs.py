@@ -156,6 +156,8 @@ def read_side_effects(tr, step_name: str) -> list:
                 walk(v, depth + 1)
     walk(tr.result)
     containers.append(vars(tr))  # the TraceResult itself holds the result
+    import gc   # ...and the pipeline's one-item tuple of it (``return tot``, a float summed from reads)
+    containers += [r for r in gc.get_referrers(tr.result) if type(r) is tuple and len(r) == 1]
     stored = stored_reads(log_, containers)
     if stored:
         notes.append(f"stores values read from tensors (at {', '.join(stored[:3])}) in Python objects "
