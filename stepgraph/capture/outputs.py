@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import warnings
 
+import torch
 import torch.utils._pytree as pytree
 
 from ..errors import CaptureError
@@ -41,8 +42,17 @@ def _size(snap):
     return None if snap is None else len(snap[1])
 
 
+def _holds_tensor(container, k) -> bool:
+    try:
+        x = container[k]
+    except (IndexError, KeyError):
+        return False   # (a slot removed: the guard key's length or the next read sees it)
+    items = x.values() if isinstance(x, dict) else x if isinstance(x, (list, tuple)) else (x,)
+    return any(isinstance(i, torch.Tensor) for i in items)
+
+
 def refuse_slot_stores(py, before: list, after: list, args, covered=()) -> None:
-    """Raise when the step put something new into a list or dict slot that no replay writes
+    """Raise when the step put a new tensor into a list or dict slot that no replay writes
     again (``info.update({"loss": loss.detach()})``, ``hist[key] = t``: every replay would leave
     this call's object there). Appends are the lists' own business (warn_appends, pyeffects);
     ``covered``: the Sources whose slot a replay writes (pyeffects.SourceEffect, NumberEffect)."""
@@ -59,7 +69,9 @@ def refuse_slot_stores(py, before: list, after: list, args, covered=()) -> None:
                 changed.append(len(b[1]))
         else:
             changed = [k for k in b[1] if a[1].get(k) != b[1][k]] + [k for k in a[1] if k not in b[1]]
-        changed = [k for k in changed if (id(v), k) not in done]
+        # Only tensors differ from replay to replay of one graph: a number or object built from
+        # guarded values is the same each time (a value read from a tensor is warned apart).
+        changed = [k for k in changed if (id(v), k) not in done and _holds_tensor(v, k)]
         if changed:
             name = f"{s.describe()}[{changed[0]!r}]"
             raise CaptureError(
