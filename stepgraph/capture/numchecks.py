@@ -47,8 +47,8 @@ def describe(e) -> str:
         return e.label
     if isinstance(e, Op):
         sym = _SYMBOLS.get(e.fn)
-        if sym is not None:
-            a, b = (describe(x) for x in e.args)
+        if sym is not None:   # (an operand that is itself ``a op b`` in parentheses: ``(it - 2) / 8``)
+            a, b = (f"({describe(x)})" if isinstance(x, Op) and x.fn in _SYMBOLS else describe(x) for x in e.args)
             return f"{a} {sym} {b}"
         name = {operator.truth: "bool", operator.neg: "-", id: "id", type: "type"}.get(e.fn, getattr(e.fn, "__name__", "f"))
         return f"{name}({', '.join(describe(x) for x in e.args)})"
