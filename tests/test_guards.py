@@ -237,6 +237,31 @@ def test_float_lr_is_read_live_from_the_first_capture():
     assert p.counts() == (1, 1, 6) and p.stats.recaptures == []
 
 
+def test_float_of_a_live_lr_is_guarded_not_baked():
+    # ``float(group['lr'])`` hands Python a plain copy the trace cannot follow (a step that
+    # scales its grads by it): its value is guarded, so a scheduler's new lr recaptures with
+    # the lr named. Before, the copy was baked and every replay used the first lr, silently.
+    def factory(model, opt):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            scale = float(opt.param_groups[0]["lr"]) * 1000
+            for q in model.parameters():
+                q.grad.mul_(scale)
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    p = Pair(factory)
+    for k in range(3):
+        p(*batch(k))
+    p.both(lambda m, o: o.param_groups[0].__setitem__("lr", 5e-4))
+    p(*batch(3))
+    p(*batch(4))
+    assert p.counts() == (1, 2, 2), p.stats.recaptures
+    assert "['lr'] 0.001 -> 0.0005" in p.stats.recaptures[0]
+
+
 def test_tensor_lr_fill_is_read_live_without_recapture():
     # Adam on CPU accepts a tensor lr with fused=True (foreach/single-tensor would call .item()).
     p = Pair(train_step, opt_cls=torch.optim.Adam, opt_kw=dict(lr=torch.tensor(1e-3), fused=True))

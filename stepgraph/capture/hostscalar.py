@@ -133,8 +133,9 @@ def _refuse(name):
     return method
 
 
-# Branching on a step counter (``if step > warmup``) would bake one side of the branch.
-for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor", "ceil", "trunc"):
+# Branching on a step counter (``if step > warmup``) would bake one side of the branch; so
+# would ``float(step_size)``, a plain copy the trace cannot follow.
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "float", "round", "floor", "ceil", "trunc"):
     setattr(HostFloat, f"__{_name}__", _refuse(_name))
 HostFloat.__hash__ = float.__hash__
 
@@ -260,7 +261,8 @@ def predicate_results(value, preds) -> tuple:
     return tuple(out)
 
 
-for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "round", "floor", "ceil", "trunc"):
+# (``float(group['lr'])`` too: a plain copy the trace cannot follow, so that value is guarded)
+for _name in ("lt", "le", "gt", "ge", "eq", "ne", "bool", "int", "float", "round", "floor", "ceil", "trunc"):
     setattr(HyperFloat, f"__{_name}__", _recording(_name))
 HyperFloat.__hash__ = float.__hash__
 
