@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 from .backends.runner import Runner
 from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
-from .capture.numchecks import checks_hold, roots_of
+from .capture.numchecks import checks_hold, evaluate, roots_of, set_call
 from .errors import StepGraphError
 from .passes import GraphSummary
 
@@ -101,10 +101,11 @@ class CapturedStep:
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
         leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))
-        return self.replay(leaves, self.tensor_pos)
+        return self.replay(leaves, self.tensor_pos, args)
 
-    def replay(self, leaves, tensor_pos) -> object:
+    def replay(self, leaves, tensor_pos, args=()) -> object:
         tr = self.trace
+        set_call(leaves, args)   # (numbers of the call read live: uselog._reader)
         inputs = [leaves[i] for i in tensor_pos]
         inputs += [p.grad for p, _ in tr.grad_inputs]
         inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
@@ -136,8 +137,10 @@ class CapturedStep:
             e.source.write(outs[e.index])   # total_loss = <this replay's tensor> (pyeffects.py)
         for e in tr.append_effects:
             e.source.read(()).append(outs[e.index])   # history.append(<this replay's value>)
-        leaves = [outs[v] if kind in ("tensor", "read") else v() if kind == "live" else v for kind, v in tr.out_leaves]
-        return pytree.tree_unflatten(leaves, tr.out_spec)
+        memo = dict(self.last_reads)
+        result = [outs[v] if kind in ("tensor", "read") else v() if kind == "live"
+                  else evaluate(v, leaves, args, memo) if kind == "number" else v for kind, v in tr.out_leaves]
+        return pytree.tree_unflatten(result, tr.out_spec)
 
 
 def plain_floats(result):

@@ -97,3 +97,12 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
         if lib is not None and not any(m in fn for m in _MACHINERY):
             found = f"{os.path.relpath(fn, lib)}:{fr.lineno}"
     return found
+
+
+def library_module(v) -> bool:
+    """A module of Python's, torch's or an installed package (not the user's ``config``)."""
+    import types
+    if not isinstance(v, types.ModuleType):
+        return False
+    f = getattr(v, "__file__", None)
+    return f is None or os.path.abspath(f).startswith(_SKIP_PREFIXES)

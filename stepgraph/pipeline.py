@@ -172,7 +172,9 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
                                       append_sources=appends_at, append_lens=append_lens,
-                                      moving_numbers=step._moving_numbers)
+                                      moving_numbers=step._moving_numbers,
+                                      lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
+                                                                             or plan.backend.segmented is not None))
     except BaseException as e:
         done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
         raise
@@ -218,15 +220,20 @@ def refuse_host_python(tr: TraceResult) -> None:
     host reads: numbers computed from them, variables and lists they are written back to. The
     cudagraph backend's segments run that Python between and after its graphs."""
     if tr.uses.lifted:
-        # A Python number computed from a host read (``meter.sum += loss.item() * n``) is
-        # read at each replay by a Python node one CUDA graph cannot hold; baked instead, it
-        # missed at every call (a recapture per step, 1-4 s each: timm, torchvision on an H100).
+        # A Python number read at each replay (``meter.sum += loss.item() * n``, an lr computed
+        # from the iteration argument) is a Python node one compiled graph cannot hold; baked
+        # instead, it missed at every call (a recapture per step, 1-4 s each: timm, torchvision
+        # on an H100).
+        labels = {n.target.number_label for n in tr.uses.lifted.values()}
+        names = ", ".join(sorted(labels, key=lambda x: (x.startswith("global "), x))[:4])
         raise NeedsReplay(
-            "the step updates a Python number from a value read on the host (e.g. a meter's "
-            "sum += loss.item()): a CUDA graph cannot recompute it at each replay",
-            op="host read kept in a Python number", where="the step function",
-            fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or keep the meters outside the "
-                "step and update them from a returned tensor")
+            f"the step computes Python numbers from values that change at each call ({names}; e.g. "
+            "a meter's sum += loss.item(), an lr from the iteration): one compiled graph cannot "
+            "recompute them at each replay",
+            op="Python number read at each replay", where="the step function",
+            fix="use backend='cudagraph' (CUDA) or 'replay' (backend='auto' does so), or keep "
+                "that Python outside the step (an lr assigned to the param groups before the call "
+                "is read live; a meter updated from a returned tensor)")
     reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
     if reads_kept:
         raise NeedsReplay(
@@ -264,7 +271,8 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         host_reads = tr.reads is not None and bool(tr.reads.sites())
         # (a number read live into a device op: that op runs on the host between segments)
         host_work = host_reads or (device == "cuda" and bool(tr.uses.lifted))
-        if not backend.runs_host_reads and device == "cuda" and not (host_work and backend.segmented is not None):
+        if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
+                and not (host_work and backend.segmented is not None):
             refuse_host_python(tr)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it

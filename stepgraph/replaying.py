@@ -31,7 +31,7 @@ class ReplayPaths:
                 miss = m if e is newest or miss is None else miss
                 self._moving_numbers |= e.moved_numbers(sig.leaves, args)
                 continue
-            out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos), args, kwargs)
+            out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos, args), args, kwargs)
             if m is None:
                 self._remember(e, args, kwargs)
                 return out

@@ -145,3 +145,43 @@ def test_scheduled_lr_stays_bitwise(opt_name):
     assert sg.captures[-1].device_scalars is not None
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q), (p - q).abs().max()
+
+
+def _step_computing_lr(model, opt):
+    def step(it, x, y):
+        lr = get_lr(it)   # nanoGPT's loop body compiled whole: the lr computed from ``it`` in the step
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach(), lr
+    return step
+
+
+@pytest.mark.parametrize("opt_name", ["adam", "adamw_fused", "sgd_momentum"])
+def test_lr_computed_in_the_step_from_the_iteration_is_live(opt_name):
+    """A graph per branch of the schedule (plus one when the number first moves), not per call."""
+    m, m2, opt, opt2 = _pair(opt_name)
+    sg, eager = stepgraph.compile(_step_computing_lr(m, opt)), _step_computing_lr(m2, opt2)
+    worst, steps = 0.0, 12
+    for it in range(steps):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
+        if it == 1:
+            from stepgraph.backends.cudagraph import make_capturable
+            from stepgraph.capture.state import StateRegistry
+            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+        (out, lr), (ref, tlr) = sg(it, x, y), eager(it, x, y)
+        assert lr == tlr == get_lr(it), it
+        assert abs(float(opt.param_groups[0]["lr"]) - get_lr(it)) <= 1e-7 * get_lr(it) + 1e-12, it
+        worst = max(worst, rel_err(out.float(), ref.float()))
+    for p, q in zip(m.parameters(), m2.parameters()):
+        worst = max(worst, rel_err(p, q))
+    print(f"{opt_name}: {sg.stats.captures} captures, {sg.stats.replays} replays, backend "
+          f"{sg.captures[-1].backend}, worst rel err {worst:.2e}; {sg.stats.recaptures}")
+    assert sg.stats.captures <= 3 and sg.stats.replays >= steps - 4, (sg.stats.recaptures, sg.explain())
+    assert worst <= 1e-4, worst

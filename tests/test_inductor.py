@@ -395,3 +395,42 @@ def test_inductor_switch_survives_warnings_raised_as_errors():
                                            os.environ.get("PYTHONPATH", "")]))
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0 and "STATE fused" in r.stdout, (r.stdout[-2000:], r.stderr[-3000:])
+
+
+def test_inductor_refuses_an_lr_computed_from_the_iteration_clearly():
+    """One compiled graph cannot run the Python that computes an lr from the call's ``it`` at
+    each replay: once that number moves, the recapture is refused with a fix (assign the lr
+    before the call), the call's result and state are eager's. (Before: Inductor's
+    NotImplementedError on the reader node, and eager from then on.)"""
+    import copy
+    import math
+    import stepgraph
+    from stepgraph.errors import StepGraphError
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    twin = copy.deepcopy(model)
+
+    def make(m, opt):
+        def step(it, x, y):
+            for g in opt.param_groups:
+                g["lr"] = 1e-3 * 0.5 * (1 + math.cos(math.pi * it / 10))
+            loss = torch.nn.functional.cross_entropy(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    opt, topt = (torch.optim.SGD(p, lr=1e-3) for p in (model.parameters(), twin.parameters()))
+    sg, eager = stepgraph.compile(make(model, opt), backend="inductor"), make(twin, topt)
+    refused = []
+    for it in range(5):
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        try:
+            sg(it, x, y)
+        except StepGraphError as e:
+            refused.append((it, str(e)))
+        eager(it, x, y)
+        assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(model.parameters(), twin.parameters())), it
+    # (a refusal is raised at each call that would capture it, after the call ran: failures.py)
+    assert refused and refused[0][0] >= 2, refused
+    assert all("(it" in m and "param groups before the call" in m for _, m in refused), refused

@@ -125,11 +125,12 @@ def test_a_branch_on_the_epoch_keeps_one_graph_per_outcome(capsys):
     assert len(t.stats.recaptures) == 1 and "== 0 False -> True" in t.stats.recaptures[0], t.stats.recaptures
 
 
-def test_a_returned_number_is_used():
+def test_a_returned_number_is_computed_again_at_each_replay():
+    # (it was checked: each new epoch recaptured)
     t = Twin(lambda m, o, x, y, epoch: (sgd(m, o, x, y), epoch * 2))
-    for e in range(4):
+    for e in range(6):
         assert t(e, e)[1] == 2 * e
-    assert t.stats.captures == 3, t.stats
+    assert (t.stats.captures, t.stats.replays) == (1, 4), t.stats
 
 
 def test_isinstance_of_a_number_is_checked():

@@ -127,6 +127,21 @@ def _register_dataclasses(out, depth: int = 0) -> None:
             _register_dataclasses(x, depth + 1)
 
 
+def _fill_held(reg, opt) -> None:
+    """A number the step assigned to a hyper-parameter held on the device (``g['lr'] =
+    get_lr(it)`` inside the step, on CUDA): filled into that tensor as the optimizer steps, as
+    ``absorb_floats`` does for the loop's assignments (in a trace, a fill the graph records)."""
+    from .tracked import _PROXIES
+    for group, key, held in reg.device_hypers:
+        v = group.get(key)
+        if v is held or not isinstance(held, torch.Tensor) or all(g is not group for g in opt.param_groups):
+            continue
+        if type(v) in _PROXIES or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+            with torch.no_grad():
+                held.fill_(v)
+            group[key] = held
+
+
 @contextlib.contextmanager
 def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | None = None):
     """Add any optimizer that steps to the registry (e.g. per-parameter optimizers stepped from
@@ -140,6 +155,7 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
         if all(o is not opt for _, o in reg.optimizers):
             # (``reg.optimizers`` is a fresh list of the held ones: assign, not append)
             reg.optimizers = reg.optimizers + [(f"optimizer#{len(reg.optimizers)}", opt)]
+        _fill_held(reg, opt)
         active = mode is not None and any(m is mode for m in torch.overrides._get_current_function_mode_stack())
         if mode is not None and not active:
             mode.__enter__()

@@ -27,7 +27,7 @@ import torch
 
 from ..errors import user_frame
 from ..markers import host_guard
-from .hostscalar import HostFloat, _plain, _tracked, _tracer, current, node_arg, record_item
+from .hostscalar import HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item
 
 
 
@@ -219,7 +219,7 @@ def _math_live(orig):
         from .tracked import _PROXIES, plain
         tracer = _tracer()
         live = [x for x in args if current(x, tracer)]
-        value = orig(*(float(plain(x)) if _tracked(x) else _plain(x) if live and isinstance(x, HostFloat)
+        value = orig(*(_plain(plain(x)) if _tracked(x) else _plain(x) if live and isinstance(x, HostFloat)
                        else x for x in args))
         proxies = [x for x in args if type(x) in _PROXIES]
         if not live:
@@ -231,7 +231,9 @@ def _math_live(orig):
         by_node = all(x.number_use_by_node for x in live)
         for x in proxies:
             x._log.node_use(x, [node]) if by_node else x._use()
-        return max(live, key=lambda x: x.derive_rank)._derive(value, node)
+        out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
+        out.numbers = _carried(*args)
+        return out
     fn.__name__ = orig.__name__
     fn.__wrapped__ = orig
     return fn

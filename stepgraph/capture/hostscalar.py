@@ -18,11 +18,12 @@ import torch
 class HostFloat(float):
     """A float that remembers the fx node computing it during a trace."""
 
-    __slots__ = ("node",)
+    __slots__ = ("node", "numbers")
 
     def __new__(cls, value, node):
-        self = float.__new__(cls, value)
+        self = float.__new__(cls, float.__float__(value) if isinstance(value, float) else value)
         self.node = node
+        self.numbers = ()   # tracked numbers read live into this value (used if it is baked)
         node.meta["host_value"] = float.__float__(self)  # what the trace saw (baking uses it)
         return self
 
@@ -51,7 +52,7 @@ def _plain(x):
     number handed out plain is used by value."""
     if _tracked(x):
         x._use()
-        return float(x._v)
+        return _plain(x._v)
     return float.__float__(x) if isinstance(x, float) else float(x)
 
 
@@ -85,18 +86,35 @@ def _binary(op, swap=False):
         live = [x for x in (a, b) if current(x, tracer)]
         if not live:  # used after the trace (plain float semantics) or left by an older one
             return op(_plain(a), _plain(b))
-        value = op(*(float(x._v) if _tracked(x) else _plain(x) for x in (a, b)))
+        value = op(*(_plain(x._v) if _tracked(x) else _plain(x) for x in (a, b)))
         by_node = all(x.number_use_by_node for x in live)
         # ``meter.sum + loss.item()``: the number read at each replay where it can be (lifted),
-        # else baked and used only if the node survives
-        lifted = [x._log.lift(x, typed=False) if by_node and _tracked(x) and x._log.active else None for x in (a, b)]
+        # else baked and used only if the node survives. A number whose value check missed
+        # before (``lr = get_lr(it)`` meeting a live weight decay) is read live too: the result
+        # carries it, so it is used by value wherever that result is baked.
+        lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (by_node or x._log.moving(x))
+                  else None for x in (a, b)]
         node = tracer.create_node("call_function", op, tuple(
             n if n is not None else node_arg(x, tracer) for x, n in zip((a, b), lifted)), {})
         for x, n in zip((a, b), lifted):
             if _tracked(x) and n is None:
                 x._log.node_use(x, [node]) if by_node else x._use()
-        return max(live, key=lambda x: x.derive_rank)._derive(value, node)
+        out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
+        out.numbers = _carried(a, b) + tuple(x for x, n in zip((a, b), lifted) if n is not None and not by_node)
+        return out
     return method
+
+
+def _carried(*xs) -> tuple:
+    # (``issubclass(type(x))``: ``isinstance`` would ask a tracked number its ``__class__``, a check)
+    return tuple(p for x in xs if issubclass(type(x), HostFloat) for p in x.numbers)
+
+
+def use_carried(x) -> None:
+    """``x`` is baked where it was used: the tracked numbers read live into it are used by value."""
+    for p in x.numbers if issubclass(type(x), HostFloat) else ():
+        if p._log.active:
+            p._use(force=True)
 
 
 def _unary(op):
@@ -105,7 +123,9 @@ def _unary(op):
         tracer = _tracer()
         if not current(self, tracer):
             return value
-        return self._derive(value, tracer.create_node("call_function", op, (self.node,), {}))
+        out = self._derive(value, tracer.create_node("call_function", op, (self.node,), {}))
+        out.numbers = self.numbers
+        return out
     return method
 
 
@@ -243,8 +263,11 @@ def _recording(name):
         if name in _COMPARE and self.path is not None and preds is not None and len(a) == 1 \
                 and type(a[0]) in (int, float):
             preds.add((self.hyper, self.path, name, a[0]))  # guard the answer, not the value
+        elif name == "float" and not current(self, _tracer()):
+            pass   # (a float an older trace left in user state: plain)
         else:
             self.baked.add(self.hyper)  # the graph now depends on this exact value: guard it
+            use_carried(self)
         return op(_plain(self), *(_plain(x) if _tracked(x) else x for x in a))
     return method
 
@@ -257,7 +280,7 @@ def predicate_results(value, preds) -> tuple:
         v = value
         for i in path:
             v = v[i] if isinstance(v, (tuple, list)) else None
-        out.append(getattr(float, f"__{name}__")(float(v), other) if isinstance(v, (int, float)) else None)
+        out.append(getattr(float, f"__{name}__")(_plain(v), other) if isinstance(v, (int, float)) else None)
     return tuple(out)
 
 

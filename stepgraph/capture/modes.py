@@ -19,7 +19,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from ..errors import library_frame, user_frame
-from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute
+from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
 from .hostreads import ReadFloat, ReadLog, guard_lost, read_scalar
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
@@ -114,6 +114,7 @@ class _HostReadMode(TorchFunctionMode):
             # Autograd may save this number for the backward (``loss * scale``), which the
             # engine calls with a plain float: it cannot stay live there, so guard it instead.
             for f in floats:
+                use_carried(f)
                 if isinstance(f, HyperFloat):
                     f.baked.add(f.hyper)
             if self.reads is not None:
@@ -129,6 +130,7 @@ class _HostReadMode(TorchFunctionMode):
         used = substitute(new_nodes, floats, pytree.tree_leaves((args, kwargs), is_leaf=lambda x: isinstance(x, (list, tuple)) and any(isinstance(y, HostFloat) for y in x)))
         lost = [f for f in floats if id(f) not in used]
         for f in lost:
+            use_carried(f)
             if isinstance(f, HyperFloat):
                 f.baked.add(f.hyper)  # could not stay live here: guard its value instead
         guard_lost(lost, self.reads) if self.reads is not None else None

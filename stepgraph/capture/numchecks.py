@@ -4,7 +4,23 @@ each replay."""
 from __future__ import annotations
 
 import operator
+import threading
 from dataclasses import dataclass
+
+# The call being replayed, for graph nodes that read a number of its arguments live (an ``it``
+# the step computes its lr from): set by CapturedStep.replay, in the thread that runs the graph.
+_CALL = threading.local()
+
+
+def set_call(leaves, args) -> None:
+    _CALL.now = (leaves, args)
+
+
+def call_values() -> tuple:
+    now = getattr(_CALL, "now", None)
+    if now is None:
+        raise LookupError("a number of the step's arguments is read outside a replay")
+    return now
 
 
 @dataclass(eq=False)

@@ -98,14 +98,25 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
     return notes
 
 
+def _place(s):
+    """Where a source's value lives (one place, whatever path the code took to it)."""
+    if not s.path:
+        return id(s)
+    from .trackplan import _parent
+    try:
+        return id(_parent(s, ())), s.path[-1][1]
+    except Exception:  # noqa: BLE001
+        return id(s)
+
+
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
                                replayed=()) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a
     param group's value an LR scheduler stepped inside the step changed, and a number assigned
     from tracked arithmetic (``replayed``, ``completed_steps += 1``): replays redo both."""
-    replayed = {id(s) for s in replayed}
+    replayed = {_place(s) for s in replayed}
     for s, a, b in zip(py.sources, before, after):
-        if a != b and s.from_step and id(s) not in replayed \
+        if a != b and s.from_step and _place(s) not in replayed \
                 and not (scheduled and ".param_groups[" in s.describe()):
             raise CaptureError(
                 f"the step changes the Python value {s.describe()} ({_show(a)} -> {_show(b)}); a replay "

@@ -159,6 +159,22 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
     return tensors, reads
 
 
+def group_reads(reg, tracer) -> list:
+    """Param-group values the step assigned from live floats (``g['lr'] = get_lr(it)`` where
+    the schedule's constants are read live): read effects, written after each replay as eager's
+    assignment left them; plain floats there now."""
+    from .pyvalues import Source
+    out = []
+    for name, opt in reg.optimizers:
+        for gi, group in enumerate(opt.param_groups):
+            for k, v in list(group.items()):
+                if isinstance(v, float) and current(v, tracer):
+                    out.append(SourceEffect(Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),)),
+                                            "read", node=v.node))
+                    group[k] = _plain(v)
+    return out
+
+
 def append_sources(guards, args) -> list:
     """Lists the step's own code reads and only calls methods on (``history.append(x)``)."""
     return [s for s in guards.py.sources if s.identity_only and s.from_step and s.kind != "arg"

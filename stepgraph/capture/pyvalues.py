@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import _SKIP_PREFIXES
+from ..errors import _SKIP_PREFIXES, library_module
 
 _SKIP = object()       # a value not guarded (functions, classes, Python modules)
 _MISSING = ("<missing>",)
@@ -292,6 +292,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             _add(src, depth)
 
     def _add(src: Source, depth):
+        if src.path and library_module(Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS)):
+            return   # ``math.pi``, ``np.e``: a library's constants (a live ``math.pi`` cut lr schedules)
         path, method = src.path, None
         if path and path[-1][0] == "method":
             path, method = path[:-1], path[-1][1]

@@ -26,7 +26,9 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.overrides import TorchFunctionMode
 
-from .tracked import _PROXIES, plain
+from .numchecks import roots_of
+from .hostscalar import HostFloat
+from .tracked import _PROXIES, TrackedFloat, plain
 
 _STATE = threading.local()   # .depth: inside print/logging on this thread; .log: the active UseLog
 
@@ -169,7 +171,8 @@ class sinks:
 _T = torch.Tensor
 _ELEMENTWISE = {_T.__add__, _T.__radd__, _T.__iadd__, _T.__sub__, _T.__rsub__, _T.__isub__, _T.__mul__,
                 _T.__rmul__, _T.__imul__, _T.__truediv__, _T.__rtruediv__, _T.__itruediv__, _T.add, _T.add_,
-                _T.sub, _T.sub_, _T.mul, _T.mul_, _T.div, _T.div_, torch.add, torch.sub, torch.mul, torch.div}
+                _T.sub, _T.sub_, _T.mul, _T.mul_, _T.div, _T.div_, torch.add, torch.sub, torch.mul, torch.div,
+                _T.fill_}   # (a device-held lr filled from the step's number: effects._fill_held)
 
 
 class TrackMode(TorchFunctionMode):
@@ -184,8 +187,13 @@ class TrackMode(TorchFunctionMode):
         found = [x for x in pytree.tree_leaves((args, kwargs)) if type(x) in _PROXIES]
         if not found:
             return func(*args, **kwargs)
-        args, kwargs = pytree.tree_map(plain, (args, kwargs))
         mode = get_proxy_mode()
+        live = {} if func in _ELEMENTWISE or mode is None or not self.log.active else \
+            {id(p): f for p in found if (f := _live_float(p, self.log)) is not None}
+        if live:   # (the op sees a live float: modes.py keeps its node, or checks the number)
+            found = [p for p in found if id(p) not in live]
+            args, kwargs = pytree.tree_map(lambda x: live.get(id(x), x), (args, kwargs))
+        args, kwargs = pytree.tree_map(plain, (args, kwargs))
         if func in _ELEMENTWISE and mode is not None and self.log.active:
             # A scalar operand: the output's shape is the tensor's; the number only matters if
             # the op's result does (a meter's ``sum + x`` that nothing reads is dead).
@@ -211,6 +219,20 @@ class TrackMode(TorchFunctionMode):
         for p in found:
             p._use(force=True)
         return func(*args, **kwargs)
+
+
+def _live_float(p, log):
+    """A moving float (``lr`` computed from ``it``) fed to an op that takes it as a scalar
+    (a fused optimizer's ``lr=``, a foreach ``alpha=``): a live float computing it from its roots
+    at each replay (on CUDA, one fed as a device scalar), or None."""
+    if type(p) is not TrackedFloat or not log.moving(p):
+        return None
+    node = log.lift(p, typed=False)
+    if node is None:
+        return None
+    f = HostFloat(p._v, node)
+    f.numbers = (p,)
+    return f
 
 
 def mode_graph():
@@ -241,14 +263,19 @@ def _lift_into(nodes, p, found, log) -> bool:
 
 
 def unwrap_result(result, log):
-    """A returned number is used (a replay hands back the capture's value): plain, checked."""
+    """Returned numbers, plain. One computed from the call's numbers alone (``lr`` from an ``it``
+    argument) is computed again at each replay (``log.returned_exprs``: leaf index -> expression);
+    one involving a value read from a tensor is checked (a replay hands back the capture's)."""
     leaves, spec = pytree.tree_flatten(result)
     if not any(type(x) in _PROXIES for x in leaves):
         return result
     out = []
-    for x in leaves:
+    for i, x in enumerate(leaves):
         if type(x) in _PROXIES:
-            log.used(x._e, x._v, "returned from the step")
+            if any(r.kind == "read" for r in roots_of(x._e)):
+                log.used(x._e, x._v, "returned from the step")
+            else:
+                log.returned_exprs[i] = x._e
             x = x._v
             log.returned.add(id(x))
         out.append(x)

@@ -34,7 +34,7 @@ from .rnns import RnnDecomposition
 from . import pyeffects
 from .rollback import CopyOnWrite, Rollback
 from .sinks import TrackMode, scrub, sinks, unwrap_result
-from .trackplan import TrackPlan, swap_in, swap_out
+from .trackplan import TrackPlan, hyper_effects, swap_in, swap_out
 from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
@@ -83,14 +83,16 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
-               append_lens=(), moving_numbers=frozenset()) -> TraceResult:
+               append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
     Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed,
     ``append_sources``: lists whose appends are replayed, with their ``append_lens`` before the call
     (pyeffects.py); ``moving_numbers``: labels of tracked numbers whose value check missed before
-    (read live into the ops they feed on every device: uselog.UseLog.moving)."""
+    (read live into the ops they feed on every device: uselog.UseLog.moving); ``lift_numbers``:
+    read every tracked number fed to a tensor op live (default: on the CPU; a backend that runs
+    no Python at replay, Inductor's, says no)."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
     tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
     slots = reg.slots()
@@ -107,7 +109,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
-        uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu",
+        uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu" if lift_numbers is None else lift_numbers,
                                                    moving_labels=frozenset(moving_numbers)))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
@@ -151,7 +153,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                box["number_effects"] = swap_out(swapped, a)
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
@@ -167,8 +169,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 "register_pytree_node); for Hugging Face models with a cache, pass use_cache=False"))
         box["out_spec"] = out_spec
         graph_outs, kinds = [], []
-        for v in out_leaves:
-            if isinstance(v, torch.Tensor):
+        for i, v in enumerate(out_leaves):
+            if i in uses.returned_exprs:   # a number computed from the call's numbers (sinks.py)
+                kinds.append(("number", uses.returned_exprs[i]))
+            elif isinstance(v, torch.Tensor):
                 kinds.append(("tensor", len(graph_outs)))
                 graph_outs.append(v)
             elif current(v, get_proxy_mode().tracer):  # a read value, lr, lr * 2, ...
@@ -178,6 +182,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
                                            box.get("number_effects", ()))
+        if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
+            box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
         escapes, clears = [], []
         for s, old in zip(slots, before):

@@ -258,3 +258,20 @@ def swap_out(swapped: list, args) -> list:
         except Exception:  # noqa: BLE001 - the step deleted or replaced the container
             pass
     return effects
+
+
+def hyper_effects(reg) -> list:
+    """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
+    get_lr(it)``): written again after each replay (the graph itself read the number live or
+    checked it), left plain now. Runs even when the step raised."""
+    from .numchecks import Root
+    from .pyvalues import Source
+    effects = []
+    for name, opt in reg.optimizers:
+        for gi, group in enumerate(opt.param_groups):
+            for k, v in list(group.items()):
+                if type(v) in _PROXIES:
+                    src = Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),))
+                    effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
+                    group[k] = v._v
+    return effects

@@ -6,15 +6,16 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from .numchecks import Check, Op, Root, describe, roots_of, substitute
+from .numchecks import Check, Op, Root, call_values, describe, roots_of, substitute
 from .tracked import TrackedFloat, TrackedInt, _where, plain
 
 
 # ---- what one trace saw ------------------------------------------------------------------
-def _reader(root: Root):
-    """Graph node target: the root's value at the replay (the Python before the step's)."""
+def _reader(root: Root, of_call: bool = False):
+    """Graph node target: the root's value at the replay (the Python before the step's);
+    ``of_call``: a number of the replayed call's arguments (numchecks.set_call)."""
     def read_number():
-        return root.read((), ())
+        return root.read(*call_values()) if of_call else root.read((), ())
     read_number.__name__ = "read_" + "".join(c if c.isalnum() else "_" for c in root.label)[:40]
     read_number.number_label = root.label   # (explain(): the numbers read live)
     return read_number
@@ -45,6 +46,7 @@ class UseLog:
     pending: list = field(default_factory=list)     # formats waiting for a print: [frame, offset, expr, value, where, ok]
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
+    returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU: CUDA feeds changing floats as device scalars).
@@ -53,12 +55,14 @@ class UseLog:
     # CUDA graph's segments run the op they feed on the host (backends/segments.py), as eager.
     moving_labels: frozenset = frozenset()
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
+    root_values: dict = field(default_factory=dict)  # id(Root) -> its value in this trace
 
     def moving(self, proxy) -> bool:
         return bool(self.moving_labels) and any(r.label in self.moving_labels for r in roots_of(proxy._e))
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
+        self.root_values[id(root)] = plain(value)
         self.proxies.append(p)
         return p
 
@@ -97,13 +101,15 @@ class UseLog:
                 return e
             if e.kind == "read":
                 return e.ref.node
-            if e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg":
-                raise LookupError(e.label)
+            of_call = e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg"
+            if of_call and e.label not in self.moving_labels:
+                raise LookupError(e.label)   # (an argument that never changed stays checked)
             if id(e) not in self.lifted:
-                self.lifted[id(e)] = tracer.create_node("call_function", _reader(e), (), {})
+                self.lifted[id(e)] = tracer.create_node("call_function", _reader(e, of_call), (), {})
             if typed:
                 t = Op(type, (e,))
-                self.found.setdefault(("?", describe(t)), Check(t, type(e.read((), ())), "", True))
+                v = self.root_values[id(e)] if id(e) in self.root_values else e.read((), ())
+                self.found.setdefault(("?", describe(t)), Check(t, type(v), "", True))
             return self.lifted[id(e)]
         try:
             return build(proxy._e)

@@ -1,0 +1,108 @@
+"""The lr computed inside the step from an iteration argument (nanoGPT's ``lr = get_lr(it)``
+followed by ``g['lr'] = lr``, inside the function the user compiles): once a value check on it
+missed, the number is read live from the call's arguments (numchecks.set_call), the graph
+computes the lr, the param groups hold it after each replay and a returned lr is this call's.
+One graph per branch of the schedule (warm-up, cosine, floor), never one per call. Every call
+is compared bitwise with eager PyTorch on a twin."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+WARMUP, DECAY, LR, MIN_LR = 2, 12, 1e-3, 1e-4
+
+
+def get_lr(it):   # nanoGPT's train.py
+    if it < WARMUP:
+        return LR * (it + 1) / (WARMUP + 1)
+    if it > DECAY:
+        return MIN_LR
+    decay_ratio = (it - WARMUP) / (DECAY - WARMUP)
+    assert 0 <= decay_ratio <= 1
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))
+    return MIN_LR + coeff * (LR - MIN_LR)
+
+
+def make(model, opt):
+    def step(it, x, y):
+        lr = get_lr(it)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss, lr
+    return step
+
+
+OPTS = {
+    "adamw": lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.1),
+    "adamw-foreach": lambda ps: torch.optim.AdamW(ps, lr=LR, weight_decay=0.1, foreach=True),
+    "adam-fused": lambda ps: torch.optim.Adam(ps, lr=LR, fused=True),
+    "sgd-momentum": lambda ps: torch.optim.SGD(ps, lr=LR, momentum=0.9, weight_decay=1e-2),
+}
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTS))
+def test_lr_from_the_iteration_argument_is_computed_by_the_graph(opt_name):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    opt, topt = OPTS[opt_name](model.parameters()), OPTS[opt_name](twin.parameters())
+    step, eager = stepgraph.compile(make(model, opt)), make(twin, topt)
+    for it in range(18):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        (loss, lr), (tloss, tlr) = step(it, x, y), eager(it, x, y)
+        assert torch.equal(loss, tloss) and lr == tlr, it
+        assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"] == get_lr(it), it
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p, q), it
+    for a, b in zip(opt.state.values(), topt.state.values()):
+        for k in a:
+            assert torch.equal(torch.as_tensor(a[k]), torch.as_tensor(b[k])), k
+    s = step.stats
+    # warm-up, then a graph per branch: 'it < 2' (capture), cosine, floor
+    assert (s.captures, s.replays) == (3, 14), s.recaptures
+    assert all(" < " in r or " > " in r for r in s.recaptures), s.recaptures
+
+
+def get_lr_literal(it):   # the same schedule with its constants written in (tracked arithmetic)
+    if it < 2:
+        return 1e-3 * (it + 1) / 3
+    if it > 12:
+        return 1e-4
+    return 1e-4 + 0.5 * (1.0 + math.cos(math.pi * (it - 2) / 10)) * (1e-3 - 1e-4)
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTS))
+def test_lr_from_literals_and_the_iteration_argument(opt_name):
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    twin = copy.deepcopy(model)
+    opt, topt = OPTS[opt_name](model.parameters()), OPTS[opt_name](twin.parameters())
+
+    def make2(m, o):
+        def step(it, x, y):
+            for g in o.param_groups:
+                g["lr"] = get_lr_literal(it)
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss, o.param_groups[0]["lr"]
+        return step
+    step, eager = stepgraph.compile(make2(model, opt)), make2(twin, topt)
+    for it in range(16):
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        (loss, lr), (tloss, tlr) = step(it, x, y), eager(it, x, y)
+        assert torch.equal(loss, tloss) and lr == tlr == opt.param_groups[0]["lr"] == get_lr_literal(it), it
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), it
+    assert (step.stats.captures, step.stats.replays) == (3, 12), step.stats.recaptures
