@@ -80,3 +80,81 @@ def test_a_random_decision_stays_captured_with_one_graph_per_branch():
         assert torch.equal(got, body(m2, o2, x, y)), k
         assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters())), k
     assert step.stats.captures == 2 and step.stats.replays == 7, step.stats
+
+
+def _twin_run(step_of, batches):
+    """``step_of(model, opt)`` compiled on one model and eager on its twin, bitwise after each call."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.1))
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.AdamW(m.parameters(), lr=1e-3), torch.optim.AdamW(m2.parameters(), lr=1e-3)
+    sg, eager = stepgraph.compile(step_of(m, o)), step_of(m2, o2)
+    for k, b in enumerate(batches):
+        torch.manual_seed(k)
+        got = sg(*b)
+        torch.manual_seed(k)
+        assert torch.equal(got, eager(*b)), k
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters())), k
+    return sg
+
+
+def test_a_shape_decided_by_lengths_is_not_random_behind_dropout():
+    """CTC's output shape depends on the target lengths (integers from the batch), not on the
+    log-probs behind dropout: guarded by its lengths, captured (Wav2Vec2ForCTC's loss). Before,
+    the guard's every upstream op was searched, the dropout found, and the step refused."""
+    def step_of(m, o):
+        def step(x, targets, in_len, tgt_len):
+            lp = m(x).log_softmax(-1).transpose(0, 1)
+            loss = F.ctc_loss(lp, targets, in_len, tgt_len)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(2, 20, 8, generator=g), torch.randint(1, 16, (2, 5), generator=g),
+                torch.tensor([20, 20]), torch.tensor([5, 5])) for _ in range(5)]
+    sg = _twin_run(step_of, batches)
+    assert (sg.stats.captures, sg.stats.replays) == (1, 3), sg.stats
+
+
+def test_attention_without_dropout_draws_nothing():
+    """PyTorch tags every SDPA kernel as random; with ``dropout_p=0`` it draws nothing, so a
+    shape decided downstream (``x[mask]``) is guarded, not refused as random."""
+    def step_of(m, o):
+        def step(x, keep):
+            h = m[0](x)[:, None]                                 # (B, 1, T, 16): the flash kernel
+            h = F.scaled_dot_product_attention(h, h, h)[:, 0]
+            loss = h[(keep > 0) & (h.abs().sum(-1) >= 0)].square().mean()   # rows kept: values decide
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    g = torch.Generator().manual_seed(4)
+    batches = [(torch.randn(2, 6, 8, generator=g), torch.tensor([[1, 0, 1, 1, 0, 1]] * 2)) for _ in range(5)]
+    sg = _twin_run(step_of, batches)
+    assert (sg.stats.captures, sg.stats.replays) == (1, 3), sg.stats
+
+
+def test_a_library_draw_gets_a_fix_the_user_can_apply():
+    """Wav2Vec2's SpecAugment draws its masks with numpy inside transformers: the user cannot
+    move that draw, so the fix names the feature switch or calling that code outside."""
+    pytest.importorskip("transformers")
+    from transformers.models.wav2vec2.modeling_wav2vec2 import _compute_mask_indices
+    m = lm()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        mask = torch.from_numpy(_compute_mask_indices((2, 20), 0.5, 2))
+        loss = m(x).mean() * mask.float().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    x = torch.randint(0, 7, (2, 20))
+    sg(x)
+    with pytest.raises(stepgraph.CaptureError, match="mask_time_prob=0.0") as e:
+        sg(x)
+    assert "modeling_wav2vec2.py" in str(e.value), str(e.value)

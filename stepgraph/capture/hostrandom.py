@@ -98,15 +98,19 @@ def host_random_watch(problems: list, named=lambda t: False):
             inside[0] = True
             try:
                 stack = traceback.extract_stack()
-                where = user_frame(stack)
+                where, lib = user_frame(stack), library_frame(stack)
+                # (a library's own draw, e.g. Wav2Vec2's SpecAugment masks with numpy: the user
+                # cannot move it, only switch that feature off or call that code outside)
+                fix = ("switch that random feature off while training under stepgraph (a model "
+                       "option, e.g. Wav2Vec2's mask_time_prob=0.0 and mask_feature_prob=0.0) or call "
+                       "that code outside the step" if lib else
+                       "draw them in the loop outside the step and pass the result (the batch, the "
+                       "indices, the decision) as arguments; or draw with torch inside the step "
+                       "(torch.randint / torch.rand / torch.randperm), which the graph replays")
                 _once(problems, "host random", lambda: Problem(
                     f"the step draws host random numbers with {label}.{name}(): a replay runs no "
                     "Python code, so it would reuse this call's draw at every step (the same batch, "
-                    "the same branch)", where,
-                    "draw them in the loop outside the step and pass the result (the batch, the "
-                    "indices, the decision) as arguments; or draw with torch inside the step "
-                    "(torch.randint / torch.rand / torch.randperm), which the graph replays",
-                    library_frame(stack), plain=True), where)
+                    "the same branch)", where, fix, lib, plain=True), where)
                 return orig(*a, **k)
             finally:
                 inside[0] = False

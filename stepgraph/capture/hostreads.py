@@ -249,6 +249,41 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     return list(dict.fromkeys(sites))
 
 
+def _draws(n) -> bool:
+    """``n`` draws random numbers: a seeded op, unless its dropout probability is 0 (PyTorch
+    tags every SDPA kernel as seeded; with ``dropout_p=0.0`` it draws nothing)."""
+    t = n.target
+    if not (isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+        return False
+    for i, arg in enumerate(t._schema.arguments):
+        if arg.name in ("dropout_p", "p", "train"):
+            v = n.kwargs.get(arg.name, n.args[i] if i < len(n.args) else arg.default_value)
+            if (arg.name == "train" and v is False) or (arg.name != "train" and v == 0):
+                return False
+    return True
+
+
+def _value_inputs(guard) -> list:
+    """What a guarded value is computed from. A shape decided by tensor values (``nonzero``,
+    ``x[mask]``, CTC's target lengths) is decided by the integer and boolean tensors among its
+    op's inputs (indices, masks, lengths), not by float data flowing through it (a CTC loss's
+    log-probs behind dropout)."""
+    src = guard.args[0]
+    if not (isinstance(src, torch.fx.Node) and src.target is _tensor_shape()):
+        return list(guard.all_input_nodes)
+    op = src.args[0]
+    while op.target is operator.getitem:   # (an output of a multi-output op)
+        op = op.args[0]
+    picked = [a for a in op.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+              and not a.meta["val"].dtype.is_floating_point and not a.meta["val"].dtype.is_complex]
+    return picked if picked else list(op.all_input_nodes)
+
+
+def _tensor_shape():
+    from .modes import tensor_shape
+    return tensor_shape
+
+
 def random_guards(gm) -> list:
     """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
     Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
@@ -260,15 +295,14 @@ def random_guards(gm) -> list:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
             continue
-        seen, todo, draw = set(), list(n.all_input_nodes), None
+        seen, todo, draw = set(), _value_inputs(n), None
         while todo and draw is None:
             a = todo.pop()
             if a in seen:
                 continue
             seen.add(a)
-            t = a.target
-            if isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags:
-                draw = t
+            if _draws(a):
+                draw = a.target
             todo.extend(a.all_input_nodes)
         if draw is None:
             continue
