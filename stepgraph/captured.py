@@ -120,6 +120,8 @@ class CapturedStep:
                 "a collective of the replayed graph failed: another rank stopped, or it recaptured "
                 "while this rank replayed (ranks must see the same shapes and state changes at "
                 f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
+        finally:
+            set_call(None, None)   # (it holds the call's arguments: a model passed in must not outlive it)
         for obj, attr, value in self.python_effects:
             setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
         for sched, a, k, _ in tr.scheduler_steps:

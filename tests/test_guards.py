@@ -277,6 +277,28 @@ def test_tensor_lr_fill_is_read_live_without_recapture():
     assert p.stats.recaptures == []
 
 
+def test_guard_layer_frozen_then_unfrozen():
+    # Gradual unfreezing: ``requires_grad_(False)`` then ``(True)`` on the first layer between
+    # calls. Before, replays kept computing (and applying) its grads while frozen, and kept it
+    # frozen once unfrozen: no recapture, silently unlike eager.
+    def set_rg(v):
+        def f(model, opt):
+            model[0].requires_grad_(v)
+        return f
+    p = Pair(train_step)
+    for k in range(3):
+        p(*batch(k))
+    p.both(set_rg(False))
+    for k in range(3, 5):
+        p(*batch(k))
+    assert p.counts() == (1, 2, 2), p.stats.recaptures
+    assert p.stats.recaptures == ["model.0.weight.requires_grad True -> False"], p.stats.recaptures
+    p.both(set_rg(True))
+    for k in range(5, 8):
+        p(*batch(k))   # the first graph again (same signature as before freezing)
+    assert p.counts()[1] <= 3 and p.counts()[2] >= 4, p.stats.recaptures
+
+
 def test_guard_optimizer_load_state_dict():
     p = Pair(train_step)
     for k in range(3):

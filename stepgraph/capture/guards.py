@@ -151,12 +151,17 @@ class Guards(Reasons, LiveKeys):
             self._groups_quick(),
             tuple((opt.state, len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
+            tuple(p.requires_grad for _, p in reg.params),
             tuple(map(self._grad, reg.grad_params)),
             reg.hook_key(),
             self._py_key(args),
         )
 
     def signature(self, args, kwargs) -> Signature:
+        reg = self.reg
+        requires = tuple(p.requires_grad for _, p in reg.params)
+        if requires != reg.requires_grad:   # a layer frozen/unfrozen: grad_params follow it
+            reg.refresh_names()
         leaves, spec = pytree.tree_flatten((args, kwargs))
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         inputs = tuple(_leaf_value(x) for x in leaves)
@@ -176,6 +181,7 @@ class Guards(Reasons, LiveKeys):
                   for oi, (_, opt) in enumerate(reg.optimizers)),
             tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
             registration_epoch(),
+            requires,
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
             reg.hook_key(),
             self._py_key(args),

@@ -13,7 +13,7 @@ _CALL = threading.local()
 
 
 def set_call(leaves, args) -> None:
-    _CALL.now = (leaves, args)
+    _CALL.now = None if leaves is None else (leaves, args)
 
 
 def call_values() -> tuple:

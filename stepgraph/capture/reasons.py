@@ -19,7 +19,7 @@ class Reasons:
         """One line naming the first difference between two signature keys."""
         self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
         fine = dict(inputs=self._diff_inputs, training=self._diff_training, hypers=self._diff_hyper,
-                    opt_state=self._diff_optstate, grads=self._diff_grads)
+                    opt_state=self._diff_optstate, grads=self._diff_grads, requires_grad=self._diff_requires_grad)
         for section in DIFF_ORDER:
             a, b = getattr(old, section), getattr(new, section)
             if a == b:
@@ -81,6 +81,12 @@ class Reasons:
                 return f"{oname}.state was replaced (load_state_dict?)"
             if x[1] != y[1]:
                 return f"{oname}.state: entries {x[1]} -> {y[1]}"
+        return None
+
+    def _diff_requires_grad(self, a, b):
+        for (src, _), x, y in zip(self.reg.params, a, b):
+            if x != y:
+                return f"{src}.requires_grad {x} -> {y}"
         return None
 
     def _diff_grads(self, a, b):

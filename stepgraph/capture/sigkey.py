@@ -29,6 +29,7 @@ class SignatureKey(NamedTuple):
     hypers: tuple           # per optimizer, per group: ((key, value or live marker), ...)
     opt_state: tuple        # per optimizer: (id(state), len(state))
     registration: int       # parameter/buffer/submodule registration epoch (watch.py)
+    requires_grad: tuple    # per parameter: requires_grad (a layer frozen or unfrozen between calls)
     grads: tuple            # per parameter: None or TensorMeta of its .grad
     hooks: tuple
     py_values: tuple        # Python values the step's code reads (pyvalues.py)
@@ -54,11 +55,12 @@ class PartialKey(NamedTuple):
 
 # The order a miss is explained in: most fundamental first (a replaced optimizer state also
 # changes its hyper-parameters).
-DIFF_ORDER = ("spec", "inputs", "alias", "registration", "opt_state", "hypers", "grad_mode", "autocast",
-              "training", "grads", "hooks", "py_values")
+DIFF_ORDER = ("spec", "inputs", "alias", "registration", "requires_grad", "opt_state", "hypers", "grad_mode",
+              "autocast", "training", "grads", "hooks", "py_values")
 SECTION_NAMES = dict(spec="argument structure", inputs="inputs", alias="input aliasing", grad_mode="grad mode",
                      autocast="autocast", training="train/eval", hypers="optimizer hyper-parameters",
-                     opt_state="optimizer state", registration="module structure", grads="grads", hooks="hooks",
+                     opt_state="optimizer state", registration="module structure",
+                     requires_grad="requires_grad", grads="grads", hooks="hooks",
                      py_values="Python values")
 
 

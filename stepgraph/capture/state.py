@@ -51,6 +51,7 @@ class StateRegistry(WeakHolding, HookWatching):
     names: dict = field(default_factory=dict)          # id(tensor) -> source
     params: list = field(default_factory=list)         # (source, Parameter), unique
     grad_params: list = field(default_factory=list)    # params that require grad, in params order
+    requires_grad: tuple = ()   # each param's requires_grad when grad_params was read
     module_hook_dicts: list = field(default_factory=list)  # the step's modules' hook OrderedDicts
     pre_hooked: list = field(default_factory=list)     # params that had hooks when first watched
     _seen: set = field(default_factory=set)
@@ -122,6 +123,7 @@ class StateRegistry(WeakHolding, HookWatching):
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        self.requires_grad = tuple(p.requires_grad for _, p in self.params)
         self._all = [(None, self._hold(m)) for m in subs]
         self._all_plain = subs if not any(id(m) in self.weak_ids for m in subs) else None
         ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
