@@ -184,12 +184,23 @@ def test_returned_lr_is_live_and_other_python_numbers_warn():
         sg2(*batch(1))
 
 
-def test_scheduler_stepped_inside_the_step_runs_after_each_replay():
+_L = torch.optim.lr_scheduler
+SCHEDULERS = {   # (the last three define their own step(): CosineAnnealingWarmRestarts resets the
+    # cycle, SequentialLR passes a milestone; before, their own step was not replayed)
+    "lambda": lambda o: _L.LambdaLR(o, lambda s: 1.0 / (1 + s)),
+    "warm_restarts": lambda o: _L.CosineAnnealingWarmRestarts(o, T_0=3),
+    "sequential": lambda o: _L.SequentialLR(o, [_L.LinearLR(o, 0.1, 1.0, 3), _L.ExponentialLR(o, 0.5)], milestones=[3]),
+    "chained": lambda o: _L.ChainedScheduler([_L.ConstantLR(o, 0.5, 2), _L.ExponentialLR(o, 0.9)]),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULERS))
+def test_scheduler_stepped_inside_the_step_runs_after_each_replay(kind):
     m, t = net(0.0), net(0.0)
 
     def mk(model):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        sched = SCHEDULERS[kind](opt)
 
         def step(x, y):
             loss = F.cross_entropy(model(x), y)
@@ -204,7 +215,8 @@ def test_scheduler_stepped_inside_the_step_runs_after_each_replay():
     for k in range(8):
         assert torch.equal(sg(*batch(k)), eager(*batch(k)))
         same_params(m, t)
-    assert s1.last_epoch == s2.last_epoch == 8 and o1.param_groups[0]["lr"] == o2.param_groups[0]["lr"]
+        assert o1.param_groups[0]["lr"] == o2.param_groups[0]["lr"], k
+    assert getattr(s1, "last_epoch", 0) == getattr(s2, "last_epoch", 0) and s1.get_last_lr() == s2.get_last_lr()
     assert sg.stats.replays >= 5
 
 

@@ -114,13 +114,35 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
     lr_scheduler.step()``) are Python code a replay would skip: record each call, to be made
     again after every replay. Valid when no optimizer steps after it in the same call (the new
     lr is for the next call, as in eager); otherwise refused."""
-    from torch.optim.lr_scheduler import LRScheduler
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from ..errors import user_frame
     from .effects import Problem
-    orig = LRScheduler.step
+    # Schedulers whose own ``step`` replaces LRScheduler's (CosineAnnealingWarmRestarts,
+    # SequentialLR, ChainedScheduler, a user's) are recorded too; only the outermost call is
+    # (SequentialLR's inner schedulers are its business). ReduceLROnPlateau takes this call's
+    # metric, which a replay cannot pass again: left to the host-read checks.
+    classes, todo = [], [LRScheduler]
+    while todo:
+        c = todo.pop()
+        todo.extend(c.__subclasses__())
+        if "step" in vars(c) and not issubclass(c, ReduceLROnPlateau):
+            classes.append(c)
+    saved = [(c, vars(c)["step"]) for c in classes]
+    depth = [0]
 
-    def step(self, *a, **k):
+    def wrap(orig):
+        def outer(self, *a, **k):
+            if depth[0]:
+                return orig(self, *a, **k)
+            depth[0] += 1
+            try:
+                return step(orig, self, *a, **k)
+            finally:
+                depth[0] -= 1
+        return outer
+
+    def step(orig, self, *a, **k):
         mark, where = len(stepped), user_frame()
         if before_step is not None:
             before_step(self)   # (a failed capture puts the scheduler back: rollback.py)
@@ -136,19 +158,21 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
         # in the groups, its arithmetic *and its epoch branch* would be recorded into the graph
         # (StepLR decaying at every replay). It runs on plain floats; what it leaves unchanged
         # stays live, what it changes is next call's value (read live where the step returns it).
-        saved = _unlive(self.optimizer)
+        lives = _unlive(self.optimizer)
         try:
             return orig(self, *a, **k)
         finally:
-            for g, key, v, plain in saved:
+            for g, key, v, plain in lives:
                 if g.get(key) == plain:
                     g[key] = v
-    LRScheduler.step = step
+    for c, orig in saved:
+        c.step = wrap(orig)
     handle = register_optimizer_step_pre_hook(lambda opt, a, k: stepped.append(opt))
     try:
         yield
     finally:
-        LRScheduler.step = orig
+        for c, orig in saved:
+            c.step = orig
         handle.remove()
         for *_, check in calls:
             check()
