@@ -213,3 +213,46 @@ def test_a_number_stored_by_the_step_is_left_plain():
     t = Twin(body)
     t(0, 0), t(1, 1)
     assert type(seen["epoch"]) is int and type(seen["next"][0]) is int, seen
+
+
+class _Counted(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l, self.calls = nn.Linear(8, 4), 0
+
+    def forward(self, x):
+        self.calls += 1                 # a counter the model's forward keeps
+        return self.l(x)
+
+
+class _Trainer:
+    """A training loop written as a class (fairseq, Lightning-free trainers): the step is a
+    bound method whose ``self`` holds the model and optimizer and counts steps."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.model = _Counted()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.global_step, self.model.num_updates = 0, 0
+
+    def train_step(self, x, y):
+        loss = F.cross_entropy(self.model(x), y)
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.global_step += 1
+        self.model.num_updates += 1
+        return loss
+
+
+def test_counters_on_the_trainer_and_the_model_are_replayed():
+    # Before, ``self.x += 1`` on an object holding modules (the bound method's self, the model,
+    # the model's forward) was keyed by the object's identity only: each replay dropped it (2
+    # after 6 calls, silently).
+    a, b = _Trainer(), _Trainer()
+    step = stepgraph.compile(a.train_step)
+    for k in range(6):
+        assert torch.equal(step(*batch(k)), b.train_step(*batch(k)))
+        assert (a.global_step, a.model.num_updates, a.model.calls) == (b.global_step, b.model.num_updates,
+                                                                        b.model.calls) == (k + 1,) * 3, k
+    assert (step.stats.captures, step.stats.replays) == (1, 4), step.stats.recaptures

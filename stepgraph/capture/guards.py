@@ -13,7 +13,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from .hostscalar import predicate_results
-from .pyvalues import _MISSING, PyValues, find_sources, module_sources
+from .forward_attrs import module_sources
+from .pyvalues import _MISSING, PyValues, find_sources
 from .pyeffects import live_tensor, state_free, tensor_key
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Signature, SignatureKey, TensorMeta

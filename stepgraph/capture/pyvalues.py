@@ -12,7 +12,7 @@ replay backend a float of the step's own code is read live instead, from the fir
 (as optimizer ``lr`` is), so an annealed ``lr`` never recaptures. A value that the step itself changes (a
 counter, ``history.append``) is a Python side effect a replay cannot perform: refused.
 
-Modules' ``forward`` methods are read the same way for scalar attributes (``self.p`` of
+Modules' ``forward`` methods are read the same way (forward_attrs.py) for scalar attributes (``self.p`` of
 Dropout, a temperature): train/eval alone does not describe what a forward computes.
 
 A step function that is library code calling user code (``stepgraph.integrations``: Lightning's
@@ -217,6 +217,11 @@ def _code_chains(code: types.CodeType):
                     break
                 if y.opname == "LOAD_ATTR":
                     path.append(("attr", y.argval))
+                elif y.opname in ("COPY", "STORE_ATTR") and (y.opname == "STORE_ATTR" or (
+                        y.argval == 1 and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_ATTR")):
+                    # ``self.global_step += 1`` (COPY; LOAD_ATTR) or ``self.n = 0``: a slot the step writes
+                    path.append(("attr", (y if y.opname == "STORE_ATTR" else ins[j + 1]).argval))
+                    break
                 elif y.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname in _SUBSCR \
                         and isinstance(y.argval, (str, int)):
                     path.append(("item", y.argval))
@@ -365,36 +370,3 @@ def _all_code(code):
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             yield from _all_code(c)
-
-
-# ---- module forward attributes ---------------------------------------------------------
-_FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
-
-
-def _self_attrs(cls) -> tuple:
-    got = _FORWARD_ATTRS.get(cls)
-    if got is not None:
-        return got
-    names = []
-    fwd = getattr(cls, "forward", None)
-    if isinstance(fwd, types.FunctionType) and fwd.__code__.co_argcount >= 1:
-        self_name = fwd.__code__.co_varnames[0]
-        for op, name, path, _ in _chains(fwd.__code__):
-            if op in ("LOAD_FAST", "LOAD_FAST_CHECK") and name == self_name and path and path[0][0] == "attr":
-                if path[0][1] not in names and path[0][1] != "training":
-                    names.append(path[0][1])
-    _FORWARD_ATTRS[cls] = got = tuple(names)
-    return got
-
-
-def module_sources(modules, names: dict | None = None) -> list:
-    """Scalar attributes each module's ``forward`` reads on ``self`` (``Dropout.p``...)."""
-    out = []
-    for m in modules:
-        d = m.__dict__
-        for a in _self_attrs(type(m)):
-            v = d.get(a, _SKIP)
-            if isinstance(v, _SCALARS) and not a.startswith("__"):
-                label = (names or {}).get(id(m)) or type(m).__name__
-                out.append(Source("object", m, label, (("attr", a),), "", from_step=False))
-    return out

@@ -105,7 +105,8 @@ def writable(s, args) -> bool:
         return type(parent) is dict or (type(parent) is list and type(k) is int and -len(parent) <= k < len(parent))
     if isinstance(parent, type):
         return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
-    return plain_object(parent) and k in vars(parent)
+    # (a module's plain attribute, ``self.model.num_updates``: in its __dict__, no __setattr__)
+    return (plain_object(parent) or isinstance(parent, nn.Module)) and k in vars(parent)
 
 
 def slot_of(s, args):
