@@ -299,6 +299,19 @@ def test_guard_layer_frozen_then_unfrozen():
     assert p.counts()[1] <= 3 and p.counts()[2] >= 4, p.stats.recaptures
 
 
+@pytest.mark.parametrize("foreach", [False, True])
+def test_radam_rectification_branch_is_a_guarded_decision(foreach):
+    # RAdam decides ``if rho_t > 5`` from its step counter and beta2 (a live float): the outcome
+    # is guarded at each replay, so the step where it flips captures the other branch once.
+    # Before, the comparison guarded only beta2's value and replays kept the first branch
+    # (weights 5e-3 from eager after 10 steps, silently).
+    p = Pair(train_step, opt_cls=torch.optim.RAdam, opt_kw=dict(lr=1e-2, foreach=foreach))
+    for k in range(10):
+        p(*batch(k))
+    assert p.counts() == (1, 2, 7), p.stats.recaptures
+    assert "decision on an optimizer step counter" in p.stats.recaptures[0], p.stats.recaptures
+
+
 def test_guard_optimizer_load_state_dict():
     p = Pair(train_step)
     for k in range(3):

@@ -15,6 +15,7 @@ from torch import fx
 
 from . import Backend, CompileRequest
 from .runner import Runner
+from ..errors import GuardMiss
 
 _LITERALS = (int, bool, str, type(None))
 
@@ -96,7 +97,10 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
     if binds:
         # Body inside try/except: on an exception, bind what eager's backward had bound.
         head, body = lines[0], lines[1:]
+        # (not on a guard miss: that replay is undone and the call captured again, from the
+        # state before it: RAdam's rectification flipping mid-optimizer left fresh grads bound)
         lines = [head, "    _zg = False", "    try:"] + ["    " + x for x in body] + [
+            "    except _GuardMiss:", "        raise",
             "    except BaseException:", "        if not _zg:", "            _bind_grads(locals())",
             "        raise"]
 
@@ -106,6 +110,7 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
                 if v is not None and p.grad is None:
                     p.grad = v
         g.globals["_bind_grads"] = _bind_grads
+        g.globals["_GuardMiss"] = GuardMiss
     src = "\n".join(lines) + "\n"
     ns = dict(g.globals)
     exec(compile(src, f"<stepgraph {fn_name}>", "exec"), ns)

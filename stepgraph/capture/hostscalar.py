@@ -18,12 +18,13 @@ import torch
 class HostFloat(float):
     """A float that remembers the fx node computing it during a trace."""
 
-    __slots__ = ("node", "numbers")
+    __slots__ = ("node", "numbers", "counter")
 
     def __new__(cls, value, node):
         self = float.__new__(cls, float.__float__(value) if isinstance(value, float) else value)
         self.node = node
         self.numbers = ()   # tracked numbers read live into this value (used if it is baked)
+        self.counter = False   # computed from an optimizer step counter (a decision on it is guarded)
         node.meta["host_value"] = float.__float__(self)  # what the trace saw (baking uses it)
         return self
 
@@ -101,6 +102,7 @@ def _binary(op, swap=False):
                 x._log.node_use(x, [node]) if by_node else x._use()
         out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
         out.numbers = _carried(a, b) + tuple(x for x, n in zip((a, b), lifted) if n is not None and not by_node)
+        out.counter = any(x.counter for x in live)   # (RAdam's beta2 ** step: a hyper and a counter)
         return out
     return method
 
@@ -124,7 +126,7 @@ def _unary(op):
         if not current(self, tracer):
             return value
         out = self._derive(value, tracer.create_node("call_function", op, (self.node,), {}))
-        out.numbers = self.numbers
+        out.numbers, out.counter = self.numbers, self.counter
         return out
     return method
 
@@ -143,13 +145,34 @@ class _DataDependentBranch(Exception):
     pass
 
 
+_DECISIONS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge,
+              "eq": operator.eq, "ne": operator.ne, "bool": operator.truth}
+
+
+def guard_decision(x, name, a):
+    """``if rho_t > 5`` on a step counter's float (RAdam, ASGD on the CPU): the outcome, guarded
+    at each replay (``host_guard``: a flip undoes the replay and captures the other branch once);
+    raises _DataDependentBranch where no guard can be placed."""
+    tracer = _tracer()
+    log = getattr(tracer, "sg_reads", None)
+    if name not in _DECISIONS or log is None or len(a) > 1 or any(
+            _tracked(y) or (isinstance(y, HostFloat) and not current(y, tracer)) or not isinstance(y, (int, float))
+            for y in a):
+        raise _DataDependentBranch(name)
+    result = _DECISIONS[name](_plain(x), *(_plain(y) if isinstance(y, float) else y for y in a))
+    node = tracer.create_node("call_function", _DECISIONS[name], (x.node, *(node_arg(y, tracer) for y in a)), {})
+    from ..errors import user_frame
+    log.guard(node, result, f"a decision on an optimizer step counter ({name})", user_frame())
+    return result
+
+
 def _refuse(name):
     plain = getattr(float, f"__{name}__")
 
     def method(self, *a):
         if not current(self, _tracer()):  # after its trace it is a plain float
             return plain(_plain(self), *(_plain(x) if _tracked(x) else x for x in a))
-        raise _DataDependentBranch(name)
+        return guard_decision(self, name, a)
     return method
 
 
@@ -176,7 +199,9 @@ def record_item(tracer, t: torch.Tensor):
 
 def item_node(tracer, t: torch.Tensor):
     """An optimizer step counter's ``.item()`` as a HostFloat recomputed at each replay."""
-    return HostFloat(*record_item(tracer, t))
+    out = HostFloat(*record_item(tracer, t))
+    out.counter = True
+    return out
 
 
 def substitute(nodes, floats, call_args) -> set:
@@ -259,6 +284,8 @@ def _recording(name):
     op = getattr(float, f"__{name}__")
 
     def method(self, *a):
+        if self.counter and current(self, _tracer()):   # a hyper combined with a step counter
+            return guard_decision(self, name, a)
         preds = getattr(self.baked, "predicates", None)
         if name in _COMPARE and self.path is not None and preds is not None and len(a) == 1 \
                 and type(a[0]) in (int, float):
