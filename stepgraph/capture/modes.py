@@ -134,7 +134,8 @@ class _HostReadMode(TorchFunctionMode):
             if isinstance(f, HyperFloat):
                 f.baked.add(f.hyper)  # could not stay live here: guard its value instead
         guard_lost(lost, self.reads) if self.reads is not None else None
-        if any(not isinstance(f, (HyperFloat, ReadFloat)) for f in lost):
+        # (a lifted Python number lost here is checked by value instead: use_carried above)
+        if any(not isinstance(f, (HyperFloat, ReadFloat)) and f.counter for f in lost):
             self._problem(f"an optimizer step counter's value flowed into {getattr(func, '__name__', func)} "
                           "where stepgraph cannot keep it live", "use a capturable optimizer "
                           "(capturable=True) or report this optimizer to stepgraph")

@@ -104,7 +104,9 @@ class Check:
             now = repr(evaluate(self.expr, leaves, args, {}))
         except Exception as e:  # noqa: BLE001
             now = f"<{type(e).__name__}>"
-        return f"{describe(self.expr)} {self.expected!r} -> {now}" + (f" (at {self.where})" if self.where else "")
+        d = describe(self.expr)
+        d = d if len(d) <= 120 else d[:100] + " ... " + d[-15:]   # (a discounted return over 8 rewards)
+        return f"{d} {self.expected!r} -> {now}" + (f" (at {self.where})" if self.where else "")
 
 
 def roots_of(e) -> list:

@@ -141,7 +141,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
             except _DataDependentBranch as e:
-                stack = traceback.extract_stack(e.__traceback__.tb_frame)
+                # (down to where it was raised: the user's line inside the step, not the call's)
+                stack = traceback.extract_stack(e.__traceback__.tb_frame)[:-1] + traceback.extract_tb(e.__traceback__)
                 raise CaptureError("Python control flow on an optimizer step counter cannot be captured",
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
