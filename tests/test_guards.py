@@ -312,6 +312,19 @@ def test_radam_rectification_branch_is_a_guarded_decision(foreach):
     assert "decision on an optimizer step counter" in p.stats.recaptures[0], p.stats.recaptures
 
 
+def test_guard_optimizer_state_cleared():
+    # ``opt.state.clear()`` (moments reset at a phase change): the next step refills the same
+    # dict to the same length; the per-parameter dicts are new. Before, the first graph replayed
+    # on the dropped tensors (Adam's step 1 where eager had 3, weights 0.02 apart), silently.
+    p = Pair(train_step)
+    for k in range(4):
+        p(*batch(k))
+    p.both(lambda m, o: o.state.clear())
+    for k in range(4, 9):
+        p(*batch(k))
+    assert any("state" in r for r in p.stats.recaptures), p.stats.recaptures
+
+
 def test_guard_optimizer_load_state_dict():
     p = Pair(train_step)
     for k in range(3):

@@ -150,7 +150,7 @@ class Guards(Reasons, LiveKeys):
             _autocast_state(),
             tuple(map(self._training, reg.all_modules)),
             self._groups_quick(),
-            tuple((opt.state, len(opt.state)) for _, opt in reg.optimizers),
+            tuple((opt.state, len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(p.requires_grad for _, p in reg.params),
             tuple(map(self._grad, reg.grad_params)),
@@ -180,7 +180,9 @@ class Guards(Reasons, LiveKeys):
                               for k, v in g.items() if k != "params")
                         + (("#params", len(g["params"])),) for gi, g in enumerate(opt.param_groups))
                   for oi, (_, opt) in enumerate(reg.optimizers)),
-            tuple((id(opt.state), len(opt.state)) for _, opt in reg.optimizers),
+            # (the per-parameter dicts too: ``opt.state.clear()`` refilled by the next step has the
+            # same dict and length, and replayed the first graph on the dropped tensors)
+            tuple((id(opt.state), len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
             registration_epoch(),
             requires,
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),

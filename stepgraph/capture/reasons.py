@@ -81,6 +81,8 @@ class Reasons:
                 return f"{oname}.state was replaced (load_state_dict?)"
             if x[1] != y[1]:
                 return f"{oname}.state: entries {x[1]} -> {y[1]}"
+            if x[2] != y[2]:
+                return f"{oname}.state: its per-parameter states were replaced (a state reset?)"
         return None
 
     def _diff_requires_grad(self, a, b):

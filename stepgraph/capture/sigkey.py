@@ -27,7 +27,7 @@ class SignatureKey(NamedTuple):
     autocast: tuple
     training: tuple         # train/eval of every module
     hypers: tuple           # per optimizer, per group: ((key, value or live marker), ...)
-    opt_state: tuple        # per optimizer: (id(state), len(state))
+    opt_state: tuple        # per optimizer: (id(state), len(state), ids of its per-parameter dicts)
     registration: int       # parameter/buffer/submodule registration epoch (watch.py)
     requires_grad: tuple    # per parameter: requires_grad (a layer frozen or unfrozen between calls)
     grads: tuple            # per parameter: None or TensorMeta of its .grad
