@@ -158,3 +158,21 @@ def test_a_library_draw_gets_a_fix_the_user_can_apply():
     with pytest.raises(stepgraph.CaptureError, match="mask_time_prob=0.0") as e:
         sg(x)
     assert "modeling_wav2vec2.py" in str(e.value), str(e.value)
+
+
+def test_manual_seed_inside_the_step_reseeds_at_each_replay():
+    """``torch.manual_seed(1234)`` at the top of the step (the same dropout mask and noise at
+    every step): reseeded at each replay as eager reseeds. Before, replays drew on from the
+    capture's seed (other masks, other losses, silently)."""
+    def step_of(m, o):
+        def step(x):
+            torch.manual_seed(1234)
+            loss = m(x + 0.1 * torch.randn(x.shape)).square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    g = torch.Generator().manual_seed(5)
+    sg = _twin_run(step_of, [(torch.randn(4, 8, generator=g),) for _ in range(5)])
+    assert sg.stats.replays == 3, sg.stats

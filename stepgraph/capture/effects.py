@@ -64,8 +64,11 @@ def _is_traced(t) -> bool:
 
 
 class _RngStateRecorder:
+    # (``torch.manual_seed(k)`` in the step, a reproducible draw per step: reseeded at each replay
+    # as eager reseeds; before, replays drew on from the capture's seed)
     NAMES = [(torch, "get_rng_state"), (torch, "set_rng_state"),
-             (torch.random, "get_rng_state"), (torch.random, "set_rng_state")]
+             (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
+             (torch, "manual_seed"), (torch.random, "manual_seed")]
 
     def __init__(self, cuda: bool):
         self.names = list(self.NAMES)
