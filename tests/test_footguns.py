@@ -58,6 +58,12 @@
     STEPGRAPH_CUDNN_RNN=decompose those masks come from PyTorch's generator (other masks, same
     distribution; as eager with cuDNN off). A packed sequence in a CUDA step is refused
     (test_cuda_rnn.py); on the CPU its batch sizes are guarded: new lengths recapture.
+(r) A ``torch.Generator`` made and seeded inside the step is the graph's: each replay draws on
+    from where the last one stopped, where eager makes and seeds a new one each call. Make it
+    outside the step (``torch.manual_seed`` inside the step is replayed: test_random_reads.py).
+(s) An optimizer state tensor rebound between calls (``opt.state[p]['exp_avg'] =
+    torch.zeros_like(p)``) is not seen: replays go on updating the tensor the graph holds.
+    Reset it in place (``.zero_()``) or clear the state (``opt.state.clear()`` recaptures).
 """
 import copy
 import sys
@@ -348,3 +354,32 @@ def test_q_cudnn_rnn_is_captured_as_its_decomposition(monkeypatch, caplog):
     targets = {str(n.target) for n in step.graph.graph.nodes if n.op == "call_function"}
     assert not any("rnn" in t or "lstm" in t for t in targets), targets
     assert step.stats.replays == 3
+
+
+def test_r_a_generator_made_in_the_step_is_not_made_again_at_replays():
+    model, opt, twin, topt = setup()
+
+    def body(m, o, x, y):
+        g = torch.Generator().manual_seed(7)
+        noise = torch.randn(x.shape, generator=g)
+        return train(m, o, x + 0.1 * noise, y), noise
+    sg = stepgraph.compile(lambda x, y: body(model, opt, x, y))
+    same = []
+    for k in range(4):
+        (_, a), (_, b) = sg(*batch(k)), body(twin, topt, *batch(k))
+        same.append(torch.equal(a, b))
+    assert same == [True, True, False, False], same   # warm-up, capture, then replays draw on
+
+
+def test_s_a_rebound_optimizer_state_tensor_is_not_seen():
+    model, opt, twin, topt = setup()
+    sg = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    for k in range(3):
+        sg(*batch(k)), train(twin, topt, *batch(k))
+    for o in (opt, topt):
+        for p in o.param_groups[0]["params"]:
+            o.state[p]["exp_avg"] = torch.zeros_like(p)
+    for k in range(3, 5):
+        sg(*batch(k)), train(twin, topt, *batch(k))
+    assert counts(sg) == (1, 1, 3)
+    assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
