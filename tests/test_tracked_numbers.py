@@ -256,3 +256,19 @@ def test_counters_on_the_trainer_and_the_model_are_replayed():
         assert (a.global_step, a.model.num_updates, a.model.calls) == (b.global_step, b.model.num_updates,
                                                                         b.model.calls) == (k + 1,) * 3, k
     assert (step.stats.captures, step.stats.replays) == (1, 4), step.stats.recaptures
+
+
+def test_a_counter_on_a_simple_namespace_is_replayed():
+    import types
+    ns, ns2 = types.SimpleNamespace(n=0), types.SimpleNamespace(n=0)
+
+    def body(m, o, x, y):
+        s = ns if m is t.m1 else ns2
+        loss = sgd(m, o, x, y)
+        s.n = s.n + 1      # (was refused: "the step changes the Python value s.n")
+        return loss
+    t = Twin(body)
+    for k in range(5):
+        t(k)
+        assert ns.n == ns2.n == k + 1
+    assert t.stats.replays == 3, t.stats

@@ -15,7 +15,8 @@ import os
 from .watch import GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS
 
 _EFFECT_CALLS = {"append", "extend", "insert", "add", "update", "pop", "remove", "clear", "write",
-                 "print", "info", "debug", "warning", "warn", "error", "log", "put", "setdefault"}
+                 "print", "info", "debug", "warning", "warn", "error", "log", "put", "setdefault",
+                 "__setitem__", "__delitem__", "__iadd__", "setattr"}   # (a lambda hook: stats.__setitem__(...))
 _EFFECT_STORES = {"STORE_GLOBAL", "STORE_DEREF", "STORE_ATTR", "STORE_SUBSCR"}
 _TENSOR_ATTRS = {"grad", "data"}
 

@@ -14,6 +14,7 @@ its guard (by value, or by identity).
 from __future__ import annotations
 
 import enum
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +37,8 @@ def number(v) -> bool:
 
 def plain_object(v) -> bool:
     t = type(v)
+    if t is types.SimpleNamespace:   # (its C attribute methods read and write its __dict__)
+        return True
     return (t.__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict)
             and t.__getattribute__ is object.__getattribute__ and t.__setattr__ is object.__setattr__
             and getattr(t, "__getattr__", None) is None
