@@ -185,3 +185,35 @@ def test_lr_computed_in_the_step_from_the_iteration_is_live(opt_name):
           f"{sg.captures[-1].backend}, worst rel err {worst:.2e}; {sg.stats.recaptures}")
     assert sg.stats.captures <= 3 and sg.stats.replays >= steps - 4, (sg.stats.recaptures, sg.explain())
     assert worst <= 1e-4, worst
+
+
+def test_an_annealed_loss_coefficient_is_live_on_the_gpu():
+    """``coef * loss`` with coef passed in and annealed each call: after its first miss, one
+    graph replays every later call (the 0-dim tensor made from it at each call)."""
+    m, m2, opt, opt2 = _pair("adam")
+
+    def make(model, o):
+        def step(x, y, coef):
+            out = model(x)
+            loss = F.cross_entropy(out, y) + coef * out.square().mean()
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    worst = 0.0
+    for it in range(10):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
+        if it == 1:
+            from stepgraph.backends.cudagraph import make_capturable
+            from stepgraph.capture.state import StateRegistry
+            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+        worst = max(worst, rel_err(sg(x, y, 0.1 / (1 + it)), eager(x, y, 0.1 / (1 + it))))
+    for p, q in zip(m.parameters(), m2.parameters()):
+        worst = max(worst, rel_err(p, q))
+    print(f"annealed coef: {sg.stats.captures} captures, {sg.stats.replays} replays, "
+          f"backend {sg.captures[-1].backend}, worst rel err {worst:.2e}")
+    assert sg.stats.captures <= 2 and sg.stats.replays >= 7, (sg.stats.recaptures, sg.explain())
+    assert worst <= 1e-5, worst

@@ -106,3 +106,34 @@ def test_lr_from_literals_and_the_iteration_argument(opt_name):
         assert torch.equal(loss, tloss) and lr == tlr == opt.param_groups[0]["lr"] == get_lr_literal(it), it
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), it
     assert (step.stats.captures, step.stats.replays) == (3, 12), step.stats.recaptures
+
+
+@pytest.mark.parametrize("how", ["kwarg", "argument"])
+def test_an_annealed_loss_coefficient_enters_the_backward_live(how):
+    """``ent_coef * entropy`` / ``beta * kl`` with the coefficient annealed each call (PPO, VAE
+    KL annealing): autograd keeps the scalar for the backward. Once it moved it enters as a 0-dim
+    tensor computed from it at each replay (fp32: the scalar form rounds it the same way), so the
+    backward reads it live. Before, each new value recaptured, then the step ran eagerly."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    opt, topt = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (model, twin))
+
+    def make(m, o):
+        def step(x, coef=0.1, beta=1.0):
+            h = m(x)
+            loss = h.square().mean() + coef * h.abs().mean() - h.mean() / beta + (1 - coef) * h.sum() * 0.01
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    step, eager = stepgraph.compile(make(model, opt)), make(twin, topt)
+    for k in range(10):
+        x = torch.randn(6, 8)
+        kw = dict(coef=0.1 * (1 - k / 10), beta=1.0 + k)
+        got, want = (step(x, **kw), eager(x, **kw)) if how == "kwarg" else \
+            (step(x, *kw.values()), eager(x, *kw.values()))
+        assert torch.equal(got, want), k
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), k
+    assert (step.stats.captures, step.stats.replays) == (2, 7), step.stats.recaptures

@@ -193,6 +193,22 @@ class TrackMode(TorchFunctionMode):
         if live:   # (the op sees a live float: modes.py keeps its node, or checks the number)
             found = [p for p in found if id(p) not in live]
             args, kwargs = pytree.tree_map(lambda x: live.get(id(x), x), (args, kwargs))
+        if func in _ELEMENTWISE and mode is not None and self.log.active and torch.is_grad_enabled():
+            # ``coef * loss`` with coef annealed (an entropy or KL weight from the call's
+            # arguments): autograd keeps the scalar for the backward, where a graph would bake it.
+            # Once it moved, it enters as a 0-dim tensor computed from it at each replay.
+            # (operands only: ``alpha=`` must stay a number; fp32/fp64, whose scalar forms round
+            # the number to the tensor's dtype as the 0-dim tensor does)
+            ref = next((t for t in args if isinstance(t, torch.Tensor)), None)
+            if ref is not None and ref.dtype in (torch.float32, torch.float64) and any(
+                    isinstance(t, torch.Tensor) and t.requires_grad for t in args):
+                live = {id(p): t for p in found if any(a is p for a in args)
+                        and (t := _live_scalar_tensor(p, self.log, ref)) is not None}
+                if live:
+                    found = [p for p in found if id(p) not in live]
+                    args = tuple(live.get(id(x), x) for x in args)
+                    if not found:
+                        return func(*args, **kwargs)
         args, kwargs = pytree.tree_map(plain, (args, kwargs))
         if func in _ELEMENTWISE and mode is not None and self.log.active:
             # A scalar operand: the output's shape is the tensor's; the number only matters if
@@ -233,6 +249,16 @@ def _live_float(p, log):
     f = HostFloat(p._v, node)
     f.numbers = (p,)
     return f
+
+
+def _live_scalar_tensor(p, log, ref):
+    """A moving float as a 0-dim tensor of ``ref``'s dtype and device, made at each replay from
+    the number's roots (its value check otherwise missed at every call); None when it cannot be
+    read live. (Same dtype as the tensor: the scalar form rounds the number to it too.)"""
+    f = _live_float(p, log)
+    if f is None:
+        return None
+    return torch.scalar_tensor(f, dtype=ref.dtype, device=ref.device)
 
 
 def mode_graph():
