@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import traceback
+import types
 
 _TORCH_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__import__("torch").__file__)))
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -101,7 +102,6 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
 
 def library_module(v) -> bool:
     """A module of Python's, torch's or an installed package (not the user's ``config``)."""
-    import types
     if not isinstance(v, types.ModuleType):
         return False
     f = getattr(v, "__file__", None)

@@ -20,8 +20,8 @@ from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
+from .capture.effects import absorb_floats
 from .captured import Branch, CapturedStep, Stats
-from .backends.cudagraph import absorb_floats
 from .errors import StepGraphError
 from .livefloats import LiveFloats
 from .stepviews import StepViews

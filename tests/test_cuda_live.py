@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 import stepgraph
 from parity import rel_err
+from stepgraph.backends.cudagraph import make_capturable
+from stepgraph.capture.state import StateRegistry
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -32,6 +34,11 @@ OPTS = {
     "rprop": lambda p: torch.optim.Rprop(p, lr=1e-3),
     "adagrad": lambda p: torch.optim.Adagrad(p, lr=1e-2),
 }
+
+
+def _twin_form(opt2):
+    """From the capture on, the eager twin runs the optimizer form stepgraph chose."""
+    make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
 
 
 def get_lr(it, base=1e-3, warmup=3, total=12):  # nanoGPT's schedule: warm-up then cosine
@@ -73,10 +80,7 @@ def _run(opt_name, backend="auto", amp=True, steps=10, keys=("lr",)):
         g = torch.Generator().manual_seed(it)
         x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
         if it == 1:
-            # From the capture on the eager twin runs the optimizer form stepgraph chose.
-            from stepgraph.backends.cudagraph import make_capturable
-            from stepgraph.capture.state import StateRegistry
-            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+            _twin_form(opt2)
         out, ref = sg(x, y), eager(x, y)
         worst = max(worst, rel_err(out.float(), ref.float()))
         if backend == "inductor" and it == 2:
@@ -135,9 +139,7 @@ def test_scheduled_lr_stays_bitwise(opt_name):
         g = torch.Generator().manual_seed(it)
         x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
         if it == 1:
-            from stepgraph.backends.cudagraph import make_capturable
-            from stepgraph.capture.state import StateRegistry
-            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+            _twin_form(opt2)
         assert torch.equal(sg(x, y), eager(x, y)), it
         s1.step()
         s2.step()
@@ -172,9 +174,7 @@ def test_lr_computed_in_the_step_from_the_iteration_is_live(opt_name):
         g = torch.Generator().manual_seed(it)
         x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
         if it == 1:
-            from stepgraph.backends.cudagraph import make_capturable
-            from stepgraph.capture.state import StateRegistry
-            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+            _twin_form(opt2)
         (out, lr), (ref, tlr) = sg(it, x, y), eager(it, x, y)
         assert lr == tlr == get_lr(it), it
         assert abs(float(opt.param_groups[0]["lr"]) - get_lr(it)) <= 1e-7 * get_lr(it) + 1e-12, it
@@ -207,9 +207,7 @@ def test_an_annealed_loss_coefficient_is_live_on_the_gpu():
         g = torch.Generator().manual_seed(it)
         x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
         if it == 1:
-            from stepgraph.backends.cudagraph import make_capturable
-            from stepgraph.capture.state import StateRegistry
-            make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+            _twin_form(opt2)
         worst = max(worst, rel_err(sg(x, y, 0.1 / (1 + it)), eager(x, y, 0.1 / (1 + it))))
     for p, q in zip(m.parameters(), m2.parameters()):
         worst = max(worst, rel_err(p, q))

@@ -56,7 +56,7 @@ def make_capturable(reg) -> list[str]:
             if tensor_lr_ok and isinstance(group.get("lr"), float):
                 group["lr"] = torch.tensor(group["lr"], device=dev)
                 # A loop that assigns a float lr every iteration (nanoGPT's get_lr idiom) then
-                # fills this tensor in place (absorb_floats): no recapture.
+                # fills this tensor in place (capture/effects.absorb_floats): no recapture.
                 reg.device_hypers.append((group, "lr", group["lr"]))
                 changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
             if not (group.get("capturable") or fused):
@@ -104,7 +104,7 @@ class capture_stream:
 
 def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
     """After a float ``betas[0]`` changed between calls (OneCycleLR cycles beta1): hold it as a
-    0-dim device tensor that later float assignments fill in place (``absorb_floats``), so the
+    0-dim device tensor that later float assignments fill in place (``effects.absorb_floats``), so the
     schedule recaptures once, not every step. Only PyTorch's capturable Adam/AdamW read such a
     tensor inside a graph, and only in their single-tensor form (the foreach form reads tensor
     betas on the host, torch 2.11), which this switches to. (Their ``lr`` is a device tensor
@@ -122,28 +122,6 @@ def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
     reg.device_hypers.append((group, key, group[key]))
     return (f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place "
             "(with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)")
-
-
-def absorb_floats(reg) -> None:
-    """Floats a scheduler assigned in place of hyper-parameters held on the device: fill the
-    tensors the graphs read and put them back in the group (no host sync: a fill kernel)."""
-    for group, key, held in reg.device_hypers:
-        v = group.get(key)
-        if v is held:
-            continue
-        if isinstance(held, torch.Tensor):
-            if isinstance(v, (float, int)) and not isinstance(v, bool):
-                held.fill_(v)
-                group[key] = held
-            continue
-        if not (isinstance(v, tuple) and len(v) == len(held)):
-            continue
-        if all(x is h or (isinstance(h, torch.Tensor) and isinstance(x, (float, int)))
-               or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
-            for x, h in zip(v, held):
-                if isinstance(h, torch.Tensor) and x is not h:
-                    h.fill_(x)
-            group[key] = held
 
 
 def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:

@@ -130,18 +130,34 @@ def _register_dataclasses(out, depth: int = 0) -> None:
             _register_dataclasses(x, depth + 1)
 
 
-def _fill_held(reg, opt) -> None:
-    """A number the step assigned to a hyper-parameter held on the device (``g['lr'] =
-    get_lr(it)`` inside the step, on CUDA): filled into that tensor as the optimizer steps, as
-    ``absorb_floats`` does for the loop's assignments (in a trace, a fill the graph records)."""
+def absorb_floats(reg, groups=None) -> None:
+    """Numbers assigned in place of hyper-parameters held on the device (a scheduler's float
+    betas, or ``g['lr'] = get_lr(it)``): fill the tensors the graphs read and put them back in
+    the group (no host sync: a fill kernel). Before each call for the loop's assignments
+    (runtime.py), and as an optimizer of ``groups`` steps for the step's own (in a trace, a fill
+    the graph records: ``discover_stepping_optimizers``)."""
     from .tracked import _PROXIES
+
+    def number(x):   # (a tracked number first: ``isinstance`` would ask it its class, a check)
+        return type(x) in _PROXIES or (isinstance(x, (float, int)) and not isinstance(x, bool))
     for group, key, held in reg.device_hypers:
         v = group.get(key)
-        if v is held or not isinstance(held, torch.Tensor) or all(g is not group for g in opt.param_groups):
+        if v is held or (groups is not None and all(g is not group for g in groups)):
             continue
-        if type(v) in _PROXIES or (isinstance(v, (int, float)) and not isinstance(v, bool)):
+        if isinstance(held, torch.Tensor):
+            if number(v):
+                with torch.no_grad():
+                    held.fill_(v)
+                group[key] = held
+            continue
+        if not (isinstance(v, tuple) and len(v) == len(held)):
+            continue
+        if all(x is h or (isinstance(h, torch.Tensor) and number(x))
+               or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
             with torch.no_grad():
-                held.fill_(v)
+                for x, h in zip(v, held):
+                    if isinstance(h, torch.Tensor) and x is not h:
+                        h.fill_(x)
             group[key] = held
 
 
@@ -158,7 +174,7 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
         if all(o is not opt for _, o in reg.optimizers):
             # (``reg.optimizers`` is a fresh list of the held ones: assign, not append)
             reg.optimizers = reg.optimizers + [(f"optimizer#{len(reg.optimizers)}", opt)]
-        _fill_held(reg, opt)
+        absorb_floats(reg, opt.param_groups)   # (a number the step assigned: filled as it steps)
         active = mode is not None and any(m is mode for m in torch.overrides._get_current_function_mode_stack())
         if mode is not None and not active:
             mode.__enter__()

@@ -100,13 +100,8 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
 
 def _place(s):
     """Where a source's value lives (one place, whatever path the code took to it)."""
-    if not s.path:
-        return id(s)
-    from .trackplan import _parent
-    try:
-        return id(_parent(s, ())), s.path[-1][1]
-    except Exception:  # noqa: BLE001
-        return id(s)
+    from .trackplan import slot_of
+    return slot_of(s, ()) or id(s)
 
 
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,

@@ -163,15 +163,11 @@ def group_reads(reg, tracer) -> list:
     """Param-group values the step assigned from live floats (``g['lr'] = get_lr(it)`` where
     the schedule's constants are read live): read effects, written after each replay as eager's
     assignment left them; plain floats there now."""
-    from .pyvalues import Source
+    from .trackplan import group_entries
     out = []
-    for name, opt in reg.optimizers:
-        for gi, group in enumerate(opt.param_groups):
-            for k, v in list(group.items()):
-                if isinstance(v, float) and current(v, tracer):
-                    out.append(SourceEffect(Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),)),
-                                            "read", node=v.node))
-                    group[k] = _plain(v)
+    for src, v in group_entries(reg, lambda v: isinstance(v, float) and current(v, tracer)):
+        out.append(SourceEffect(src, "read", node=v.node))
+        src.write(_plain(v))
     return out
 
 

@@ -264,18 +264,24 @@ def swap_out(swapped: list, args) -> list:
     return effects
 
 
+def group_entries(reg, keep):
+    """``(Source, value)`` of each param-group entry of the registry's optimizers whose value
+    ``keep`` accepts (``opt.param_groups[0]['lr']``)."""
+    from .pyvalues import Source
+    for name, opt in reg.optimizers:
+        for gi, group in enumerate(opt.param_groups):
+            for k, v in list(group.items()):
+                if keep(v):
+                    yield Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),)), v
+
+
 def hyper_effects(reg) -> list:
     """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
     checked it), left plain now. Runs even when the step raised."""
     from .numchecks import Root
-    from .pyvalues import Source
     effects = []
-    for name, opt in reg.optimizers:
-        for gi, group in enumerate(opt.param_groups):
-            for k, v in list(group.items()):
-                if type(v) in _PROXIES:
-                    src = Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),))
-                    effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
-                    group[k] = v._v
+    for src, v in group_entries(reg, lambda v: type(v) in _PROXIES):
+        effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
+        src.write(v._v)
     return effects

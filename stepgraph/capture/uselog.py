@@ -49,7 +49,7 @@ class UseLog:
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
-    # CPU: CUDA feeds changing floats as device scalars).
+    # CPU, for backends that run Python at replay: pipeline.trace's ``lift_numbers``).
     lift_tensor_ops: bool = False
     # On CUDA too, numbers whose value check missed once (a meter's ``count``, 16 then 24): a
     # CUDA graph's segments run the op they feed on the host (backends/segments.py), as eager.
