@@ -105,7 +105,7 @@ def explain(self) -> str:
                 lines.append(f"      guard {what} == {value!r} at {site}")
         segs = e.run.segments
         if segs:
-            lines.append(f"    CUDA graph segments: {len(segs)} (one launch each, one memory pool); between "
+            lines.append(f"    {e.run.segment_kind.format(n=len(segs))}; between "
                          "them the host reads a value (one sync each, as eager) and checks its guards")
             lines += _segment_lines(segs, e.run.syncs)
         if tr.source_inputs:

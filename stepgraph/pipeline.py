@@ -269,8 +269,9 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     try:
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
-        # (a number read live into a device op: that op runs on the host between segments)
-        host_work = host_reads or (device == "cuda" and bool(tr.uses.lifted))
+        # (a number read live into a device op: that op runs on the host between segments; on
+        # the CPU only the replay backend runs such Python itself)
+        host_work = host_reads or bool(tr.uses.lifted)
         if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
                 and not (host_work and backend.segmented is not None):
             refuse_host_python(tr)

@@ -276,6 +276,11 @@ def trace_context(reg):
             setattr(mod, "_get_capturable_supported_devices", f)
 
 
+def _segmented(gm, example_inputs, request: CompileRequest):
+    from .inductor_segments import compile_inductor_segmented
+    return compile_inductor_segmented(gm, example_inputs, request)
+
+
 BACKEND = Backend("inductor", compile_inductor,
                   "the whole step fused by TorchInductor (C++ on CPU); on CUDA inside one CUDA graph",
-                  ("cpu", "cuda"), prepare=prepare, trace_context=trace_context)
+                  ("cpu", "cuda"), prepare=prepare, trace_context=trace_context, segmented=_segmented)

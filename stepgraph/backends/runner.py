@@ -9,7 +9,7 @@ tests ask a runner directly instead of probing it with ``getattr(run, ..., None)
     describe()       one line for explain() (background compile progress, a fallback taken)
     compile_seconds  in-process backend compile time, counted in ``stats.compile_seconds``
     source           the generated Python of the replay backend
-    segments         the CUDA-graph segments of a step with host reads
+    segments         the segments (CUDA graphs, or Inductor-fused code) of a step with host reads
     graph            the recorded ``torch.cuda.CUDAGraph``
 
 A misspelt ability would silently fall back to its default (``stael`` would turn the

@@ -125,10 +125,23 @@ def _place_host_nodes(gm: fx.GraphModule, host: set) -> None:
             anchor[0] = n
 
 
+def _getitems_beside_their_op(gm: fx.GraphModule, host: set) -> None:
+    """Each element taken from a device op's tuple (``nll_loss_forward``'s total weight, used
+    only by the backward) right after the op: segments then pass tensors, never a tuple, which
+    Inductor cannot take as a segment's input or output ("output spec mismatch")."""
+    last: dict = {}
+    for n in list(gm.graph.nodes):
+        src = n.args[0] if n.op == "call_function" and n.target is operator.getitem and n.args else None
+        if isinstance(src, fx.Node) and src not in host and src.op == "call_function":
+            last.get(src, src).append(n)
+            last[src] = n
+
+
 def split(gm: fx.GraphModule) -> tuple[list, set]:
     """The graph's nodes in order, runs of device nodes grouped into :class:`Segment` s."""
     host = _host_nodes(gm)
     _place_host_nodes(gm, host)
+    _getitems_beside_their_op(gm, host)
     items: list = []
     run: list = []
     for n in gm.graph.nodes:
@@ -171,8 +184,18 @@ def _segment_module(gm: fx.GraphModule, nodes: list) -> Segment:
 _record = capture_graph
 
 
-def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileRequest):
-    """The step as CUDA-graph segments between its host reads; the per-call runner."""
+def replay_segment_fn(module: fx.GraphModule, args: list):
+    """A segment as the replay backend's generated Python (what the cudagraph backend records)."""
+    return generate(module, "segment")[1]
+
+
+def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileRequest,
+                      segment_fn=replay_segment_fn, record=None):
+    """The step as CUDA-graph segments between its host reads; the per-call runner.
+
+    ``segment_fn(module, args)`` makes each segment's callable (Inductor's fused code for the
+    ``inductor`` backend); ``record(fn, args, pool, outputs)`` returns ``(graph, static_outputs)``
+    where ``graph.replay()`` runs the segment into those outputs (default: a CUDA graph)."""
     host_scalar_ops, rng_state_calls = request.host_scalar_ops, request.rng_state_calls
     problems: list = []
     check_graph(gm, problems, example_inputs)
@@ -189,13 +212,14 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
               for x in example_inputs]
     segments = [_segment_module(gm, it) for it in items if isinstance(it, list)]
-    _record_in_order(gm, items, segments, dict(zip(placeholders, static)), request.pool)
+    _record_in_order(gm, items, segments, dict(zip(placeholders, static)), request.pool, segment_fn, record)
     program, syncs = _per_call_program(gm, items, segments, placeholders)
     return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
                            request.clone_outputs, moved_state_check(request.state_tensors), syncs)
 
 
-def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool) -> None:
+def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool, segment_fn,
+                     record) -> None:
     """Record each segment; what it takes from the host must be fixed now: a guarded value, or
     a host op's output (a static buffer, filled at each call once its shape guard held)."""
     fixed = _fixed_values(gm)
@@ -229,8 +253,11 @@ def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict,
                     f"a value read on the host ({x.name}) feeds a device op without a guard: a CUDA "
                     "graph segment would bake it", op="host read", where="the step",
                     fix="use backend='replay' (backend='auto' does so)")
-        _, fn = generate(seg.module, "segment")
-        seg.graph, seg.static_outputs = _record(fn, args, pool)
+        fn = segment_fn(seg.module, args)
+        if record is None:
+            seg.graph, seg.static_outputs = _record(fn, args, pool)
+        else:
+            seg.graph, seg.static_outputs = record(fn, args, pool, seg.outputs)
         env.update(zip(seg.outputs, seg.static_outputs))
 
 
@@ -268,7 +295,8 @@ def _per_call_program(gm: fx.GraphModule, items: list, segments: list, placehold
 
 class SegmentedRunner(Runner):
     """The per-call program: host nodes run in Python, each segment replays its CUDA graph."""
-    extras = ("static_inputs", "syncs")
+    extras = ("static_inputs", "syncs", "segment_kind")
+    segment_kind = "CUDA graph segments: {n} (one launch each, one memory pool)"   # (explain)
 
     def __init__(self, program, static, segments, written, n_user, clone_outputs, moved, syncs=()):
         self._program, self.static_inputs, self.segments = program, static, segments
@@ -311,7 +339,7 @@ def _replayer(seg: Segment):
     graph, outs = seg.graph, tuple(seg.static_outputs)
 
     def replay_segment():
-        graph.replay()
-        return outs
+        fresh = graph.replay()   # (a CUDA graph returns None: its outputs are the static ones)
+        return outs if fresh is None else fresh
     replay_segment.__name__ = "replay_segment"
     return replay_segment

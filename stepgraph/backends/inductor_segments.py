@@ -1,0 +1,161 @@
+"""``inductor`` for a step that reads values on the host: each segment between the reads fused.
+
+A host read (``return loss.item()``, ``if not torch.isfinite(loss):``, a meter's
+``sum += loss.item() * n``, a live number fed to an op) cuts the step into segments
+(segments.py: the same split, host work and guards as the ``cudagraph`` backend's). Here each
+segment is compiled by Inductor (its state lifted to inputs, as inductor.py does for the whole
+step) and the host work runs between them:
+
+* on the CPU a segment is a call of its fused code; what a later segment reads from it is
+  copied into the static buffer that segment was compiled against, the rest is handed on as is;
+* on CUDA a segment's first call runs its fused code directly (Inductor's kernels load and
+  autotune on their first run, which no recording may hold), then it is recorded into a CUDA
+  graph that writes its static outputs: later calls replay it with one launch.
+
+The compile is in-process, in the capturing call (no background compile, no switch): a
+segmented step has several small graphs. A segment Inductor cannot compile runs unfused (the
+replay backend's code), said once.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+from torch import fx
+
+from ..passes.alpha import fold_alpha
+from . import CompileRequest
+from .cudagraph import capture_graph
+from .hostops import static_like
+from .inductor import _compile, _unsafe_to_fuse, lift_state
+from .segments import compile_segmented, replay_segment_fn
+
+log = logging.getLogger("stepgraph")
+
+
+def _fixed_into_graph(module: fx.GraphModule, args: list) -> tuple[fx.GraphModule, list[int]]:
+    """The segment with its non-tensor inputs (values a guard fixed) written in as constants;
+    the positions of the tensor inputs it still takes."""
+    g = fx.Graph()
+    env: dict = {}
+    out = g.graph_copy(module.graph, env)
+    g.output(out)
+    keep = []
+    for i, ph in enumerate([n for n in g.nodes if n.op == "placeholder"]):
+        if isinstance(args[i], torch.Tensor):
+            keep.append(i)
+            continue
+        for u in list(ph.users):
+            u.args = fx.map_arg(u.args, lambda x, ph=ph, v=args[i]: v if x is ph else x)
+            u.kwargs = fx.map_arg(u.kwargs, lambda x, ph=ph, v=args[i]: v if x is ph else x)
+        g.erase_node(ph)
+    g.lint()
+    return fx.GraphModule(module, g), keep
+
+
+def _fused(module: fx.GraphModule, args: list, cuda: bool, failed: list):
+    """The segment's callable: Inductor's code over (its tensor inputs, its lifted state)."""
+    unsafe = _unsafe_to_fuse(module) if cuda else None
+    if unsafe is not None:
+        failed.append(unsafe)
+        return replay_segment_fn(module, args)
+    gm, keep = _fixed_into_graph(module, args)
+    lifted, state = lift_state(gm)
+    fold_alpha(lifted)  # (inductor.py: Inductor's addmm pattern drops alpha)
+    state_in = [t.detach() for t in state]
+    try:
+        compiled = _compile(lifted, [args[i] for i in keep] + state_in, cuda)
+    except Exception as e:  # noqa: BLE001 - this segment runs unfused, said below
+        failed.append(f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}")
+        return replay_segment_fn(module, args)
+
+    def fn(*a):
+        return compiled(*[a[i] for i in keep], *state_in)
+    return fn
+
+
+class _HostSegment:
+    """CPU: a segment's "replay" runs its fused code; outputs a later segment reads (``feeds``)
+    are copied into the static buffers it was compiled against, the rest are returned fresh."""
+
+    def __init__(self, fn, args, outs):
+        self.fn, self.args, self.outs, self.feeds = fn, args, outs, range(len(outs))
+
+    def replay(self):
+        res = list(self.fn(*self.args))
+        for k in self.feeds:
+            res[k] = _copy_into(self.outs[k], res[k])
+        return res
+
+
+class _RecordedAfterFirstRun:
+    """CUDA: the first replay runs the fused code into the static outputs, then records that
+    into a CUDA graph (in the step's pool); later replays launch the graph."""
+
+    def __init__(self, fn, args, outs, pool):
+        self.fn, self.args, self.outs, self.pool, self.graph = fn, args, outs, pool, None
+
+    def _into_outs(self, *a):
+        for s, o in zip(self.outs, self.fn(*a)):
+            _copy_into(s, o)
+        return self.outs
+
+    def replay(self):
+        if self.graph is not None:
+            self.graph.replay()
+            return None
+        self._into_outs(*self.args)
+        self.graph, _ = capture_graph(self._into_outs, self.args, self.pool)
+        return None
+
+
+def _static_like(v):
+    if isinstance(v, torch.Tensor):
+        return static_like(v)
+    if isinstance(v, (list, tuple)):   # a multi-output op (split, native_layer_norm) read later
+        return type(v)(_static_like(x) for x in v)
+    return None
+
+
+def _static_outputs(outputs: list) -> list:
+    return [_static_like(o.meta.get("val")) for o in outputs]
+
+
+def _copy_into(static, value):
+    """``value`` written into ``static`` (a tensor, or a tuple of them); what a reader gets."""
+    if isinstance(static, torch.Tensor):
+        static.copy_(value)
+        return static
+    if isinstance(static, (list, tuple)):
+        return type(static)(_copy_into(s, v) for s, v in zip(static, value))
+    return value
+
+
+def compile_inductor_segmented(gm: fx.GraphModule, example_inputs, request: CompileRequest):
+    cuda = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs) or any(
+        isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).is_cuda
+        for n in gm.graph.nodes if n.op == "get_attr")
+    failed: list = []
+
+    def record(fn, args, pool, outputs):
+        outs = _static_outputs(outputs)
+        seg = _RecordedAfterFirstRun(fn, args, outs, pool) if cuda else _HostSegment(fn, args, outs)
+        return seg, outs
+
+    run = compile_segmented(gm, example_inputs, request,
+                            segment_fn=lambda m, a: _fused(m, a, cuda, failed), record=record)
+    run.segment_kind = ("Inductor-fused segments: {n} (each a CUDA graph from its second run)" if cuda
+                        else "Inductor-fused segments: {n}")
+    if not cuda:
+        for i, seg in enumerate(run.segments):
+            later = {x for s in run.segments[i + 1:] for x in s.inputs}
+            seg.graph.feeds = [k for k, o in enumerate(seg.outputs) if o in later]
+    if failed:
+        msg = (f"stepgraph: Inductor could not fuse {len(failed)} of the step's {len(run.segments)} "
+               f"segments; they run unfused (same results as backend='replay'): {failed[0]}")
+        warnings.warn(msg, stacklevel=6)
+        log.warning(msg)
+    log.info("stepgraph: backend='inductor' fused the step as %d segments between its host reads",
+             len(run.segments))
+    return run
