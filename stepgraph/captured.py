@@ -71,6 +71,7 @@ class CapturedStep:
     device_scalars: object = None  # passes.device_scalars.DeviceScalars: live floats fed as a tensor
     checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
     last_reads: dict = field(default_factory=dict)  # id(Root("read")) -> the last replay's value
+    to_device: tuple = ()      # passes.moved_arguments.MovedArgument: CPU arguments the step moves
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)
@@ -107,6 +108,8 @@ class CapturedStep:
         tr = self.trace
         set_call(leaves, args)   # (numbers of the call read live: uselog._reader)
         inputs = [leaves[i] for i in tensor_pos]
+        for m in self.to_device:   # (x.to(device) in the step, as eager copies it)
+            inputs[m.index] = inputs[m.index].to(m.device)
         inputs += [p.grad for p, _ in tr.grad_inputs]
         inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
         if self.device_scalars is not None:

@@ -59,6 +59,9 @@ def explain(self) -> str:
         lines.append("    inputs (" + ("copied into static buffers" if e.backend == "cudagraph"
                                       else "used in place, never copied") + "): "
                      + ", ".join(f"{_tensor(m)}@{m.device}" for m in ins))
+        if e.to_device:
+            lines.append("    moved to the device at each call before the graph (x.to(device) in the step): "
+                         + ", ".join(f"argument tensor #{m.index} -> {m.device}" for m in e.to_device))
         if tr.grad_inputs:
             lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
         lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")

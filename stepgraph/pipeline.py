@@ -46,6 +46,7 @@ from .errors import NeedsReplay
 from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
+from .passes.moved_arguments import moved_arguments
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -85,6 +86,7 @@ class Lowered:
     run: Runner
     backend: Backend            # replay when auto fell back
     device_scalars: object      # passes.device_scalars.DeviceScalars or None
+    moved: tuple = ()           # passes.moved_arguments.MovedArgument: CPU arguments moved per call
 
 
 class _Done:
@@ -265,8 +267,12 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         input_names=tuple([f"argument tensor #{i}" for i in range(len(plan.sig.tensor_pos))]
                           + [f"{s}.grad" for _, s in tr.grad_inputs]
                           + [s.describe() for s in tr.source_inputs]))
-    scalars = None
+    scalars, moved = None, []
     try:
+        if device == "cuda":   # (x.to(device) of a CPU batch in the step: moved before the graph)
+            moved = moved_arguments(gm, len(plan.sig.tensor_pos), example)
+            for m in moved:
+                example[m.index] = example[m.index].to(m.device)
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
         # (a number read live into a device op: that op runs on the host between segments; on
@@ -304,7 +310,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         warnings.warn(f"stepgraph: {step.__name__}: {note}", stacklevel=4)
         log.warning("stepgraph: %s: %s", step.__name__, note)
         run = backend.compile(gm, example, request)
-    return Lowered(run, backend, scalars)
+    return Lowered(run, backend, scalars, tuple(moved))
 
 
 def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibling_of):
@@ -321,7 +327,8 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         flat_args=flat, stale=run.stale, distributed=bool(step._reg.ddp or step._reg.fsdp),
         python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
                         for r in traced.ddp_records],
-        guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks)
+        guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
+        to_device=lowered.moved)
     if sibling_of is not None:
         sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
     else:
@@ -343,9 +350,7 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
 
 
 def _device_of(leaves, reg: StateRegistry) -> str:
-    for x in leaves:
-        if isinstance(x, torch.Tensor):
-            return x.device.type
-    for _, p in reg.params:
-        return p.device.type
-    return "cpu"
+    """The accelerator when the state or any argument lives on one: a step called with CPU
+    batches it moves to the GPU itself (``x = x.to(device)``) is a CUDA step."""
+    types = {x.device.type for x in leaves if isinstance(x, torch.Tensor)} | {p.device.type for _, p in reg.params}
+    return min(types - {"cpu", "meta"}, default="cpu")

@@ -278,7 +278,8 @@ class _DispatchCheckMode(TorchDispatchMode):
                 from .rnns import refuse_packed
                 refuse_packed(self.problems, user_frame())
             self.guard_batch_sizes(out[1])
-        work = _cpu_work(func, args, kwargs, out) if self.cuda_step else None
+        work = _cpu_work(func, args, kwargs, out) if self.cuda_step and not _argument_to_device(func, args, out) \
+            else None
         if work == "scalar":
             self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only
         elif work == "tensor":
@@ -302,6 +303,19 @@ _ATTENTION_RNG_OPS = frozenset(
         "_efficient_attention_forward", "_efficient_attention_backward",
         "_flash_attention_forward", "_flash_attention_backward")
     if hasattr(torch.ops.aten, name))
+
+
+def _argument_to_device(func, args, out) -> bool:
+    """``x.to("cuda")`` of a CPU tensor the step was called with (a DataLoader batch moved in the
+    step): not CPU work, the runtime moves that argument before the graph as eager's copy does
+    (pipeline.arguments_to_device, ``CapturedStep.to_device``)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+    if func is not torch.ops.aten._to_copy.default or not isinstance(out, torch.Tensor) or out.device.type == "cpu":
+        return False
+    a, mode = args[0], get_proxy_mode()
+    return (mode is not None and isinstance(a, torch.Tensor) and a.device.type == "cpu"
+            and a.layout == torch.strided and has_proxy_slot(a, mode.tracer)
+            and get_proxy_slot(a, mode.tracer).proxy.node.op == "placeholder")
 
 
 def _cpu_work(func, args, kwargs, out) -> str | None:
