@@ -106,20 +106,42 @@ class _RecordedAfterFirstRun:
             self.graph.replay()
             return None
         self._into_outs(*self.args)
-        self.graph, _ = capture_graph(self._into_outs, self.args, self.pool)
+        if self.graph is None:
+            try:
+                self.graph, _ = capture_graph(self._into_outs, self.args, self.pool)
+            except Exception as e:  # noqa: BLE001 - this call's segment ran; later ones run un-recorded
+                msg = ("stepgraph: an Inductor-fused segment could not be recorded into a CUDA graph; it "
+                       f"runs without one from now on (same results): {type(e).__name__}: {str(e).strip()[:300]}")
+                warnings.warn(msg, stacklevel=2)
+                log.warning(msg)
+                self.graph = _Direct(self)
         return None
 
 
-def _static_like(v):
+class _Direct:
+    """A segment left un-recorded: each replay runs its fused code."""
+
+    def __init__(self, seg: _RecordedAfterFirstRun):
+        self._seg = seg
+
+    def replay(self):
+        self._seg._into_outs(*self._seg.args)
+
+
+def _static_like(v, device):
     if isinstance(v, torch.Tensor):
+        if device is not None and v.device.type == "cpu":
+            # (SDPA's dropout seed and offset: 0-dim CPU tensors when run directly, device ones
+            # inside a recording; the recorded segment and the next one's compile see the latter)
+            return static_like(v.to(device))
         return static_like(v)
     if isinstance(v, (list, tuple)):   # a multi-output op (split, native_layer_norm) read later
-        return type(v)(_static_like(x) for x in v)
+        return type(v)(_static_like(x, device) for x in v)
     return None
 
 
-def _static_outputs(outputs: list) -> list:
-    return [_static_like(o.meta.get("val")) for o in outputs]
+def _static_outputs(outputs: list, device) -> list:
+    return [_static_like(o.meta.get("val"), device) for o in outputs]
 
 
 def _copy_into(static, value):
@@ -138,8 +160,11 @@ def compile_inductor_segmented(gm: fx.GraphModule, example_inputs, request: Comp
         for n in gm.graph.nodes if n.op == "get_attr")
     failed: list = []
 
+    device = next((x.device for x in example_inputs if isinstance(x, torch.Tensor) and x.is_cuda),
+                  torch.device("cuda")) if cuda else None
+
     def record(fn, args, pool, outputs):
-        outs = _static_outputs(outputs)
+        outs = _static_outputs(outputs, device)
         seg = _RecordedAfterFirstRun(fn, args, outs, pool) if cuda else _HostSegment(fn, args, outs)
         return seg, outs
 
