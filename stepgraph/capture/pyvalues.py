@@ -242,6 +242,11 @@ def _code_chains(code: types.CodeType):
         i += 1
 
 
+# Container methods that do not read the contents: a container only called with these is
+# keyed by identity (a replay redoes appends: pyeffects.collect_appends; others are refused).
+_CONTAINER_WRITES = frozenset({"append", "extend", "insert", "add", "update", "clear", "__setitem__"})
+
+
 def _prefixes(path):
     for n in range(len(path), -1, -1):
         yield path[:n]
@@ -322,9 +327,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                     visit(types.MethodType(call, v), depth + 1)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
             g = guard_value(v)
-            if p == path and method is not None and isinstance(v, (list, dict, set)):
+            if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
-                # not its contents (reading them is another instruction, keyed by value).
+                # not its contents (reading them is another instruction, keyed by value). A
+                # method that reads them (``cfg.get(k)``, ``.items()``) is such a read.
                 s.identity_only = True
                 g = ("object", id(v))
             # A property that builds a new object at each read has no identity to guard.
