@@ -427,3 +427,39 @@ def test_a_live_float_reset_to_none_each_epoch_is_keyed_by_value_again():
             assert a["get"]() == b["get"](), epoch
     assert _same_params(m, m2)
     assert sg.stats.captures == 2 and sg.stats.replays == 6 and sg.stats.failed_captures == 0, sg.stats
+
+
+def test_a_rollout_rebound_to_a_view_each_iteration_is_an_input_not_a_new_graph():
+    """CleanRL's ppo.py (clients/ppo_cleanrl.py): each iteration rebinds ``b_obs =
+    obs.reshape(...)`` (a view of the rollout storage) and the minibatch step indexes it. A view
+    was keyed by identity, so every iteration recaptured; like a plain tensor it is a graph
+    input keyed by dtype/shape/stride (not a view of model or optimizer state)."""
+    (m, o), (m2, o2) = _pair()
+
+    def make(model, opt):
+        box = {"b_obs": None}
+        b_obs = None
+
+        def step(idx):
+            loss = model(b_obs[idx]).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        def rebind(storage):
+            nonlocal b_obs
+            b_obs = storage.reshape(-1, 4)
+        box["step"], box["rebind"] = step, rebind
+        return box
+    a, b = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(a["step"])
+    g = torch.Generator().manual_seed(0)
+    for iteration in range(4):
+        storage = torch.randn(8, 2, 4, generator=g)
+        a["rebind"](storage), b["rebind"](storage.clone())
+        for _ in range(3):
+            idx = torch.randperm(16, generator=g)[:4]
+            assert torch.equal(sg(idx), b["step"](idx))
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 1 and sg.stats.replays == 10, sg.stats
