@@ -36,6 +36,7 @@ from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture.hostrandom import generator_draws, generator_states
 from .capture.libraries import untraceable_modules
+from .capture.reasons import nearest_key
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
                               refuse_slot_stores, warn_appends)
@@ -113,7 +114,7 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
 
 def plan_capture(step, sig: Signature, args, kwargs, reason) -> Plan:
     if reason is None and step._order:
-        reason = step._guards.diff(step._order[-1].key, sig.key, args, kwargs)
+        reason = step._guards.diff(nearest_key([e.key for e in step._order], sig.key), sig.key, args, kwargs)
     device = _device_of(sig.leaves, step._reg)
     return Plan(sig, device, backends.pick(step.backend, device), reason)
 

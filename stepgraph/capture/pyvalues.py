@@ -174,7 +174,10 @@ class PyValues:
         return tuple(s.value(args) for s in self.sources)
 
     def diff(self, a: tuple, b: tuple) -> str | None:
-        for s, x, y in zip(self.sources, a, b):
+        # (a new object first: a value that flips back and forth is not why graphs keep coming)
+        pairs = [(s, x, y) for s, x, y in zip(self.sources, a, b) if x != y]
+        pairs.sort(key=lambda p: not (isinstance(p[2], tuple) and p[2][:1] == ("object",)))
+        for s, x, y in pairs:
             if x != y:
                 name = s.describe()
                 if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
