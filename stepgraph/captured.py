@@ -169,10 +169,13 @@ def log_recapture(step, reason: str, seconds: float) -> None:
     """The first recapture of each kind is shown by default (logging's last-resort handler prints
     WARNING to stderr): a varying batch shape must not be invisible. Later ones: INFO."""
     import logging
+    from .capture.reasons import recapture_hint
     kind = reason_kind(reason)
     level = logging.INFO if kind in step._recapture_kinds else logging.WARNING
     step._recapture_kinds.add(kind)
+    hint = recapture_hint(reason)
     logging.getLogger("stepgraph").log(
-        level, "stepgraph: %s recaptured (graph %d of max_captures=%d, %.2fs): %s%s", step.__name__,
+        level, "stepgraph: %s recaptured (graph %d of max_captures=%d, %.2fs): %s%s%s", step.__name__,
         len(step._order), step.max_captures, seconds, reason,
+        f"; if it keeps recapturing: {hint}" if hint else "",
         "" if level == logging.INFO else " [later recaptures of this kind are logged at INFO]")

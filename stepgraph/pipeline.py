@@ -34,7 +34,9 @@ from .capture.compiled import note_compiled_parts
 from .capture.effects import resolve_bindings
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
+from .capture.hostrandom import generator_draws, generator_states
 from .capture.libraries import untraceable_modules
+from .capture.reasons import nearest_key
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
                               refuse_slot_stores, warn_appends)
@@ -79,6 +81,7 @@ class Traced:
     summary: GraphSummary | None = None
     n_user: int = 0                             # tensor outputs the user gets
     notes: list = field(default_factory=list)   # what runs only at capture (for explain())
+    generators: list = field(default_factory=list)  # host random generators the step reads, with their states
 
 
 @dataclass
@@ -113,7 +116,7 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
 
 def plan_capture(step, sig: Signature, args, kwargs, reason) -> Plan:
     if reason is None and step._order:
-        reason = step._guards.diff(step._order[-1].key, sig.key, args, kwargs)
+        reason = step._guards.diff(nearest_key([e.key for e in step._order], sig.key), sig.key, args, kwargs)
     device = _device_of(sig.leaves, step._reg)
     return Plan(sig, device, backends.pick(step.backend, device), reason)
 
@@ -167,7 +170,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
             frozen = guards.frozen_key(args, kwargs)
             traced = Traced(trace=None, frozen=frozen, ddp_records=ddp_records, fsdp_record=fsdp_record,
                             py_before=py_before,
-                            sizes_before=container_slots(guards.py, args))
+                            sizes_before=container_slots(guards.py, args),
+                            generators=generator_states(guards.py, args))
             traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
@@ -190,7 +194,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     """Refuse what a replay could not repeat, re-key on what the step branched on, and run the
     graph passes (cleanup, number checks, host-read guards, grad bindings, summary)."""
     tr, guards, reg = traced.trace, step._guards, step._reg
-    raise_problems(tr.problems)
+    raise_problems(tr.problems + generator_draws(traced.generators))
     if traced.fsdp_record is not None:
         traced.fsdp_record.raise_problems()
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),

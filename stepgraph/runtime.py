@@ -15,6 +15,7 @@ import torch
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
+from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
 from .capture import distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
@@ -156,9 +157,11 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             if len(self._order) >= self.max_captures:
                 if not self._warned_cap:
                     self._warned_cap = True
+                    last = self._guards.diff(nearest_key([e.key for e in self._order], sig.key), sig.key, args, kwargs)
+                    hint = recapture_hint(last)
                     msg = (f"stepgraph: {self.__name__} reached max_captures={self.max_captures} graphs; "
-                           f"calls with new signatures run eagerly (last reason: "
-                           f"{self._guards.diff(self._order[-1].key, sig.key, args, kwargs)})")
+                           f"calls with new signatures run eagerly (last reason: {last})"
+                           + (f"; {hint}" if hint else ""))
                     warnings.warn(msg, stacklevel=2)
                     log.warning(msg)
                 self._agree(self._reg, sig.leaves, self._calls, "eager call")  # (no-op without DDP)

@@ -382,3 +382,84 @@ def test_an_int_read_stored_in_a_python_object_stays_guarded():
         assert torch.equal(sg(x, y), eager(x, y))
         assert s1.last == s2.last and type(s1.last) is int
     assert _same_params(m, m2)
+
+
+def _ema_of_item(model, opt):
+    """TeaPearce's conditional DDPM (clients/ddpm.py): ``loss_ema`` is None at each epoch's start,
+    then the step sets it from ``loss.item()`` and smooths it after."""
+    box = {}
+    loss_ema = None
+
+    def step(x, y):
+        nonlocal loss_ema
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        if loss_ema is None:
+            loss_ema = loss.item()
+        else:
+            loss_ema = 0.95 * loss_ema + 0.05 * loss.item()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    def reset():
+        nonlocal loss_ema
+        loss_ema = None
+
+    box["step"], box["reset"], box["get"] = step, reset, lambda: loss_ema
+    return box
+
+
+def test_a_live_float_reset_to_none_each_epoch_is_keyed_by_value_again():
+    """A float the step reads is read live at each replay; reset to None by the loop, the
+    replay read None (TypeError inside the graph: the program died), or a capture crashed
+    turning it into a live float. A live variable holding no float is keyed by value: the
+    None branch is a graph of its own, the float one is replayed."""
+    (m, o), (m2, o2) = _pair()
+    a, b = _ema_of_item(m, o), _ema_of_item(m2, o2)
+    sg = stepgraph.compile(a["step"])
+    g = torch.Generator().manual_seed(0)
+    for epoch in range(3):
+        a["reset"](), b["reset"]()
+        for _ in range(3):
+            x, y = torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+            assert torch.equal(sg(x, y), b["step"](x, y))
+            assert a["get"]() == b["get"](), epoch
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 2 and sg.stats.replays == 6 and sg.stats.failed_captures == 0, sg.stats
+
+
+def test_a_rollout_rebound_to_a_view_each_iteration_is_an_input_not_a_new_graph():
+    """CleanRL's ppo.py (clients/ppo_cleanrl.py): each iteration rebinds ``b_obs =
+    obs.reshape(...)`` (a view of the rollout storage) and the minibatch step indexes it. A view
+    was keyed by identity, so every iteration recaptured; like a plain tensor it is a graph
+    input keyed by dtype/shape/stride (not a view of model or optimizer state)."""
+    (m, o), (m2, o2) = _pair()
+
+    def make(model, opt):
+        box = {"b_obs": None}
+        b_obs = None
+
+        def step(idx):
+            loss = model(b_obs[idx]).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        def rebind(storage):
+            nonlocal b_obs
+            b_obs = storage.reshape(-1, 4)
+        box["step"], box["rebind"] = step, rebind
+        return box
+    a, b = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(a["step"])
+    g = torch.Generator().manual_seed(0)
+    for iteration in range(4):
+        storage = torch.randn(8, 2, 4, generator=g)
+        a["rebind"](storage), b["rebind"](storage.clone())
+        for _ in range(3):
+            idx = torch.randperm(16, generator=g)[:4]
+            assert torch.equal(sg(idx), b["step"](idx))
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 1 and sg.stats.replays == 10, sg.stats

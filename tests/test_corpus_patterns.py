@@ -204,12 +204,15 @@ def test_per_parameter_optimizers_stepped_in_hooks_follow_a_changed_lr():
     assert sg.stats.replays == 4 and len(sg._reg.optimizers) == 4, sg.stats
 
 
-@pytest.mark.parametrize("sampler", ["numpy", "python"])
+@pytest.mark.parametrize("sampler", ["numpy", "python", "np.random.Generator", "np.random.RandomState",
+                                     "random.Random"])
 def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_eager(sampler):
     """sfujim/TD3's ``policy.train(replay_buffer)`` samples its batch inside the step with
     ``np.random.randint`` (the DQN tutorial: ``random.sample(memory, n)``): no aten op, so the
     graph baked the capture call's batch and every replay trained on it: WRONG without an error.
-    Refused now, naming the user's line; the refused call ran as eager did."""
+    Refused now, naming the user's line; the refused call ran as eager did. The same with a
+    generator object (``rng = np.random.default_rng(seed)``, ``RandomState``, ``random.Random``),
+    whose draws were not seen: replays trained on the capture's batch, silently."""
     import random
 
     import numpy as np
@@ -222,11 +225,20 @@ def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_ea
 
     def make(model):
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        gens = {"np.random.Generator": np.random.default_rng(0), "np.random.RandomState": np.random.RandomState(0),
+                "random.Random": random.Random(0)}
+        rng = gens.get(sampler)
 
         def train(batch_size):
             if sampler == "numpy":
                 ind = np.random.randint(0, len(data), size=batch_size)
                 batch = torch.FloatTensor(data[ind])
+            elif sampler == "np.random.Generator":
+                batch = torch.FloatTensor(data[rng.integers(0, len(data), size=batch_size)])
+            elif sampler == "np.random.RandomState":
+                batch = torch.FloatTensor(data[rng.randint(0, len(data), size=batch_size)])
+            elif sampler == "random.Random":
+                batch = torch.stack(rng.sample(memory, batch_size))
             else:
                 batch = torch.stack(random.sample(memory, batch_size))
             loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])

@@ -459,3 +459,83 @@ def test_momentum_cycled_by_onecycle_stays_live_and_its_branch_is_guarded():
         assert torch.equal(p, q)
     assert sg.stats.captures == 2, sg.stats.recaptures
     assert "momentum" in sg.stats.recaptures[0]
+
+
+@pytest.mark.parametrize("case", ["ndarray", "none_pattern", "object"])
+def test_recaptures_of_an_identity_or_a_structure_that_keeps_changing_name_a_fix(case, caplog):
+    """Corpus clients that recaptured at every call with a reason but no fix: CleanRL's ppo.py
+    passes ``mb_inds`` (a new numpy array per minibatch), the DQN tutorial's sampled transitions
+    have their terminal ``None``s at new places each call, TeaPearce's DDPM calls a tqdm bar made
+    per epoch. The first recapture's log line and the max_captures warning say what to change."""
+    import io
+    import logging
+
+    import numpy as np
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    data = torch.randn(16, 4)
+
+    if case == "object":
+        tqdm = pytest.importorskip("tqdm").tqdm
+    bar = None
+
+    def step(idx, pairs):
+        if case == "ndarray":
+            x = data[idx]
+        elif case == "none_pattern":
+            x = torch.cat([a for a, b in pairs if b is not None])
+        else:
+            x = data
+            bar.set_description("training")
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step, max_captures=3)
+    want = {"ndarray": "torch.as_tensor(idx)", "none_pattern": "build the tensors", "object": "create it once"}[case]
+    with warnings.catch_warnings(record=True) as w, caplog.at_level(logging.WARNING, logger="stepgraph"):
+        warnings.simplefilter("always")
+        fixed = [(data[i:i + 1], data[i:i + 1]) for i in range(6)]
+        for k in range(8):
+            idx = np.arange(k, k + 4) if case == "ndarray" else torch.arange(4)
+            pairs = [(data[i:i + 1], None if i == k % 6 else data[i:i + 1]) for i in range(6)] \
+                if case == "none_pattern" else fixed
+            if case == "object":
+                bar = tqdm(range(1), file=io.StringIO())
+            sg(idx, pairs)
+    firsts = [r.getMessage() for r in caplog.records if "recaptured" in r.getMessage()]
+    caps = [str(x.message) for x in w if "max_captures=3" in str(x.message)]
+    assert firsts and want in firsts[0], firsts
+    assert len(caps) == 1 and want in caps[0], caps
+
+
+def test_a_recapture_names_the_new_object_not_a_value_that_flips_back():
+    """TeaPearce's DDPM (clients/ddpm.py): each epoch resets ``loss_ema = None`` and makes a new
+    tqdm bar whose ``set_description`` the step calls. Explained against the newest graph, every
+    recapture read "loss_ema '<live>' -> None" (or back), a value some graph already has; the bar,
+    new each epoch, went unnamed. Explained against the nearest graph, each names the bar."""
+    import io
+    tqdm = pytest.importorskip("tqdm").tqdm
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    loss_ema, pbar = None, None
+
+    def step(x):
+        nonlocal loss_ema
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
+        pbar.set_description("training")
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for epoch in range(4):
+        loss_ema, pbar = None, tqdm(range(2), file=io.StringIO())
+        for _ in range(2):
+            sg(torch.randn(8, 4))
+    assert len(sg.stats.recaptures) >= 4, sg.stats
+    assert all(r.startswith("pbar <object at") for r in sg.stats.recaptures), sg.stats.recaptures

@@ -354,3 +354,31 @@ def test_a_float_summed_from_micro_batch_reads_and_returned_is_live_and_not_warn
             x, y = torch.randn(16, 8), torch.randint(0, 4, (16,))
             assert sg(x, y) == eager(x, y), k
     assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats
+
+
+def test_one_hot_with_num_classes_is_captured_with_its_range_check_as_a_guard():
+    """``F.one_hot(y, num_classes)`` on the CPU checks the class values on the host inside ATen
+    (``y.min().item() >= 0``, ``num_classes > y.max().item()``): it was refused as "host sync in
+    the step ... return the tensor from the step" (a fix no caller of one_hot can apply;
+    TeaPearce's conditional DDPM, clients/ddpm.py). Now it is traced as eager's zeros +
+    scatter_, with the range check as one value guard: bitwise with eager, one graph; a batch
+    with a value out of range misses the guard and raises eager's error, state as eager's."""
+    def body(m, o, x, y):
+        target = F.one_hot(y, num_classes=4).float()
+        loss = F.mse_loss(m(x).softmax(-1), target)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    t = Twin(body)
+    for k in range(6):
+        t(*batch(k))
+    assert t.stats.captures == 1 and t.stats.replays == 4, t.stats
+    x, y = batch(6)
+    y[3] = 4
+    for f in (t.step, t.eager):
+        with pytest.raises(RuntimeError, match="Class values must be smaller than num_classes"):
+            f(x, y)
+    for k in range(7, 10):   # the twins still agree, and the graph is replayed again
+        t(*batch(k))
+    assert t.stats.captures == 1 and t.stats.replays == 7, t.stats

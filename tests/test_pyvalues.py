@@ -159,6 +159,40 @@ def test_python_built_tensor_from_a_list_the_loop_changes_is_guarded_by_value():
     assert "weights" in sg.stats.recaptures[0]
 
 
+@pytest.mark.parametrize("read", ["get", "items", "index"])
+def test_values_read_through_a_container_method_are_guarded_by_value(read):
+    """``cfg.get("scale")`` (and ``.items()``, ``.index()``): a method call on a container made it
+    keyed by identity only, as for ``history.append(x)``, so the graph baked the value read and
+    kept replaying it after the loop changed the dict or list in place: silently wrong. Only
+    methods that do not read the contents (append, extend, ...) key a container by identity."""
+    m, t = net(0.0), net(0.0)
+    cfg = {"scale": 1.0}
+    order = [0.5, 1.0]
+
+    def mk(model, opt):
+        def step(x, y):
+            if read == "get":
+                scale = cfg.get("scale")
+            elif read == "items":
+                scale = sum(v for k, v in cfg.items())
+            else:
+                scale = order.index(1.0) + 1.0
+            loss = F.cross_entropy(model(x), y) * scale
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg = stepgraph.compile(mk(m, torch.optim.SGD(m.parameters(), lr=0.1)))
+    eager = mk(t, torch.optim.SGD(t.parameters(), lr=0.1))
+    for k in range(6):
+        if k == 3:
+            cfg["scale"] = 3.0
+            order.reverse()
+        assert torch.equal(sg(*batch(k)), eager(*batch(k))), k
+    assert sg.stats.captures == 2, sg.stats
+
+
 def test_returned_lr_is_live_and_other_python_numbers_warn():
     m = net(0.0)
     opt = torch.optim.SGD(m.parameters(), lr=0.1)

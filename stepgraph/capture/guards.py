@@ -102,7 +102,9 @@ class Guards(Reasons, LiveKeys):
         live = self.live
         skip = live | self.keyed if self.keyed else live
         known = self.reg.names
-        return tuple(self._marker(s, v) if s in live
+        # (a live variable holding no float now -- ``loss_ema = None`` at an epoch's start --
+        # is keyed by value: a graph reading it live would read that None)
+        return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
                      else state_free(key_of(s, v, args, skip), v, known)
                      for s in self.py.sources for v in (s.read_or(args, _MISSING),))

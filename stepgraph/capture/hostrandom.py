@@ -43,6 +43,51 @@ def _modules():
     return out
 
 
+def _generator_types() -> tuple:
+    out = [random.Random]
+    try:
+        import numpy.random as npr
+        out += [npr.Generator, npr.RandomState]
+    except ImportError:
+        pass
+    return tuple(out)
+
+
+def _generator_state(g) -> bytes:
+    import pickle
+    if isinstance(g, random.Random):
+        return pickle.dumps(g.getstate())
+    if hasattr(g, "bit_generator"):   # numpy.random.Generator
+        return pickle.dumps(g.bit_generator.state)
+    return pickle.dumps(g.get_state(legacy=False))   # numpy.random.RandomState
+
+
+def generator_states(py, args) -> list:
+    """Before the trace: each random generator object the step's code reads (``rng =
+    np.random.default_rng(seed)``, a ``RandomState``, a ``random.Random``; a global, a closure
+    cell, an attribute such as ``self.rng``), with its state. Their methods are C code no patch
+    reaches; a draw shows as a changed state (``generator_draws``)."""
+    kinds, out, seen = _generator_types(), [], set()
+    for s in py.sources:
+        g = s.read_or(args)
+        if isinstance(g, kinds) and id(g) not in seen:
+            seen.add(id(g))
+            out.append((s, g, _generator_state(g)))
+    return out
+
+
+def generator_draws(before: list) -> list:
+    """After the trace: a problem for each generator of ``generator_states`` that drew."""
+    return [Problem(
+        f"the step draws host random numbers from {s.describe()} (a {type(g).__module__}.{type(g).__name__}): "
+        "a replay runs no Python code, so it would reuse this call's draw at every step (the same "
+        "batch, the same branch)", s.where,
+        "draw them in the loop outside the step and pass the result (the batch, the indices, the "
+        "decision) as arguments; or draw with torch inside the step (torch.randint / torch.rand / "
+        "torch.randperm), which the graph replays", plain=True)
+        for s, g, state in before if _generator_state(g) != state]
+
+
 def _data_from_iterator(value, named) -> bool:
     """``next()`` handed back tensors that are not named state (a batch, not a parameter)."""
     try:

@@ -7,6 +7,11 @@ from .hostscalar import LIVE_HYPERS
 from .sigkey import Signature, SignatureKey
 
 
+def _is_marker(v) -> bool:
+    """A live value's part of a key (``Guards._marker``), not a value keyed as it is."""
+    return v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",)
+
+
 class LiveKeys:
     """``Guards``' methods for live values (``self.live``, ``self.preds`` are set by ``Guards``)."""
 
@@ -61,7 +66,7 @@ class LiveKeys:
         def entry(h, v, fv):
             if h in baked:
                 return fv
-            return self._marker(h, fv) if h in self.live else v
+            return self._marker(h, fv) if h in self.live and _is_marker(v) else v
         key = sig.key
         hypers = tuple(tuple(tuple((k, entry((oi, gi, k), v, fv)) for (k, v), (_, fv) in zip(g, fg))
                              for gi, (g, fg) in enumerate(zip(go, fo)))

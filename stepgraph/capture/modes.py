@@ -32,6 +32,25 @@ _PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 
 
 _TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
+_ONE_HOT = torch._C._nn.one_hot   # (torch.nn.functional.one_hot)
+
+
+def _one_hot(t, num_classes: int, reads: ReadLog):
+    """``F.one_hot(t, num_classes)`` of a CPU tensor: ATen checks the class values on the host
+    (``t.min().item() >= 0``, ``num_classes > t.max().item()``) before its ``zeros`` +
+    ``scatter_``, reads a graph cannot repeat inside a C++ op. Traced as that same ``zeros`` +
+    ``scatter_``, with the check as one value guard (true while the values are in range; a call
+    with one out of range misses it, and its capture raises eager's error). NotImplemented where
+    ATen reads something else on the host (``num_classes=-1``: the output shape) or reads
+    nothing (an empty tensor; a device tensor, which scatter checks on the device)."""
+    if t.dtype != torch.long or num_classes < 1 or t.numel() == 0 or t.device.type != "cpu":
+        return NotImplemented
+    ok = ((t >= 0) & (t < num_classes)).all()
+    if not read_scalar(get_proxy_mode().tracer, ok, _T.__bool__, reads):
+        with _disable_current_modes():
+            return _ONE_HOT(t, num_classes)   # eager's error
+    out = torch.zeros(*t.shape, num_classes, dtype=t.dtype, device=t.device)
+    return out.scatter_(-1, t.unsqueeze(-1), 1)
 
 
 def _tensor_of_step_tensors(func, args, kwargs):
@@ -82,6 +101,10 @@ class _HostReadMode(TorchFunctionMode):
             self.hooks.append((f"tensor {func.__name__}", args[1]))
             if self.reg is not None and self.reg.name_of(args[0]) is not None:
                 self.state_hooks.append((self.reg.name_of(args[0]), args[0], args[1]))
+        if func is _ONE_HOT and self.reads is not None and args and _is_traced(args[0]):
+            out = _one_hot(args[0], kwargs.get("num_classes", args[1] if len(args) > 1 else -1), self.reads)
+            if out is not NotImplemented:
+                return out
         if func in _TENSOR_FROM_DATA and args and isinstance(args[0], (list, tuple)) and \
                 any(_is_traced(x) for x in pytree.tree_leaves(args[0])):
             return _tensor_of_step_tensors(func, args, kwargs)

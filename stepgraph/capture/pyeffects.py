@@ -45,10 +45,14 @@ def reachable(s) -> bool:
 
 def live_tensor(s, v, args, known) -> bool:
     """``s`` holds a tensor the graph reads as an input (keyed by metadata, not identity):
-    a plain tensor without autograd, not a view, not model or optimizer state (``known``: ids)."""
+    a plain tensor without autograd, not model or optimizer state nor a view of it (``known``:
+    ids). A view of a plain tensor (``b_obs = obs.reshape(...)``, rebound each iteration) is an
+    input too."""
     from .trackplan import writable
-    return (type(v) is torch.Tensor and reachable(s) and not v.requires_grad and v._base is None
-            and id(v) not in known and writable(s, args))
+    base = v._base if type(v) is torch.Tensor else None
+    return (type(v) is torch.Tensor and reachable(s) and not v.requires_grad and id(v) not in known
+            and (base is None or id(base) not in known and not base.requires_grad)
+            and writable(s, args))
 
 
 def tensor_key(v) -> tuple:

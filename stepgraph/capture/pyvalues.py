@@ -174,7 +174,10 @@ class PyValues:
         return tuple(s.value(args) for s in self.sources)
 
     def diff(self, a: tuple, b: tuple) -> str | None:
-        for s, x, y in zip(self.sources, a, b):
+        # (a new object first: a value that flips back and forth is not why graphs keep coming)
+        pairs = [(s, x, y) for s, x, y in zip(self.sources, a, b) if x != y]
+        pairs.sort(key=lambda p: not (isinstance(p[2], tuple) and p[2][:1] == ("object",)))
+        for s, x, y in pairs:
             if x != y:
                 name = s.describe()
                 if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
@@ -240,6 +243,11 @@ def _code_chains(code: types.CodeType):
             # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
             yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
         i += 1
+
+
+# Container methods that do not read the contents: a container only called with these is
+# keyed by identity (a replay redoes appends: pyeffects.collect_appends; others are refused).
+_CONTAINER_WRITES = frozenset({"append", "extend", "insert", "add", "update", "clear", "__setitem__"})
 
 
 def _prefixes(path):
@@ -322,9 +330,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                     visit(types.MethodType(call, v), depth + 1)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
             g = guard_value(v)
-            if p == path and method is not None and isinstance(v, (list, dict, set)):
+            if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
-                # not its contents (reading them is another instruction, keyed by value).
+                # not its contents (reading them is another instruction, keyed by value). A
+                # method that reads them (``cfg.get(k)``, ``.items()``) is such a read.
                 s.identity_only = True
                 g = ("object", id(v))
             # A property that builds a new object at each read has no identity to guard.

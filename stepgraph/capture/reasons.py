@@ -3,6 +3,8 @@
 registry, the Python values and the live set that ``Guards`` keeps)."""
 from __future__ import annotations
 
+import re
+
 import torch
 
 import torch.utils._pytree as pytree
@@ -151,3 +153,54 @@ def leaf_names(params: list[str], args, kwargs) -> list[str]:
             label = "input"
         out.append(label + "".join(str(k) for k in rest))
     return out
+
+
+_ARG = r"(?:arg \d+ \((?P<arg>\w+)\)|kwarg '(?P<kw>\w+)')(?P<path>\S*)"
+
+
+def recapture_hint(reason: str) -> str:
+    """What to change when recaptures of this kind keep coming (one clause, '' if nothing
+    specific): an argument keyed by identity, an argument whose None elements move, a variable
+    the step calls methods on that is a new object each time."""
+    m = re.match(_ARG + r" (?P<t>\w+) object at 0x[0-9a-f]+ -> (?P=t) object at", reason)
+    if m:
+        name = m["arg"] or m["kw"]
+        return (f"a {m['t']} argument is keyed by identity (a graph cannot guard its contents), so "
+                f"each new one is a new graph: pass a tensor instead (e.g. torch.as_tensor({name}))")
+    m = re.match(_ARG + r" (?:None -> tensor |tensor .* -> None$)", reason)
+    if m and m["path"]:
+        name = m["arg"] or m["kw"]
+        return (f"which elements of {name} are None changes between calls, and each pattern is a graph "
+                "of its own: build the tensors the step needs outside it (stack the elements, make the "
+                "mask there) and pass those")
+    m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
+    if m:
+        return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
+                "create it once outside the loop, or use it outside the step")
+    return ""
+
+
+def _identity(v) -> bool:
+    """A key part that is an object's identity (a new object never matches an old graph)."""
+    return isinstance(v, tuple) and v[:1] == ("object",)
+
+
+def nearest_key(keys, key):
+    """Of the captured graphs' ``keys`` (oldest first), the one a new ``key`` is explained
+    against: fewest differing parts; on a tie, the one where more of them are new objects (a
+    value flipping back and forth matches some graph, a new object none); then the newest. A
+    loop that resets ``loss_ema = None`` and makes a tqdm bar each epoch recaptured "loss_ema
+    '<live>' -> None" against the newest graph, never naming the bar."""
+    def score(k):
+        diff = ident = 0
+        for a, b in zip(k, key):
+            if a == b:
+                continue
+            if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and not _identity(a):
+                pairs = [(x, y) for x, y in zip(a, b) if x != y]
+                diff += len(pairs)
+                ident += sum(1 for x, y in pairs if _identity(x) and _identity(y))
+            else:
+                diff += 1
+        return diff, -ident
+    return min(reversed(list(keys)), key=score)

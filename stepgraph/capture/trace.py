@@ -119,6 +119,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         saved_hypers = []
         for src in live_sources:  # Python floats read live (pyvalues.py)
             v = src.read(a)
+            if not isinstance(v, float):
+                continue   # (None now, say: keyed by value for this graph, Guards._py_key)
             live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
             saved_hypers.append((src, None, v, live))
             src.write(live, a)
