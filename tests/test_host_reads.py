@@ -182,6 +182,24 @@ def test_printing_read_values_is_warned_and_appending_them_is_replayed():
     assert "runs only at capture" in t.step.explain() or "prints" in t.step.explain()
 
 
+def test_str_and_empty_format_of_a_read_value_capture_and_warn():
+    # tqdm's set_postfix(loss=loss.item()) does str(n); f"{loss.item()}" formats with an empty
+    # spec. float.__format__(x, "") calls str(x): both recursed without end and the step
+    # ran eagerly from then on ("please report this").
+    def body(m, o, x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        str(loss.item()), f"{loss.item()}", format(loss.item())
+        return loss
+    t = Twin(body)
+    with pytest.warns(UserWarning, match="prints/formats values read from tensors"):
+        for k in range(4):
+            t(*batch(k))
+    assert t.stats.failed_captures == 0 and t.stats.captures == 1 and t.stats.replays == 2, t.stats
+
+
 def test_math_isnan_of_a_read_value_is_guarded():
     def body(m, o, x, y):
         o.zero_grad()

@@ -91,7 +91,8 @@ class ReadFloat(HostFloat):
 
     def __str__(self):
         self._note_print()
-        return float.__format__(self, "")
+        # (not float.__format__(self, ""): an empty spec calls str(self) again)
+        return float.__repr__(self)
 
     def __repr__(self):
         self._note_print()
