@@ -11,6 +11,17 @@ from clients import harness
 
 ACCEPTED = {harness.OK, harness.CLEAR, "SKIP"}
 
+# Clients whose program has no static graph, each asserted as it is (a change fails the test,
+# so this list stays true) and named in docs/corpus.md:
+KNOWN = {
+    # PyTorch's DQN tutorial builds its batch in the step from sampled transitions whose
+    # terminal ``None``s move at every call (``torch.cat([s for s in batch.next_state if s is
+    # not None])``: a shape and a mask that depend on the sample). Each pattern is a graph; the
+    # first recapture's warning and the max_captures one say what to change (build the
+    # tensors outside the step), and past max_captures the step runs eagerly, warned.
+    "dqn": (harness.RECAPTURES, "next_state"),
+}
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
@@ -18,4 +29,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 @pytest.mark.parametrize("name", harness.names())
 def test_client(name):
     r = harness.run_client(name, steps=6)
+    if name in KNOWN:
+        status, detail = KNOWN[name]
+        assert r.status == status and detail in r.detail, r.row()
+        return
     assert r.status in ACCEPTED, r.row()
