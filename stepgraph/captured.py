@@ -143,6 +143,8 @@ class CapturedStep:
         for e in tr.append_effects:
             e.source.read(()).append(outs[e.index])   # history.append(<this replay's value>)
         memo = dict(self.last_reads)
+        for c in tr.call_effects:   # pbar.set_postfix(loss=<this replay's read>) (pycalls.py)
+            c.run(outs, lambda e: evaluate(e, leaves, args, memo))
         result = [outs[v] if kind in ("tensor", "read") else v() if kind == "live"
                   else evaluate(v, leaves, args, memo) if kind == "number" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(result, tr.out_spec)

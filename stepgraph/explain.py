@@ -122,6 +122,9 @@ def explain(self) -> str:
         grown = list(dict.fromkeys(e.source.describe() for e in tr.append_effects))
         if grown:
             lines.append("    lists appended to after each replay (as the step does): " + _names(grown, 6))
+        called = list(dict.fromkeys(f"{c.source.describe()}.{c.method}()" for c in tr.call_effects))
+        if called:
+            lines.append("    library calls redone after each replay, with its values: " + _names(called, 6))
         if e.checks:
             lines.append("    Python numbers checked before each replay: " + _names(
                 [f"{describe(c.expr)} == {c.expected!r}" for c in e.checks], 6))

@@ -37,6 +37,7 @@ from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_ef
 from .capture.hostrandom import generator_draws, generator_states
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
+from .capture.pycalls import call_sources, reads_of, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
                               refuse_slot_stores, warn_appends)
@@ -161,6 +162,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     appends_at = append_sources(guards, args)
     append_lens = lengths(appends_at)   # (before the call: what a replay appends after)
     restore_lists = truncate(appends_at, append_lens)
+    calls_at = call_sources(guards, args)
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
                 fsdp.tracing(reg, rollback) as fsdp_record:
@@ -178,7 +180,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
                                       append_sources=appends_at, append_lens=append_lens,
-                                      moving_numbers=step._moving_numbers,
+                                      moving_numbers=step._moving_numbers, call_sources=calls_at,
                                       lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
                                                                              or plan.backend.segmented is not None))
     except BaseException as e:
@@ -206,7 +208,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.notes = warn_appends(guards.py, traced.sizes_before, slots_after, step.__name__,
                                 replayed={id(e.source) for e in tr.append_effects})
     live_outputs(tr, reg, guards.py, args, step.__name__)
-    traced.notes += read_side_effects(tr, step.__name__)
+    traced.notes += read_side_effects(tr, step.__name__) + warn_notes(tr.call_notes, step.__name__)
     distributed.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)
@@ -218,7 +220,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.summary = summarize(gm, reg.name_of)
     # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
     traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor") \
-        + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor")
+        + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor") + tensors_of(tr.call_effects)
 
 
 def refuse_host_python(tr: TraceResult) -> None:
@@ -240,12 +242,14 @@ def refuse_host_python(tr: TraceResult) -> None:
             fix="use backend='cudagraph' (CUDA) or 'replay' (backend='auto' does so), or keep "
                 "that Python outside the step (an lr assigned to the param groups before the call "
                 "is read live; a meter updated from a returned tensor)")
-    reads_kept = [e for e in tr.source_effects + tr.append_effects if e.kind == "read"]
+    reads_kept = [(e.source.describe(), e.source.where) for e in tr.source_effects + tr.append_effects
+                  if e.kind == "read"] + [(f"{c.source.describe()}.{c.method}()", c.where)
+                                          for c in tr.call_effects if any(True for _ in reads_of([c]))]
     if reads_kept:
         raise NeedsReplay(
-            f"the step adds a value read on the host to {reads_kept[0].source.describe()}: one "
-            "graph cannot run that Python at each replay", op="host read kept in a Python variable",
-            where=reads_kept[0].source.where or "the step function",
+            f"the step hands a value read on the host to {reads_kept[0][0]}: one graph cannot run "
+            "that Python at each replay", op="host read kept in a Python variable",
+            where=reads_kept[0][1] or "the step function",
             fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or accumulate a tensor "
                 "(total += loss.detach()) and read it outside the step")
 

@@ -3,7 +3,9 @@
 (a) Python side effects inside the step run at the warm-up and capture calls only, never on replays:
     print(), and appending anything but a tensor the step computed or a value it read on the host
     to a list (warned at capture when the list is one the step's code reads; ``history.append(
-    loss.detach())`` and ``losses.append(loss.item())`` are replayed: test_appends.py); a Python
+    loss.detach())`` and ``losses.append(loss.item())`` are replayed: test_appends.py; statement
+    calls on a library's objects, ``pbar.update(1)``, ``logger.info(...)``, are redone after each
+    replay: test_library_calls.py); a Python
     value the step reads and changes other than by arithmetic stepgraph can redo is refused
     (``calls[0] += 1`` is such arithmetic; a graph tensor stored into a constant slot,
     ``info['loss'] = t``, is written back after each replay; ``d.update(...)`` or a computed key

@@ -487,7 +487,7 @@ def test_recaptures_of_an_identity_or_a_structure_that_keeps_changing_name_a_fix
             x = torch.cat([a for a, b in pairs if b is not None])
         else:
             x = data
-            bar.set_description("training")
+            _shown = bar.set_description("training")   # (its result kept: keyed by identity; a statement call is not: test_library_calls.py)
         loss = m(x).pow(2).mean()
         loss.backward()
         o.step()
@@ -528,7 +528,7 @@ def test_a_recapture_names_the_new_object_not_a_value_that_flips_back():
         loss = m(x).pow(2).mean()
         loss.backward()
         loss_ema = loss.item() if loss_ema is None else 0.95 * loss_ema + 0.05 * loss.item()
-        pbar.set_description("training")
+        _shown = pbar.set_description("training")   # (a result kept: keyed by identity)
         o.step()
         o.zero_grad()
         return loss.detach()

@@ -37,6 +37,7 @@ class ReadLog:
     """What the trace saw of host reads: guards (site, what, value) and reported uses."""
     guards: list = field(default_factory=list)
     printed: list = field(default_factory=list)   # sites that formatted a read value (logging)
+    formats: list = field(default_factory=list)   # (index in printed, text, spec, graph node): pycalls.py
     guarded: list = field(default_factory=list)   # plain values handed out under a guard
     reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
     uses: object = None                           # tracked.UseLog: int reads become tracked numbers
@@ -81,18 +82,19 @@ class ReadFloat(HostFloat):
             self.log.guarded.append(value)
         return value
 
-    def _note_print(self):
+    def _note_print(self, text=None, spec=""):
         if current(self, _tracer()):
+            if text is not None:   # (a call redoing a string built from it rebuilds it: pycalls.py)
+                self.log.formats.append((len(self.log.printed), text, spec, self.node))
             self.log.printed.append(user_frame())
+        return text
 
     def __format__(self, fmt):
-        self._note_print()
-        return float.__format__(self, fmt)
+        return self._note_print(float.__format__(_plain(self), fmt), fmt)
 
     def __str__(self):
-        self._note_print()
         # (not float.__format__(self, ""): an empty spec calls str(self) again)
-        return float.__repr__(self)
+        return self._note_print(float.__repr__(self), "")
 
     def __repr__(self):
         self._note_print()

@@ -96,6 +96,8 @@ class Source:
     where: str = ""      # file:line of the first load
     from_step: bool = True  # read by the step's own code (vs a module's forward)
     identity_only: bool = False  # a container the code only calls methods on
+    calls_only: bool = False     # a library object the code only calls, as statements (pycalls.py)
+    methods: tuple = ()          # methods of a library object the code calls as statements
 
     def describe(self) -> str:
         s = self.name
@@ -143,6 +145,12 @@ class Source:
         v = self.read_or(args, _MISSING)
         if v is _MISSING:
             return _MISSING
+        return self.key_for(v)
+
+    def key_for(self, v):
+        """The key of the value ``v`` read here (untracked sources)."""
+        if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)
+            return ("calls", type(v))
         return ("object", id(v)) if self.identity_only else guard_value(v)
 
     def write(self, value, args=()) -> None:
@@ -202,6 +210,25 @@ def _chains(top: types.CodeType):
         yield from _code_chains(code)
 
 
+def _discarded(ins, j) -> bool:
+    """Is the method loaded at ``ins[j]`` called as a statement (its result popped)? Follows the
+    stack depth to the call that consumes the method; a jump on the way: not known, no."""
+    depth = 0
+    for y in ins[j + 1:]:
+        if y.opname == "CACHE":
+            continue
+        if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
+            return False
+        try:
+            depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        except ValueError:
+            return False
+        if y.opname.startswith("CALL") and depth < 0:
+            nxt = next((z for z in ins[ins.index(y) + 1:] if z.opname != "CACHE"), None)
+            return nxt is not None and nxt.opname == "POP_TOP"
+    return False
+
+
 def _code_chains(code: types.CodeType):
     line = code.co_firstlineno
     ins = list(dis.get_instructions(code))
@@ -216,7 +243,8 @@ def _code_chains(code: types.CodeType):
             while j < len(ins):
                 y = ins[j]
                 if y.opname == "LOAD_METHOD" or (y.opname == "LOAD_ATTR" and str(y.argrepr).startswith("NULL|self")):
-                    path.append(("method", y.argval))
+                    # ("call", m): a statement whose result the code drops (``pbar.update(1)``)
+                    path.append(("call" if _discarded(ins, j) else "method", y.argval))
                     break
                 if y.opname == "LOAD_ATTR":
                     path.append(("attr", y.argval))
@@ -306,10 +334,16 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
 
     def _add(src: Source, depth):
         if src.path and library_module(Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS)):
-            return   # ``math.pi``, ``np.e``: a library's constants (a live ``math.pi`` cut lr schedules)
-        path, method = src.path, None
-        if path and path[-1][0] == "method":
-            path, method = path[:-1], path[-1][1]
+            # ``math.pi``, ``np.e``: a library's constants (a live ``math.pi`` cut lr schedules);
+            # ``logging.info(...)``, ``wandb.log(...)`` as statements: calls a replay redoes
+            if src.path[-1][0] == "call" and len(src.path) <= 2:
+                from .pycalls import library_calls
+                library_calls(Source(src.kind, src.root, src.name, src.path[:-1], src.where),
+                              src.path[-1][1], _DUMMY_ARGS, modules_called)
+            return
+        path, method, statement = src.path, None, False
+        if path and path[-1][0] in ("method", "call"):
+            path, method, statement = path[:-1], path[-1][1], path[-1][0] == "call"
         # Guard the longest prefix of the chain that resolves (``args.clip``, not ``args``).
         for p in _prefixes(path):
             s = Source(src.kind, src.root, src.name, p, src.where)
@@ -329,6 +363,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 if isinstance(call, types.FunctionType):
                     visit(types.MethodType(call, v), depth + 1)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
+            from .pycalls import replayable_callee
+            calls.setdefault(key, []).append(method if p == path and statement and s.kind != "arg"
+                                             and replayable_callee(v, method) else None)
             g = guard_value(v)
             if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
@@ -344,6 +381,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             break
 
     _DUMMY_ARGS = tuple(args)
+    calls: dict = {}   # key -> the method each chain to it calls as a statement (None: another use)
+    modules_called: dict = {}   # a library module's functions the step calls as statements
     visit(fn, 0)
     for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
         visit(func, 1, binds=binds)
@@ -353,6 +392,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         if type(m) not in classes and isinstance(f, types.FunctionType):
             classes.add(type(m))
             visit(types.MethodType(f, m), 1)
+    for key, s in out.items():
+        s.methods = tuple(dict.fromkeys(m for m in calls.get(key, ()) if m))
+        s.calls_only = bool(s.methods) and None not in calls[key]
+    out.update(modules_called)
     return PyValues(list(out.values()), literals)
 
 

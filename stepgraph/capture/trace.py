@@ -31,7 +31,7 @@ from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, 
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rnns import RnnDecomposition
-from . import pyeffects
+from . import pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback
 from .sinks import TrackMode, scrub, sinks, unwrap_result
 from .trackplan import TrackPlan, hyper_effects, swap_in, swap_out
@@ -67,6 +67,8 @@ class TraceResult:
     source_inputs: list = field(default_factory=list)   # Sources whose tensor is a graph input (pyeffects.py)
     source_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: written after each replay
     append_effects: list = field(default_factory=list)  # pyeffects.SourceEffect: appended after each replay
+    call_effects: list = field(default_factory=list)    # pycalls.CallEffect: called after each replay
+    call_notes: list = field(default_factory=list)      # calls that run only at capture (warned)
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
 
 
@@ -83,13 +85,15 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
-               append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None) -> TraceResult:
+               append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None,
+               call_sources=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
     Sources whose tensors are graph inputs, ``effect_sources``: those whose rebinding is replayed,
     ``append_sources``: lists whose appends are replayed, with their ``append_lens`` before the call
-    (pyeffects.py); ``moving_numbers``: labels of tracked numbers whose value check missed before
+    (pyeffects.py); ``call_sources``: library objects whose statement calls are redone (pycalls.py);
+    ``moving_numbers``: labels of tracked numbers whose value check missed before
     (read live into the ops they feed on every device: uselog.UseLog.moving); ``lift_numbers``:
     read every tracked number fed to a tensor op live (default: on the CPU; a backend that runs
     no Python at replay, Inductor's, says no)."""
@@ -138,7 +142,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads)), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
-                sinks(uses), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes):
+                sinks(uses), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
+                pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
+                                  box["sched"], hm.reads):
             try:
                 swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
@@ -189,6 +195,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
+        box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer,
+                                                    hm.reads, problems)
         escapes, clears = [], []
         for s, old in zip(slots, before):
             new = s.get()
@@ -233,7 +241,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
-    pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"])
+    calls, call_notes = box.get("call_effects", ([], []))
+    pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"] + pycalls.reads_of(calls))
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     problems += random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
@@ -241,7 +250,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
-                       append_effects=appends)
+                       append_effects=appends, call_effects=calls, call_notes=call_notes)
 
 
 def _output_reads(gm, out_leaves: list) -> list:

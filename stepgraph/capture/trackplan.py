@@ -22,7 +22,7 @@ from torch import nn
 
 from .hostscalar import HostFloat, _tracer, current
 from .numchecks import Root
-from .pyvalues import _MISSING, guard_value
+from .pyvalues import _MISSING
 from .tracked import _PROXIES
 
 _VALUES = (str, bytes, bool, type(None), enum.Enum)
@@ -188,7 +188,7 @@ def key_of(s, v, args, exclude):
             return rk
     if v is _MISSING:
         return _MISSING
-    return ("object", id(v)) if s.identity_only else guard_value(v)
+    return s.key_for(v)
 
 
 _NUMBER = ("number",)

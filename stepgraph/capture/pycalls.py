@@ -1,0 +1,322 @@
+"""Calls the step makes on a library's objects for their side effect: replayed.
+
+``pbar.update(1)``, ``pbar.set_postfix(loss=loss.item())``, ``writer.add_scalar('loss', loss,
+i)``, ``logger.info('%s', x)``: a statement calling a method of an object from a library (not
+torch, not the step's state) whose result the code drops. A replay runs no Python, so these ran
+only at capture: a tqdm bar froze after two steps and a logger logged once, silently. Now:
+
+* found in the bytecode (pyvalues.find_sources: a ``("call", m)`` chain, a popped result); an
+  object the step uses only so is keyed by its **type**, not its identity: it is read again at
+  each replay, so a new tqdm bar per epoch is no new graph (TeaPearce's DDPM recaptured per
+  epoch); one whose methods also answer something (``log.isEnabledFor(...)``) stays keyed by
+  identity;
+* while traced, each such call is recorded (the method wrapped on the instance); a call whose
+  arguments are constants, tensors the step computed, values read on the host (``loss.item()``),
+  numbers of the call's (an ``epoch`` argument) and strings formatted from read values on the
+  call's line (``f"loss: {loss.item():.4f}"``, rebuilt from the reads) is a :class:`CallEffect`,
+  **redone after each replay** with that replay's values (tensors: outputs cloned like the
+  user's; reads: graph outputs);
+* a call given anything else (an object, a string made some other way from a read value) runs
+  only at capture: warned;
+* a call that computes on tensors or steps a scheduler is the graph's business, not a side
+  effect to redo: refused clearly. (An object holding a model, an optimizer, a scheduler or a
+  tensor is never wrapped, nor is a record of numbers -- a meter -- whose attributes trackplan.py
+  tracks one by one.)
+"""
+from __future__ import annotations
+
+import contextlib
+import types
+from dataclasses import dataclass, field
+
+import torch
+import torch.utils._pytree as pytree
+from torch import nn
+
+from .effects import Problem, _is_traced
+from .hostscalar import current
+from .numchecks import roots_of
+from .tracked import _PROXIES
+
+_FRAMEWORKS = ("torch", "stepgraph", "numpy", "random", "builtins", "collections", "functools", "threading",
+               "multiprocessing", "concurrent", "queue", "asyncio")
+_STATEFUL = (torch.Tensor, nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
+             torch.amp.GradScaler)
+_CONSTANTS = (bool, int, float, str, bytes, type(None))
+
+
+def _holds_state(obj) -> bool:
+    """Does the object hold, one level deep, something the graph computes on or steps (a model,
+    an optimizer, a scheduler, a tensor)? Then it is no mere logger: keyed by identity."""
+    try:
+        values = list(vars(obj).values())
+    except TypeError:
+        return False
+    for v in values:
+        if isinstance(v, _STATEFUL):
+            return True
+        # (in a container: not a tensor -- ``tqdm(batches)`` keeps its iterable -- but a model)
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
+        if any(isinstance(x, _STATEFUL[1:]) for x in list(items)[:64]):
+            return True
+    return False
+
+
+def replayable_callee(obj, method: str) -> bool:
+    """Is ``obj.method(...)`` as a statement a library side effect a replay can redo?"""
+    if isinstance(obj, _STATEFUL + _CONSTANTS + (list, dict, set, tuple, types.ModuleType, type)):
+        return False
+    t = type(obj)
+    if (getattr(t, "__module__", "") or "").split(".")[0] in _FRAMEWORKS or not hasattr(obj, "__dict__"):
+        return False
+    f = getattr(t, method, None)
+    from .pyvalues import _user_code
+    if f is None or (isinstance(f, types.FunctionType) and _user_code(f.__code__)):
+        return False   # (user code: read as the step's own, pyvalues.find_sources)
+    from .trackplan import record_key
+    # (a record -- a meter of numbers -- is tracked attribute by attribute: trackplan.py)
+    return not _holds_state(obj) and record_key(obj) is None
+
+
+def library_calls(src, name: str, args, found: dict) -> None:
+    """``logging.info(...)``, ``wandb.log(...)``: a statement calling a function of a library
+    module (not torch's, numpy's, random's: ``src`` reads the module) is a call a replay redoes."""
+    mod = src.read_or(args)
+    if not isinstance(mod, types.ModuleType) or mod.__name__.split(".")[0] in _FRAMEWORKS \
+            or not callable(getattr(mod, name, None)):
+        return
+    key = ("module", id(mod))
+    s = found.setdefault(key, src)
+    s.calls_only, s.methods = True, tuple(dict.fromkeys(s.methods + (name,)))
+
+
+@dataclass(eq=False)
+class CallEffect:
+    """``source.method(*args, **kwargs)`` redone after each replay."""
+    source: object   # pyvalues.Source: the object, read at each replay
+    method: str
+    spec: object     # pytree spec of (args, kwargs)
+    leaves: list     # ("const", v) | ("out", SourceEffect): a graph output (tensor or read) |
+    #                  ("number", expr): a number of the call's | ("fmt", [str | SourceEffect]): a string
+    where: str
+
+    def run(self, outs, number) -> None:
+        """Redo the call with this replay's graph ``outs``; ``number(expr)``: a number of the call's."""
+        vals = [outs[e.index] if kind == "out" else e if kind == "const" else number(e) if kind == "number" else
+                "".join(x if isinstance(x, str) else format(float(outs[x.index]), x.spec) for x in e)
+                for kind, e in self.leaves]
+        a, kw = pytree.tree_unflatten(vals, self.spec)
+        getattr(self.source.read(()), self.method)(*a, **kw)
+
+
+@dataclass
+class _Record:
+    source: object
+    method: str
+    args: tuple
+    kwargs: dict
+    where: str
+    heavy: bool   # it added to the graph or stepped a scheduler
+    printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
+
+
+@dataclass
+class CallLog:
+    records: list = field(default_factory=list)
+
+
+def call_sources(guards, args) -> list:
+    """Library objects the step's own code calls as statements (pyvalues: ``methods``)."""
+    return [s for s in guards.py.sources if s.methods and s.from_step and s.kind != "arg"]
+
+
+def _kind(v, tracer) -> str | None:
+    """What a redone call gets for the argument ``v``: "number" (a number of the call's, computed
+    again), "tensor" (a graph output), "read" (a value read on the host), "const"; None when no
+    replay can hand it back (a string is "const" here: collect_calls rebuilds formatted ones)."""
+    if type(v) in _PROXIES:   # (asked of the type: a proxy records what is asked of it)
+        return None if any(x.kind == "read" for x in roots_of(v._e)) else "number"
+    if isinstance(v, torch.Tensor):
+        return "tensor" if _is_traced(v) else None
+    if isinstance(v, float) and current(v, tracer):
+        return "read"
+    return "const" if type(v) in _CONSTANTS else None
+
+
+def _plain_leaf(v):
+    from .hostscalar import HostFloat, _plain
+    return v._v if type(v) in _PROXIES else _plain(v) if isinstance(v, HostFloat) else v
+
+
+def _tensor_ops_after(last, graph) -> bool:
+    """Did the graph get a tensor op after node ``last``? (Arithmetic on read values, a library
+    meter's ``self.sum += val * n``, adds Python nodes only: a side effect a replay redoes.)"""
+    n = last.next
+    while n is not graph._root:
+        if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return True
+        n = n.next
+    return False
+
+
+def _plain_attributes(obj) -> None:
+    """Values read on the host that a redone call stored in its object (a meter's ``val``,
+    ``sum``): plain floats, as eager leaves them (and no graph node kept alive)."""
+    from .hostscalar import HostFloat, _plain
+    d = getattr(obj, "__dict__", None)
+    for k, v in list((d or {}).items()):
+        if isinstance(v, HostFloat):
+            d[k] = _plain(v)
+
+
+@contextlib.contextmanager
+def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
+    """Wrap each method these objects are called with, on the instance, for the trace."""
+    from ..errors import user_frame
+    installed = []
+
+    def wrap(s, obj, name):
+        orig = getattr(obj, name)
+
+        def call(*a, **kw):
+            last, k0 = tracer.graph._root.prev, len(sched_steps)
+            p0 = len(reads.printed) if reads is not None else 0
+            leaves, spec = pytree.tree_flatten((a, kw))
+            if all(_kind(v, tracer) is not None for v in leaves):
+                # A call redone at each replay gets plain values, as eager's: what it keeps (a
+                # list of logged dicts) holds no tracing float.
+                pa, pkw = pytree.tree_unflatten([_plain_leaf(v) for v in leaves], spec)
+            else:
+                pa, pkw = a, kw
+            out = orig(*pa, **pkw)
+            heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
+            p1 = len(reads.printed) if reads is not None else 0
+            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, (p0, p1)))
+            return out
+        return call
+
+    done = set()
+    try:
+        for s in sources:
+            obj = s.read_or(())
+            if obj is None:
+                continue
+            for name in s.methods:
+                if (id(obj), name) in done:
+                    continue   # (one object reached by two paths: wrapped once)
+                done.add((id(obj), name))
+                had, old = name in vars(obj), vars(obj).get(name)   # (a module's function: had)
+                try:
+                    setattr(obj, name, wrap(s, obj, name))
+                except (AttributeError, TypeError):
+                    continue   # (an object that refuses it: its calls run at capture only, as before)
+                installed.append((obj, name, had, old))
+        yield log
+    finally:
+        for obj, name, had, old in reversed(installed):
+            if had:
+                setattr(obj, name, old)
+            else:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+
+
+def collect_calls(log: CallLog, graph_outs: list, tracer, reads, problems: list):
+    """After the step ran (inside the trace): the calls a replay redoes, and notes on those it
+    cannot (their site, for the warning). What a redone call formats inside (tqdm's
+    ``set_postfix(loss=x)`` does str(x)) is no print that runs only at capture: dropped from
+    ``reads.printed``; a string formatted on the call's line before it is (``set_description(
+    f"{loss.item()}")``): that call is not redone, its string would be stale."""
+    from .pyeffects import SourceEffect
+    effects, skipped = [], []
+    printed = reads.printed if reads is not None else []
+    inside = {i for r in log.records for i in range(*r.printed)}
+    formats = [f for f in (reads.formats if reads is not None else ()) if f[0] not in inside]
+    printed_lines = {p.split(" (")[0] for i, p in enumerate(printed) if i not in inside}
+    redone = set()
+    for r in log.records:
+        if r.heavy:
+            problems.append(Problem(
+                f"the step calls {r.source.describe()}.{r.method}(), a library method that computes "
+                "on tensors or steps a scheduler of an object stepgraph does not track", r.where,
+                f"call {r.source.describe()}.{r.method}() outside the step, or keep the object in "
+                "an attribute of a module (its tensors are then the step's state)", plain=True))
+            continue
+        leaves, spec = pytree.tree_flatten((r.args, r.kwargs))
+        line = r.where.split(" (")[0]
+        mine = [f for f in formats if printed[f[0]].split(" (")[0] == line]   # (formatted on its line)
+        out = []
+        for v in leaves:
+            if type(v) is str and mine:
+                v, mine = _template(v, mine)
+                if isinstance(v, list):
+                    out.append(("fmt", [x if isinstance(x, str) else _hole(*x) for x in v]))
+                    continue
+            kind = _kind(v, tracer)
+            if kind is None:
+                out = None
+                break
+            if kind == "number":   # (``epoch``: computed again from the call, tracked.py)
+                out.append(("number", v._e))
+            elif kind == "tensor":
+                graph_outs.append(v)
+                out.append(("out", SourceEffect(None, "tensor", len(graph_outs) - 1)))
+            elif kind == "read":
+                out.append(("out", SourceEffect(None, "read", node=v.node)))
+            else:
+                out.append(("const", v))
+        used = {f[0] for f in formats if printed[f[0]].split(" (")[0] == line} - {f[0] for f in mine}
+        if out is None or mine or line in printed_lines and not used:
+            skipped.append(r)   # (a formatted read: outputs.read_side_effects warns)
+            continue
+        effects.append(CallEffect(r.source, r.method, spec, out, r.where))
+        _plain_attributes(r.source.read_or(()))
+        redone.update(range(*r.printed))
+        redone.update(used)
+    printed[:] = [p for i, p in enumerate(printed) if i not in redone]
+    notes = [f"calls {r.source.describe()}.{r.method}() at {r.where} with values a replay cannot "
+             "recompute (an object, or a string formatted from a read value): that call runs only "
+             "at capture" for r in skipped if r.where.split(" (")[0] not in printed_lines]
+    return effects, list(dict.fromkeys(notes))
+
+
+def _hole(node, spec: str):
+    """A read value's place in a string a call is redone with: a graph output, and its spec."""
+    from .pyeffects import SourceEffect
+    e = SourceEffect(None, "read", node=node)
+    e.spec = spec
+    return e
+
+
+def _template(text: str, formats: list):
+    """``text`` as literal parts and the read values formatted into it (in the order they were
+    formatted on the call's line), and the formats not found in it; ``text`` itself when the
+    first one is not in it (made some other way: not rebuilt)."""
+    parts, pos = [], 0
+    for k, (_, shown, spec, node) in enumerate(formats):
+        i = text.find(shown, pos)
+        if i < 0:
+            return (text, formats) if k == 0 else (parts + [text[pos:]], formats[k:])
+        parts += [text[pos:i], (node, spec)]
+        pos = i + len(shown)
+    return parts + [text[pos:]], []
+
+
+def reads_of(effects) -> list:
+    return [e for c in effects for kind, e in c.leaves if kind == "out" and e.kind == "read"] + \
+        [x for c in effects for kind, e in c.leaves if kind == "fmt" for x in e if not isinstance(x, str)]
+
+
+def tensors_of(effects) -> int:
+    return sum(1 for c in effects for kind, e in c.leaves if kind == "out" and e.kind == "tensor")
+
+
+
+def warn_notes(notes, step_name: str) -> list:
+    import logging
+    import warnings
+    for n in notes:
+        msg = f"stepgraph: {step_name}: {n}"
+        warnings.warn(msg, stacklevel=5)
+        logging.getLogger("stepgraph").warning(msg)
+    return list(notes)

@@ -1,0 +1,319 @@
+"""Statement calls on a library's objects inside the step (a tqdm bar, a logger): redone after
+each replay with that replay's values, the object read again at each call (pycalls.py).
+Before, they ran only at capture: the bar froze at 2 and the logger logged once, silently; a new
+bar per epoch was a new graph per epoch (TeaPearce's DDPM, clients/ddpm.py)."""
+import copy
+import io
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+tqdm = pytest.importorskip("tqdm").tqdm
+
+
+def _pair():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    m2 = copy.deepcopy(m)
+    return (m, torch.optim.AdamW(m.parameters(), lr=1e-2)), (m2, torch.optim.AdamW(m2.parameters(), lr=1e-2))
+
+
+def _batch(k):
+    g = torch.Generator().manual_seed(50 + k)
+    return torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+
+
+def _make(m, o, holder):
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        holder.bar.update(1)
+        holder.bar.set_postfix(loss=loss.item(), phase="train")
+        holder.log.info("loss %s", loss.detach())
+        return loss.detach()
+    return step
+
+
+class _Holder:
+    def __init__(self, name):
+        self.bar = tqdm(total=100, file=io.StringIO())
+        self.log = logging.getLogger(f"stepgraph-test-{name}")
+        self.log.setLevel(logging.INFO)
+        self.records = []
+        h = logging.Handler()
+        h.emit = lambda r: self.records.append(r.getMessage())
+        self.log.handlers[:] = [h]
+        self.log.propagate = False
+
+
+def test_a_bar_and_a_logger_called_in_the_step_see_every_replay():
+    (m1, o1), (m2, o2) = _pair()
+    h1, h2 = _Holder("sg"), _Holder("eager")
+    sg, eager = stepgraph.compile(_make(m1, o1, h1)), _make(m2, o2, h2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # nothing here runs only at capture
+        for k in range(6):
+            assert torch.equal(sg(*_batch(k)), eager(*_batch(k)))
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+    assert h1.bar.n == h2.bar.n == 6
+    assert h1.bar.postfix == h2.bar.postfix
+    assert h1.records == h2.records and len(h1.records) == 6
+    assert "library calls redone after each replay, with its values: holder.bar.update(), " \
+        "holder.bar.set_postfix(), holder.log.info()" in sg.explain(), sg.explain()
+    for a, b in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_a_new_bar_each_epoch_is_no_new_graph():
+    (m1, o1), (m2, o2) = _pair()
+    h1, h2 = _Holder("sg2"), _Holder("eager2")
+    sg, eager = stepgraph.compile(_make(m1, o1, h1)), _make(m2, o2, h2)
+    for epoch in range(3):
+        h1.bar, h2.bar = tqdm(total=4, file=io.StringIO()), tqdm(total=4, file=io.StringIO())
+        for k in range(4):
+            assert torch.equal(sg(*_batch(k)), eager(*_batch(k)))
+        assert h1.bar.n == h2.bar.n == 4 and h1.bar.postfix == h2.bar.postfix
+    assert sg.stats.captures == 1 and not sg.stats.recaptures, sg.stats
+
+
+def test_a_string_formatted_from_read_values_is_rebuilt_at_each_replay():
+    """``pbar.set_description(f"loss: {loss_ema:.4f}")`` (TeaPearce's DDPM): the string is
+    rebuilt from each replay's values; a call given an object runs only at capture, warned."""
+    (m1, o1), (m2, o2) = _pair()
+    bars = [tqdm(total=10, file=io.StringIO()) for _ in range(2)]
+
+    def make(m, o, bar):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            bar.set_description(f"loss {loss.item():.3f} (x{2 * loss.item()}) ok")
+            bar.set_postfix(model=m)     # an object: not a value a graph hands back
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, bars[0])), make(m2, o2, bars[1])
+    with pytest.warns(UserWarning) as w:
+        for k in range(4):
+            sg(*_batch(k))
+            eager(*_batch(k))
+            assert bars[0].desc == bars[1].desc and bars[0].desc.startswith("loss "), bars[0].desc
+    msgs = [str(x.message) for x in w]
+    assert any("bar.set_postfix() at" in s and "runs only at capture" in s for s in msgs), msgs
+    assert not any("prints/formats" in s or "set_description" in s for s in msgs), msgs
+    assert sg.stats.replays == 2, sg.stats
+
+
+def test_a_call_whose_result_the_step_uses_keeps_the_object_by_identity():
+    """``log.isEnabledFor(...)`` decides something: its object stays keyed by identity (a new
+    logger is a new graph, with its reason), and only statement calls are redone."""
+    (m1, o1), _ = _pair()
+    holder = _Holder("ident")
+
+    def step(x, y):
+        loss = F.cross_entropy(m1(x), y)
+        loss.backward()
+        o1.step()
+        o1.zero_grad()
+        holder.bar.update(1)
+        verbose = holder.log.isEnabledFor(logging.DEBUG)
+        holder.log.info("step")
+        return loss.detach(), verbose
+    sg = stepgraph.compile(step)
+    for k in range(4):
+        sg(*_batch(k))
+    assert holder.bar.n == 4 and holder.records == ["step"] * 4
+    srcs = {s.describe(): s for s in sg._guards.py.sources}
+    assert srcs["holder.bar"].calls_only and srcs["holder.bar"].methods == ("update",)
+    assert not srcs["holder.log"].calls_only
+    holder.log = logging.getLogger("stepgraph-test-other")
+    sg(*_batch(5))
+    assert sg.stats.captures == 2 and sg.stats.recaptures[0].startswith("holder.log <object"), sg.stats
+
+
+def test_a_number_of_the_call_given_to_a_logger_is_this_calls():
+    """``log.info("epoch %d step %d", epoch, i)`` with ``epoch``/``i`` arguments: each replay
+    logs its own call's numbers (computed again), not the capture's."""
+    (m1, o1), (m2, o2) = _pair()
+    h1, h2 = _Holder("num-sg"), _Holder("num-eager")
+
+    def make(m, o, h):
+        def step(x, y, epoch, i):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            h.log.info("epoch %d step %d", epoch, i + 1)
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, h1)), make(m2, o2, h2)
+    for k in range(6):
+        sg(*_batch(k), k // 3, k)
+        eager(*_batch(k), k // 3, k)
+    assert h1.records == h2.records, h1.records
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+_LIBRARY = '''
+import collections
+
+import torch
+
+
+class AverageMeter:   # timm.utils.AverageMeter, as timm writes it
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.val = 0
+        self.avg = 0
+        self.sum = 0
+        self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+EVENTS = []
+
+
+def log(data, step=None):   # wandb.log(...), as a module function
+    EVENTS.append((dict(data), step))
+
+
+class Smoother:   # a library object that computes on the tensor it is given
+    def __init__(self):
+        self.history = collections.deque(maxlen=2)
+
+    def push(self, t):
+        self.history.append(t * 0.5)
+'''
+
+
+@pytest.fixture
+def library(tmp_path, monkeypatch):
+    """A module that is library code to stepgraph (under its skipped prefixes), as timm is."""
+    import importlib
+    import sys
+    import stepgraph.capture.pyvalues as pv
+    import stepgraph.errors as errors
+    (tmp_path / "fakelib_meters.py").write_text(_LIBRARY)
+    prefixes = errors._SKIP_PREFIXES + (str(tmp_path),)
+    monkeypatch.setattr(errors, "_SKIP_PREFIXES", prefixes)
+    monkeypatch.setattr(pv, "_SKIP_PREFIXES", prefixes)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield importlib.import_module("fakelib_meters")
+    sys.modules.pop("fakelib_meters", None)
+
+
+def test_a_library_meter_updated_from_a_read_value_is_updated_at_each_replay(library):
+    """timm's train loop: ``losses_m.update(loss.item(), input.size(0))``. The meter's
+    arithmetic on the read value is Python, not the graph's: the call is redone, the meter holds
+    plain floats equal to eager's."""
+    (m1, o1), (m2, o2) = _pair()
+    meters = [library.AverageMeter(), library.AverageMeter()]
+
+    def make(m, o, meter):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            meter.update(loss.item(), x.size(0))
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, meters[0])), make(m2, o2, meters[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(5):
+            sg(*_batch(k))
+            eager(*_batch(k))
+    assert vars(meters[0]) == vars(meters[1]) and meters[0].count == 40, (vars(meters[0]), vars(meters[1]))
+    assert all(type(v) in (int, float) for v in vars(meters[0]).values())
+    assert sg.stats.replays == 3, sg.stats
+
+
+def test_a_library_call_that_computes_on_tensors_is_refused_clearly(library):
+    (m1, o1), _ = _pair()
+    sm = library.Smoother()
+
+    def step(x, y):
+        loss = F.cross_entropy(m1(x), y)
+        loss.backward()
+        o1.step()
+        o1.zero_grad()
+        sm.push(loss.detach())
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(*_batch(0))
+    with pytest.raises(stepgraph.CaptureError, match=r"sm.push\(\), a library method that computes on tensors"):
+        sg(*_batch(1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["cudagraph", "inductor"])
+def test_library_calls_on_cuda(backend):
+    """On CUDA the calls run on the host after the graph (cudagraph: after its last segment;
+    inductor: a read handed to a call is host work, segmented)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).cuda()
+    o = torch.optim.SGD(m.parameters(), lr=1e-2)
+    h = _Holder(f"cuda-{backend}")
+
+    def step(x, y, epoch):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        h.bar.update(1)
+        h.bar.set_description(f"epoch {epoch} loss {loss.item():.5f}")
+        h.log.info("loss %s", loss.detach())
+        return loss.detach()
+    sg = stepgraph.compile(step, backend=backend)
+    losses = []
+    for k in range(6):
+        x, y = _batch(k)
+        losses.append(sg(x.cuda(), y.cuda(), k // 3))
+        assert h.bar.desc == f"epoch {k // 3} loss {losses[-1].item():.5f}", (h.bar.desc, losses[-1])
+        assert h.records[-1] == f"loss {losses[-1]}", h.records[-1]
+    assert h.bar.n == 6 and len(h.records) == 6
+    assert sg.stats.replays >= 3, sg.stats
+
+
+def test_a_library_module_function_called_in_the_step_is_called_at_each_replay(library):
+    """``wandb.log({"loss": loss.item(), "lr": ...}, step=i)``: a function of a library module."""
+    import fakelib_meters as lib
+    (m1, o1), (m2, o2) = _pair()
+
+    def make(m, o):
+        def step(x, y, i):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            lib.log({"loss": loss.item(), "lr": o.param_groups[0]["lr"]}, step=i)
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1)), make(m2, o2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(5):
+            sg(*_batch(k), k)
+            o1.param_groups[0]["lr"] *= 0.5
+    got, lib.EVENTS[:] = list(lib.EVENTS), []
+    for k in range(5):
+        eager(*_batch(k), k)
+        o2.param_groups[0]["lr"] *= 0.5
+    assert got == lib.EVENTS and len(got) == 5, (got, lib.EVENTS)
+    assert sg.stats.replays == 3, sg.stats
