@@ -215,16 +215,24 @@ def rel_err(a, b) -> float:
     return 0.0 if a == b else math.inf
 
 
-def compare(got: dict, want: dict) -> tuple[float, str]:
-    """Worst relative error over all entries, and the name of the worst one."""
+def compare(got: dict, want: dict, allowed: dict | None = None) -> tuple[float, str]:
+    """Worst relative error over all entries, and the name of the worst one; entries within
+    ``allowed[k]`` (eager's own spread, below) do not count."""
     worst, where = 0.0, ""
     for k in dict.fromkeys(list(want) + list(got)):
         if k.endswith(("['capturable']", "['foreach']")):
             continue  # the optimizer form stepgraph picks on the GPU (README); values are compared
         e = rel_err(got.get(k, "<missing>"), want.get(k, "<missing>"))
-        if e > worst:
+        if e > worst and not e <= (allowed or {}).get(k, -1.0):
             worst, where = e, k
     return worst, where
+
+
+# On the GPU some tensors differ between two eager runs of the same program on the same seed
+# (CUDA's nondeterministic reductions: the grad of a conv bias followed by BatchNorm is summation
+# noise around zero, ~2 relative from run to run on an H100, TeaPearce's DDPM). Such an entry
+# is compared at this many times eager's own spread instead of the fixed tolerance.
+SPREAD_FACTOR = 4.0
 
 
 def _log_dict(logs: list) -> dict:
@@ -244,6 +252,7 @@ class Result:
     speedup: float | None = None      # eager median step / stepgraph median replay
     stats: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    noisy: int = 0   # entries eager does not reproduce itself, compared at its own spread
 
     def row(self) -> str:
         sp = f"{self.speedup:.2f}x" if self.speedup else "-"
@@ -315,6 +324,16 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     replay_t = [t for k, t in sgr.times if k == "replay"]
     if eager_t and replay_t:
         res.speedup = statistics.median(eager_t) / statistics.median(replay_t)
+    if worst > rtol and device != "cpu":
+        # Is it eager's own noise? A second eager run on the same seed gives its spread.
+        _, eager2, _, _ = _run(name, False, steps, device, amp, seed)
+        want = {**state_tensors(eager.tracked), **_log_dict(eager.logs)}
+        again = {**state_tensors(eager2.tracked), **_log_dict(eager2.logs)}
+        allowed = {k: SPREAD_FACTOR * e for k, v in want.items()
+                   for e in [rel_err(again.get(k), v)] if SPREAD_FACTOR * e > rtol and e < math.inf}
+        if allowed:
+            worst, at = compare({**state_tensors(sgr.tracked), **_log_dict(sgr.logs)}, want, allowed)
+            res.max_rel, res.noisy = worst, len(allowed)
     if worst > rtol:
         res.status, res.detail = WRONG, f"{at}: rel err {worst:.2e}"
         return res
@@ -348,6 +367,8 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
             res.detail += f" ({shapes} for new input shapes)"
         if recaptures:
             res.detail += f" ({len(recaptures)} variant(s): {'; '.join(recaptures)[:160]})"
+        if res.noisy:
+            res.detail += f" ({res.noisy} tensor(s) eager does not reproduce itself: within {SPREAD_FACTOR:g}x its spread)"
     return res
 
 

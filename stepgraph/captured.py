@@ -72,6 +72,7 @@ class CapturedStep:
     checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
     last_reads: dict = field(default_factory=dict)  # id(Root("read")) -> the last replay's value
     to_device: tuple = ()      # passes.moved_arguments.MovedArgument: CPU arguments the step moves
+    prologue: object = None    # passes.host_prologue.Prologue: the step's CPU work, before the graph
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)
@@ -112,6 +113,8 @@ class CapturedStep:
             inputs[m.index] = inputs[m.index].to(m.device)
         inputs += [p.grad for p, _ in tr.grad_inputs]
         inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
+        if self.prologue is not None:   # (torch.randint(...).to(device): drawn now, as eager does)
+            inputs += self.prologue(inputs)
         if self.device_scalars is not None:
             inputs.append(self.device_scalars.pack())
         try:

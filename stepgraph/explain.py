@@ -62,6 +62,10 @@ def explain(self) -> str:
         if e.to_device:
             lines.append("    moved to the device at each call before the graph (x.to(device) in the step): "
                          + ", ".join(f"argument tensor #{m.index} -> {m.device}" for m in e.to_device))
+        if e.prologue is not None:
+            ops = list(dict.fromkeys(str(n.target) for n in e.prologue.module.graph.nodes if n.op == "call_function"))
+            lines.append("    CPU work run before the graph at each call, as eager runs it (its results are "
+                         "graph inputs): " + _names(ops, 6))
         if tr.grad_inputs:
             lines.append(f"    persistent grads read as inputs: {_names([s for _, s in tr.grad_inputs])}")
         lines.append(f"    state read ({len(s.state_read)}): {_names(s.state_read)}")

@@ -18,6 +18,7 @@ helper -> stage -> capture -> StepFunction.__call__ -> user.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import warnings
@@ -49,6 +50,7 @@ from .errors import NeedsReplay
 from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
+from .passes.host_prologue import split_prologue
 from .passes.moved_arguments import moved_arguments
 from .passes.unsharded import storages_to_temporaries
 
@@ -91,6 +93,7 @@ class Lowered:
     backend: Backend            # replay when auto fell back
     device_scalars: object      # passes.device_scalars.DeviceScalars or None
     moved: tuple = ()           # passes.moved_arguments.MovedArgument: CPU arguments moved per call
+    prologue: object = None     # passes.host_prologue.Prologue: CPU work run before the graph per call
 
 
 class _Done:
@@ -275,12 +278,17 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         input_names=tuple([f"argument tensor #{i}" for i in range(len(plan.sig.tensor_pos))]
                           + [f"{s}.grad" for _, s in tr.grad_inputs]
                           + [s.describe() for s in tr.source_inputs]))
-    scalars, moved = None, []
+    scalars, moved, prologue = None, [], None
     try:
         if device == "cuda":   # (x.to(device) of a CPU batch in the step: moved before the graph)
             moved = moved_arguments(gm, len(plan.sig.tensor_pos), example)
             for m in moved:
                 example[m.index] = example[m.index].to(m.device)
+            # (torch.randint(...).to(device) in the step: run before the graph at each call)
+            prologue = split_prologue(gm, example, skip={m.index for m in moved})
+            if prologue is not None:
+                request = dataclasses.replace(request, input_names=request.input_names + tuple(
+                    f"host value #{k} (computed on the CPU before the graph)" for k in range(prologue.n_outputs)))
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
         # (a number read live into a device op: that op runs on the host between segments; on
@@ -318,7 +326,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         warnings.warn(f"stepgraph: {step.__name__}: {note}", stacklevel=4)
         log.warning("stepgraph: %s: %s", step.__name__, note)
         run = backend.compile(gm, example, request)
-    return Lowered(run, backend, scalars, tuple(moved))
+    return Lowered(run, backend, scalars, tuple(moved), prologue)
 
 
 def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibling_of):
@@ -336,7 +344,7 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
                         for r in traced.ddp_records],
         guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
-        to_device=lowered.moved)
+        to_device=lowered.moved, prologue=lowered.prologue)
     if sibling_of is not None:
         sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
     else:

@@ -286,7 +286,7 @@ def test_library_calls_on_cuda(backend):
         x, y = _batch(k)
         losses.append(sg(x.cuda(), y.cuda(), k // 3))
         assert h.bar.desc == f"epoch {k // 3} loss {losses[-1].item():.5f}: ", (h.bar.desc, losses[-1])
-        assert h.records[-1] == f"loss {losses[-1]}", h.records[-1]
+        assert h.records[-1] == f"loss {losses[-1]!s}", h.records[-1]
     assert h.bar.n == 6 and len(h.records) == 6
     assert sg.stats.replays >= 3, sg.stats
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dis
 import types
 
-from .pyvalues import _SCALARS, _SKIP, Source, _chains
+from .chains import _chains
+from .pyvalues import _SCALARS, _SKIP, Source
 
 _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
 

@@ -10,6 +10,7 @@ Both only record ``Problem``s; trace.py raises the first after the step ran to i
 """
 from __future__ import annotations
 
+import operator
 import traceback
 
 import torch
@@ -222,6 +223,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         self.known = known if known is not None else set()
         self.foreign_seen: set = set()
         self.batch_sizes: list = []   # packed batch sizes guarded by value: reading them is safe
+        self.host: dict = {}   # id -> a CPU tensor computed from host values only (_host_op)
 
     def _shape_guards(self, func, out) -> None:
         from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
@@ -250,6 +252,34 @@ class _DispatchCheckMode(TorchDispatchMode):
         node = tracer.create_node("call_function", tensor_values, (get_proxy_slot(sizes, tracer).proxy.node,), {})
         self.reads.guard(node, tuple(sizes.tolist()), "the batch sizes of a packed sequence (its lengths)", site)
         self.batch_sizes.append(sizes)
+        return True
+
+    def _host_op(self, func, args, kwargs, out) -> bool:
+        """In a CUDA step: a CPU op on host values only -- the call's CPU tensors, constants, other
+        such ops' results (``torch.randint(1, T, (n,))``) -- or a copy of one to the device. Its
+        graph node is marked; passes/host_prologue.py runs it before the graph at each call."""
+        from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+        mode = get_proxy_mode()
+        if mode is None or not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable:
+            return False
+        tracer = mode.tracer
+        for a in pytree.tree_leaves((args, kwargs)):
+            if not isinstance(a, torch.Tensor):
+                continue
+            if a.device.type != "cpu" or not (self.host.get(id(a)) is a or not has_proxy_slot(a, tracer)
+                                              or get_proxy_slot(a, tracer).proxy.node.op == "placeholder"):
+                return False
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if not outs or (func is not torch.ops.aten._to_copy.default and any(o.device.type != "cpu" for o in outs)):
+            return False
+        for o in outs:
+            if has_proxy_slot(o, tracer):
+                node = get_proxy_slot(o, tracer).proxy.node
+                node.meta["stepgraph_host"] = True
+                if node.target is operator.getitem:   # (an element of a tuple: the op too)
+                    node.args[0].meta["stepgraph_host"] = True
+            if o.device.type == "cpu":
+                self.host[id(o)] = o
         return True
 
     def _reads_guarded(self, t) -> bool:
@@ -302,7 +332,7 @@ class _DispatchCheckMode(TorchDispatchMode):
                 refuse_packed(self.problems, user_frame())
             self.guard_batch_sizes(out[1])
         work = _cpu_work(func, args, kwargs, out) if self.cuda_step and not _argument_to_device(func, args, out) \
-            else None
+            and not self._host_op(func, args, kwargs, out) else None
         if work == "scalar":
             self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only
         elif work == "tensor":

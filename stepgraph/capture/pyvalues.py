@@ -32,12 +32,12 @@ import torch
 from torch import nn
 
 from ..errors import _SKIP_PREFIXES, library_module
+from .chains import _all_code, _chains
 
 _SKIP = object()       # a value not guarded (functions, classes, Python modules)
 _MISSING = ("<missing>",)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _MAX_ITEMS = 256       # containers of scalars up to this size are guarded by value
-_SUBSCR = ("BINARY_SUBSCR",)
 
 
 def _user_code(code: types.CodeType) -> bool:
@@ -204,75 +204,6 @@ def _attr_kind(part):
 
 
 # ---- finding sources -------------------------------------------------------------------
-def _chains(top: types.CodeType):
-    """(root opcode, root name, path, line) for each load chain in ``top`` and nested code."""
-    for code in _all_code(top):
-        yield from _code_chains(code)
-
-
-def _discarded(ins, j) -> bool:
-    """Is the method loaded at ``ins[j]`` called as a statement (its result popped)? Follows the
-    stack depth to the call that consumes the method; a jump on the way: not known, no."""
-    depth = 0
-    for y in ins[j + 1:]:
-        if y.opname == "CACHE":
-            continue
-        if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
-            return False
-        try:
-            depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
-        except ValueError:
-            return False
-        if y.opname.startswith("CALL") and depth < 0:
-            nxt = next((z for z in ins[ins.index(y) + 1:] if z.opname != "CACHE"), None)
-            return nxt is not None and nxt.opname == "POP_TOP"
-    return False
-
-
-def _code_chains(code: types.CodeType):
-    line = code.co_firstlineno
-    ins = list(dis.get_instructions(code))
-    i = 0
-    while i < len(ins):
-        x = ins[i]
-        if x.positions is not None and x.positions.lineno:
-            line = x.positions.lineno
-        if x.opname in ("LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_CLASSDEREF"):
-            path = []
-            j = i + 1
-            while j < len(ins):
-                y = ins[j]
-                if y.opname == "LOAD_METHOD" or (y.opname == "LOAD_ATTR" and str(y.argrepr).startswith("NULL|self")):
-                    # ("call", m): a statement whose result the code drops (``pbar.update(1)``)
-                    path.append(("call" if _discarded(ins, j) else "method", y.argval))
-                    break
-                if y.opname == "LOAD_ATTR":
-                    path.append(("attr", y.argval))
-                elif y.opname in ("COPY", "STORE_ATTR") and (y.opname == "STORE_ATTR" or (
-                        y.argval == 1 and j + 1 < len(ins) and ins[j + 1].opname == "LOAD_ATTR")):
-                    # ``self.global_step += 1`` (COPY; LOAD_ATTR) or ``self.n = 0``: a slot the step writes
-                    path.append(("attr", (y if y.opname == "STORE_ATTR" else ins[j + 1]).argval))
-                    break
-                elif y.opname == "LOAD_CONST" and j + 1 < len(ins) and ins[j + 1].opname in _SUBSCR \
-                        and isinstance(y.argval, (str, int)):
-                    path.append(("item", y.argval))
-                    j += 1
-                elif y.opname == "LOAD_CONST" and isinstance(y.argval, (str, int)) and (
-                        [z.opname for z in ins[j + 1:j + 2]] == ["STORE_SUBSCR"]   # info['loss'] = t
-                        or [z.opname for z in ins[j + 1:j + 4]] == ["COPY", "COPY", *_SUBSCR]):  # it[0] += 1
-                    path.append(("item", y.argval))   # a slot the step writes
-                    break
-                else:
-                    break
-                j += 1
-            yield x.opname, x.argval, tuple(path), line
-        elif x.opname in ("STORE_GLOBAL", "STORE_DEREF"):
-            # A variable the step only assigns is Python state it changes: keyed like a read one,
-            # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
-            yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
-        i += 1
-
-
 # Container methods that do not read the contents: a container only called with these is
 # keyed by identity (a replay redoes appends: pyeffects.collect_appends; others are refused).
 _CONTAINER_WRITES = frozenset({"append", "extend", "insert", "add", "update", "clear", "__setitem__"})
@@ -414,11 +345,3 @@ def _view_of_parent(s: Source, v, args) -> bool:
         return again is not v and v.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, subclasses)
         return False
-
-
-
-def _all_code(code):
-    yield code
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            yield from _all_code(c)
