@@ -285,7 +285,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
             for m in moved:
                 example[m.index] = example[m.index].to(m.device)
             # (torch.randint(...).to(device) in the step: run before the graph at each call)
-            prologue = split_prologue(gm, example, skip={m.index for m in moved})
+            prologue = None if backend.runs_host_reads else split_prologue(gm, example, skip={m.index for m in moved})
             if prologue is not None:
                 request = dataclasses.replace(request, input_names=request.input_names + tuple(
                     f"host value #{k} (computed on the CPU before the graph)" for k in range(prologue.n_outputs)))

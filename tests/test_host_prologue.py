@@ -48,6 +48,18 @@ def test_a_host_node_fed_by_the_graph_is_no_prologue():
         split_prologue(gm, [torch.randn(3)])
 
 
+def test_a_host_value_the_step_also_writes_stays_in_the_graph():
+    """An optimizer's CPU step counter (Adagrad on CUDA): read after the graph's in-place
+    increment, so hoisting the read would read the old count."""
+    def f(x, step):
+        step.add_(1)
+        return x * (step * 2).to(torch.float32)
+
+    gm = _traced(f, torch.randn(3), torch.tensor(0.0), host=("mul.Tensor", "_to_copy"))
+    with pytest.raises(NeedsReplay, match="computes on the CPU"):
+        split_prologue(gm, [torch.randn(3), torch.tensor(0.0)])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["cudagraph", "inductor"])
 def test_cpu_random_timesteps_moved_to_the_gpu_in_the_step(backend):

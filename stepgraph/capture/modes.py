@@ -270,7 +270,9 @@ class _DispatchCheckMode(TorchDispatchMode):
                                               or get_proxy_slot(a, tracer).proxy.node.op == "placeholder"):
                 return False
         outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
-        if not outs or (func is not torch.ops.aten._to_copy.default and any(o.device.type != "cpu" for o in outs)):
+        if not outs and func is not torch.ops.aten.is_pinned.default:
+            return False   # (an .item() of a CPU tensor is a host read: hostscalar.py, hostreads.py)
+        if func is not torch.ops.aten._to_copy.default and any(o.device.type != "cpu" for o in outs):
             return False
         for o in outs:
             if has_proxy_slot(o, tracer):

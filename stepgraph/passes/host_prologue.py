@@ -32,6 +32,11 @@ class Prologue:
         return list(out)
 
 
+def _mutable(n) -> bool:
+    schema = getattr(n.target, "_schema", None)
+    return schema is not None and schema.is_mutable
+
+
 def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | None:
     """Move the host nodes of ``gm`` (CPU ops on CPU placeholders, get_attr constants and each
     other; their ``_to_copy`` to the device) into a prologue; ``example`` gets the values the
@@ -40,8 +45,12 @@ def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | Non
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     index = {n: i for i, n in enumerate(placeholders)}
     host: list = []
-    is_host: set = {n for n in placeholders if index[n] not in skip}
-    is_host |= {n for n in gm.graph.nodes if n.op == "get_attr"}   # (constants, guarded by value)
+    # A tensor some op writes in place (an optimizer's CPU step counter) is read where the graph
+    # reads it, after the writes before that read: not hoisted.
+    written = {a for n in gm.graph.nodes if n.op == "call_function" and _mutable(n)
+               for a in n.all_input_nodes}
+    is_host: set = {n for n in placeholders if index[n] not in skip and n not in written}
+    is_host |= {n for n in gm.graph.nodes if n.op == "get_attr" and n not in written}   # (constants)
     left = []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.meta.get("stepgraph_host"):
