@@ -118,3 +118,35 @@ def test_a_failed_trace_leaves_the_list_as_one_eager_call_would(monkeypatch):
             sg(x, y)
     monkeypatch.setattr(pipeline, "clean", real)
     assert len(history) == 2, len(history)
+
+
+def test_a_list_extended_with_plus_equals_is_replayed():
+    """CleanRL's ppo.py: ``clipfracs += [((ratio - 1.0).abs() > clip).float().mean().item()]``
+    (``nonlocal clipfracs``). An in-place add on a list is ``clipfracs.extend(...)``: replayed
+    like an append. Before, it read as a rebinding and was refused."""
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 1)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+    m2 = copy.deepcopy(m)
+    o2 = torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        fracs = []
+
+        def step(x):
+            nonlocal fracs
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            fracs += [(model(x) > 0).float().mean().item()]
+            return loss.detach()
+        return step, lambda: fracs
+    (sg, got), (eager, want) = make(m, o), make(m2, o2)
+    sg = stepgraph.compile(sg)
+    for k in range(5):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(k))
+        sg(x)
+        eager(x)
+    assert got() == want() and len(got()) == 5, (got(), want())
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

@@ -38,9 +38,35 @@ def _discarded(ins, j) -> bool:
     return False
 
 
+def _extended(ins, i) -> int | None:
+    """``lst += [x]`` for the variable loaded at ``ins[i]`` (CleanRL's ``clipfracs += [...]``):
+    the index of the store that rebinds it to itself, or None. (An in-place add on a list is
+    ``lst.extend(...)``: read as that call, pycalls/pyeffects replay the items.)"""
+    depth = 0
+    for k in range(i + 1, len(ins)):
+        y = ins[k]
+        if y.opname == "CACHE":
+            continue
+        if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
+            return None
+        if y.opname == "BINARY_OP" and y.argrepr == "+=" and depth == 1:
+            nxt = next(((m, z) for m, z in enumerate(ins[k + 1:], k + 1) if z.opname != "CACHE"), None)
+            ok = nxt is not None and nxt[1].opname.replace("FAST", "X").replace("DEREF", "X") \
+                .replace("GLOBAL", "X") == "STORE_X" and nxt[1].argval == ins[i].argval
+            return nxt[0] if ok else None
+        try:
+            depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        except ValueError:
+            return None
+        if depth < 1:
+            return None
+    return None
+
+
 def _code_chains(code: types.CodeType):
     line = code.co_firstlineno
     ins = list(dis.get_instructions(code))
+    skip = set()   # stores of ``lst += [...]`` (read as ``lst.extend``)
     i = 0
     while i < len(ins):
         x = ins[i]
@@ -74,8 +100,12 @@ def _code_chains(code: types.CodeType):
                 else:
                     break
                 j += 1
+            store = None if path else _extended(ins, i)
+            if store is not None:
+                skip.add(store)
+                path = [("call", "extend")]
             yield x.opname, x.argval, tuple(path), line
-        elif x.opname in ("STORE_GLOBAL", "STORE_DEREF"):
+        elif x.opname in ("STORE_GLOBAL", "STORE_DEREF") and i not in skip:
             # A variable the step only assigns is Python state it changes: keyed like a read one,
             # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
             yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
