@@ -206,6 +206,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 escapes.append(s)
                 graph_outs.append(new)
             else:
+                counter = _state_counter(s, old, new, reg)
+                if counter is not None and all(p.where != counter.where for p in problems):
+                    problems.append(counter)   # (once per optimizer line, not per parameter)
                 clears.append((s, new))
         box["escapes"], box["clears"] = escapes, clears
         input_grads = []
@@ -277,6 +280,46 @@ def _one_fake_mode():
     if TracingContext.try_get() is not None:
         return contextlib.nullcontext()
     return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
+
+
+def _state_counter(slot: Slot, old, new, reg: StateRegistry) -> Problem | None:
+    """A Python number in an optimizer's per-parameter state that the step changed: a counter
+    (``state['step'] += 1`` in microsoft/LoRA's and older Hugging Face AdamW). A replay writes
+    back this call's value and bakes it into the update (``beta1 ** state['step']``), so every
+    replay would repeat this step's count: refused. (The warm-up call ran the same code, so a
+    number the step sets to a constant is equal here and passes.)"""
+    def plain(v):
+        return type(v) in (int, float)
+    if slot.kind != "optstate" or not (plain(old) and plain(new)) or old == new:
+        return None
+    opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
+    where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
+    cls = type(opt).__name__ if opt is not None else "the optimizer"
+    return Problem(
+        f"{cls} keeps a Python number in its per-parameter state and the step changes it "
+        f"({slot.source}: {old!r} -> {new!r}): a replay runs no Python, so it would write back "
+        f"{new!r} at every step and compute the update with it", where,
+        f"keep the counter in a tensor (state[{slot.key!r}] = torch.tensor(0.) when the state is made; "
+        f"state[{slot.key!r}] += 1 then updates it in place inside the graph), or use a torch.optim "
+        f"optimizer (torch.optim.AdamW for an Adam with decoupled weight decay)", plain=True)
+
+
+def _writer_line(cls, key) -> str:
+    """``file:line (code)`` of the line of ``cls.step`` that assigns ``state[key]`` (its
+    ``def`` line when none is found): where the user's optimizer changes the number."""
+    import inspect
+    import re
+    fn = getattr(cls, "step", None)
+    fn = getattr(fn, "__wrapped__", fn)
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        path = inspect.getsourcefile(fn)
+    except (TypeError, OSError):
+        return f"{cls.__module__}.{cls.__qualname__}.step"
+    pat = re.compile(r"\[\s*(['\"])" + re.escape(str(key)) + r"\1\s*\]\s*(\+|-|\*)?=(?!=)")
+    hits = [i for i, line in enumerate(lines) if pat.search(line)]
+    i = next((i for i in hits if "+=" in lines[i]), hits[-1] if hits else 0)
+    return f"{path}:{first + i} ({lines[i].strip()})"
 
 
 def raise_problems(problems: list[Problem]) -> None:
