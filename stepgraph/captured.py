@@ -11,6 +11,7 @@ import torch.utils._pytree as pytree
 from .backends.runner import Runner
 from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
+from .capture.arrays import as_input
 from .capture.numchecks import checks_hold, evaluate, roots_of, set_call
 from .errors import StepGraphError
 from .passes import GraphSummary
@@ -73,6 +74,7 @@ class CapturedStep:
     last_reads: dict = field(default_factory=dict)  # id(Root("read")) -> the last replay's value
     to_device: tuple = ()      # passes.moved_arguments.MovedArgument: CPU arguments the step moves
     prologue: object = None    # passes.host_prologue.Prologue: the step's CPU work, before the graph
+    arrays: bool = False       # some inputs are numpy arrays (capture/arrays.py)
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)
@@ -109,6 +111,8 @@ class CapturedStep:
         tr = self.trace
         set_call(leaves, args)   # (numbers of the call read live: uselog._reader)
         inputs = [leaves[i] for i in tensor_pos]
+        if self.arrays:   # (numpy arrays: their memory as tensors, capture/arrays.py)
+            inputs = [as_input(x) for x in inputs]
         for m in self.to_device:   # (x.to(device) in the step, as eager copies it)
             inputs[m.index] = inputs[m.index].to(m.device)
         inputs += [p.grad for p, _ in tr.grad_inputs]

@@ -31,6 +31,7 @@ from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream, refuse_uncapturable
 from .captured import CapturedStep, log_recapture, plain_floats
 from .capture import distributed, fsdp
+from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
 from .capture.effects import resolve_bindings
 from .capture.guards import Signature
@@ -51,7 +52,7 @@ from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
-from .passes.moved_arguments import moved_arguments
+from .passes.moved_arguments import move_arrays, moved_arguments
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -214,6 +215,8 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.notes += read_side_effects(tr, step.__name__) + warn_notes(tr.call_notes, step.__name__)
     distributed.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
+    if tr.array_reads:   # (numpy arrays the step read in Python: keyed by value, arrays.py)
+        plan.sig = guards.arrays_were_read(tr.array_reads, plan.sig)
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)
     if reg.fsdp and config.get("fsdp2_temporaries"):
         storages_to_temporaries(gm)   # FSDP2's freed storages as graph temporaries: no resizes left
@@ -263,7 +266,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     # A persistent grad the step itself sets to None (zero_grad at an accumulation boundary) is an
     # input whose tensor is gone by now: its static buffer is shaped after the parameter (hf_gpt2
     # on an H100: AttributeError in record).
-    example = [plan.sig.leaves[i] for i in plan.sig.tensor_pos] \
+    example = [as_input(plan.sig.leaves[i]) for i in plan.sig.tensor_pos] \
         + [p.grad if p.grad is not None else torch.zeros_like(p) for p, _ in tr.grad_inputs] \
         + [s.read(()) for s in tr.source_inputs]
     if device == "cuda" and step._pool is None:
@@ -281,6 +284,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     scalars, moved, prologue = None, [], None
     try:
         if device == "cuda":   # (x.to(device) of a CPU batch in the step: moved before the graph)
+            move_arrays(gm, [k for k, i in enumerate(plan.sig.tensor_pos) if input_array(plan.sig.leaves[i])])
             moved = moved_arguments(gm, len(plan.sig.tensor_pos), example)
             for m in moved:
                 example[m.index] = example[m.index].to(m.device)
@@ -344,7 +348,8 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
                         for r in traced.ddp_records],
         guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
-        to_device=lowered.moved, prologue=lowered.prologue)
+        to_device=lowered.moved, prologue=lowered.prologue,
+        arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos))
     if sibling_of is not None:
         sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
     else:

@@ -150,3 +150,45 @@ def test_a_list_extended_with_plus_equals_is_replayed():
         eager(x)
     assert got() == want() and len(got()) == 5, (got(), want())
     assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats
+
+
+def test_a_new_list_each_epoch_is_the_same_graph():
+    """``losses = []`` at each epoch's start, ``losses.append(loss.item())`` in the step (CleanRL's
+    ``clipfracs``, most epoch loops): the list is only appended to, so a new one is no new graph
+    (it was keyed by identity: a recapture per epoch)."""
+    def run(compiled):
+        (m, o), _ = _pair()
+        box = {}
+
+        def step(x, y):
+            loss = _train(m, o, x, y)
+            box["losses"].append(loss.item())
+            return loss.detach()
+        f = stepgraph.compile(step) if compiled else step
+        epochs = []
+        batches = _batches(12)
+        for e in range(4):
+            box["losses"] = []
+            for x, y in batches[3 * e:3 * e + 3]:
+                f(x, y)
+            epochs.append(box["losses"])
+        return epochs, f
+    (mine, sg), (theirs, _) = run(True), run(False)
+    assert mine == theirs and all(len(e) == 3 for e in mine)
+    assert sg.stats.captures == 1 and sg.stats.replays == 10, sg.stats
+
+
+def test_a_list_the_step_also_reads_is_not_append_only():
+    """A list the step appends to *and* reads (its length scales the input): refused as a
+    Python value the step changes, not replayed as a mere append."""
+    (m, o), _ = _pair()
+    box = {"seen": []}
+
+    def step(x, y):
+        box["seen"].append(1)
+        return _train(m, o, x * len(box["seen"]), y).detach()
+    f = stepgraph.compile(step)
+    batches = _batches(2)
+    f(*batches[0])
+    with pytest.raises(stepgraph.CaptureError, match=r"box\['seen'\]"):
+        f(*batches[1])

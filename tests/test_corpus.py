@@ -20,10 +20,6 @@ KNOWN = {
     # first recapture's warning and the max_captures one say what to change (build the
     # tensors outside the step), and past max_captures the step runs eagerly, warned.
     "dqn": (harness.RECAPTURES, "next_state"),
-    # CleanRL's ppo.py passes each minibatch's indices as a new numpy array (``mb_inds``), which
-    # torch turns into an index tensor inside its C++ indexing: no graph input can carry it, so
-    # the array is keyed by identity; the recapture warning names the fix (torch.as_tensor).
-    "ppo_cleanrl": (harness.RECAPTURES, "mb_inds"),
 }
 
 

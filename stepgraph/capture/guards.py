@@ -22,6 +22,7 @@ from .state import StateRegistry
 from .watch import registration_epoch
 from .reasons import Reasons, leaf_names
 from .livekeys import LiveKeys
+from .arrays import array_key, input_array
 
 _STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer)
 
@@ -89,6 +90,7 @@ class Guards(Reasons, LiveKeys):
         self.preds: dict = {}    # live value -> ((path, op, constant), ...) the graphs branched on
         self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
         self.keyed: set = set()  # sources a graph baked without tracking them: keyed by value
+        self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
 
     def find_python_values(self, fn, args) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
@@ -141,9 +143,9 @@ class Guards(Reasons, LiveKeys):
         reg = self.reg
         ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
-                    if isinstance(a, torch.Tensor) else (type(a), None if number(a) else
-                                                           id(a) if isinstance(a, _STATE_TYPES) else a)
-                    for a in args)
+                    if isinstance(a, torch.Tensor) else array_key(a, i in self.arrays_read) if input_array(a)
+                    else (type(a), None if number(a) else id(a) if isinstance(a, _STATE_TYPES) else a)
+                    for i, a in enumerate(args))
         return (
             ins,
             len(set(map(id, args))),  # aliasing: the same tensor passed twice
@@ -166,8 +168,9 @@ class Guards(Reasons, LiveKeys):
         if requires != reg.requires_grad:   # a layer frozen/unfrozen: grad_params follow it
             reg.refresh_names()
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-        inputs = tuple(_leaf_value(x) for x in leaves)
+        # (numpy arrays are graph inputs too: arrays.py)
+        tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) or input_array(x)]
+        inputs = self._inputs(leaves)
         ids = [id(leaves[i]) for i in tensor_pos]
         alias = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else ()
         reg = self.reg
@@ -192,6 +195,16 @@ class Guards(Reasons, LiveKeys):
             self._py_key(args),
         )
         return Signature(key, leaves, tensor_pos)
+
+    def _inputs(self, leaves) -> tuple:
+        return tuple(array_key(x, i in self.arrays_read) if input_array(x) else _leaf_value(x)
+                     for i, x in enumerate(leaves))
+
+    def arrays_were_read(self, positions, sig: Signature) -> Signature:
+        """The step read these input arrays in Python: from now on keyed by their values
+        (arrays.array_key), this capture's key too."""
+        self.arrays_read |= set(positions)
+        return Signature(sig.key._replace(inputs=self._inputs(sig.leaves)), sig.leaves, sig.tensor_pos)
 
     def _groups_quick(self) -> tuple:
         if not self.live:

@@ -97,6 +97,7 @@ class Source:
     from_step: bool = True  # read by the step's own code (vs a module's forward)
     identity_only: bool = False  # a container the code only calls methods on
     calls_only: bool = False     # a library object the code only calls, as statements (pycalls.py)
+    append_only: bool = False    # a list the code only appends to (``losses.append(x)``, ``+=``)
     methods: tuple = ()          # methods of a library object the code calls as statements
 
     def describe(self) -> str:
@@ -151,6 +152,10 @@ class Source:
         """The key of the value ``v`` read here (untracked sources)."""
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)
             return ("calls", type(v))
+        if self.append_only and type(v) is list:
+            # (a new ``clipfracs = []`` each epoch is no new graph: a replay appends to the list
+            # found there then, captured.py; nothing else the graph did read it)
+            return ("appended list",)
         return ("object", id(v)) if self.identity_only else guard_value(v)
 
     def write(self, value, args=()) -> None:
@@ -297,6 +302,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             from .pycalls import replayable_callee
             calls.setdefault(key, []).append(method if p == path and statement and s.kind != "arg"
                                              and replayable_callee(v, method) else None)
+            appends.setdefault(key, []).append(p == path and statement and method in ("append", "extend"))
             g = guard_value(v)
             if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
@@ -313,6 +319,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
 
     _DUMMY_ARGS = tuple(args)
     calls: dict = {}   # key -> the method each chain to it calls as a statement (None: another use)
+    appends: dict = {}   # key -> per chain to it: an append or extend as a statement
     modules_called: dict = {}   # a library module's functions the step calls as statements
     visit(fn, 0)
     for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
@@ -326,6 +333,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     for key, s in out.items():
         s.methods = tuple(dict.fromkeys(m for m in calls.get(key, ()) if m))
         s.calls_only = bool(s.methods) and None not in calls[key]
+        s.append_only = s.identity_only and all(appends.get(key, [False]))
     out.update(modules_called)
     return PyValues(list(out.values()), literals)
 

@@ -130,6 +130,11 @@ def _describe_leaf(x) -> str:
         return _short(x[2])
     if x[0] == "number":
         return "a Python number"
+    if x[0] == "ndarray":   # (arrays.array_key)
+        what = f"numpy array {x[1]}{list(x[2])}"
+        if len(x) > 4:
+            what += " object at {:#x}".format(x[4][1]) if isinstance(x[4], tuple) else " (values read in the step)"
+        return what
     return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 else "")
 
 
@@ -167,6 +172,10 @@ def recapture_hint(reason: str) -> str:
         name = m["arg"] or m["kw"]
         return (f"a {m['t']} argument is keyed by identity (a graph cannot guard its contents), so "
                 f"each new one is a new graph: pass a tensor instead (e.g. torch.as_tensor({name}))")
+    m = re.match(_ARG + r" numpy array .*(?:\(values read in the step\)|object at 0x[0-9a-f]+)$", reason)
+    if m:
+        return (f"the step reads the values of {m['arg'] or m['kw']} in Python (numpy), so each new content "
+                "is a new graph: index or compute with torch on it in the step (torch.as_tensor(...))")
     m = re.match(_ARG + r" (?:None -> tensor |tensor .* -> None$)", reason)
     if m and m["path"]:
         name = m["arg"] or m["kw"]

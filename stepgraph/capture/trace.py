@@ -39,6 +39,7 @@ from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
 from .modes import _DispatchCheckMode, _HostReadMode, _tolist
+from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
 
 
@@ -70,6 +71,7 @@ class TraceResult:
     call_effects: list = field(default_factory=list)    # pycalls.CallEffect: called after each replay
     call_notes: list = field(default_factory=list)      # calls that run only at capture (warned)
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
+    array_reads: list = field(default_factory=list)     # leaf positions of input arrays read in Python (arrays.py)
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -98,7 +100,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     read every tracked number fed to a tensor op live (default: on the CPU; a backend that runs
     no Python at replay, Inductor's, says no)."""
     leaves, in_spec = pytree.tree_flatten((args, kwargs))
-    tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+    # (numpy arrays are graph inputs too, the step getting a watching view: arrays.py)
+    array_pos = [i for i, x in enumerate(leaves) if input_array(x)]
+    tensor_pos = sorted([i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)] + array_pos)
+    array_reads: list = []
     slots = reg.slots()
     before = [s.get() for s in slots]
     grad_inputs = [(s.owner, s.source) for s, v in zip(slots, before) if s.kind == "grad" and v is not None]
@@ -113,6 +118,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
             flat[i] = t
+        for i in array_pos:
+            flat[i] = watch(leaves[i], i, array_reads)
         uses = box.setdefault("uses", UseLog(lift_tensor_ops=device == "cpu" if lift_numbers is None else lift_numbers,
                                                    moving_labels=frozenset(moving_numbers)))
         for r in (track.leaves if track else ()):
@@ -139,12 +146,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
-                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads)), \
+                hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
                 sinks(uses), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
                 pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
-                                  box["sched"], hm.reads):
+                                  box["sched"], hm.reads), \
+                watching(array_reads) if array_pos else contextlib.nullcontext():
             try:
                 swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
@@ -220,7 +228,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["input_grads"] = input_grads
         return graph_outs
 
-    user_tensors = [leaves[i] for i in tensor_pos]
+    user_tensors = [as_input(leaves[i]) for i in tensor_pos]
+    arrays = {id(user_tensors[tensor_pos.index(i)]): user_tensors[tensor_pos.index(i)] for i in array_pos}
     for i, t in zip(tensor_pos, user_tensors):
         if t.requires_grad and t.is_leaf and t.grad is not None:
             raise CaptureError("an input that requires grad already holds a .grad: the step would "
@@ -241,6 +250,11 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
         if "uses" in box:
             scrub(box["uses"])  # no proxy stays in the user's objects
+    if array_pos:   # (the constants over their memory: those inputs)
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        odd = rebind_array_constants(gm, {phs[tensor_pos.index(i)]: user_tensors[tensor_pos.index(i)]
+                                          for i in array_pos})
+        array_reads += [(tensor_pos[phs.index(ph)], "a view of another dtype") for ph in odd]
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
@@ -253,7 +267,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
-                       append_effects=appends, call_effects=calls, call_notes=call_notes)
+                       append_effects=appends, call_effects=calls, call_notes=call_notes,
+                       array_reads=sorted({i for i, _ in array_reads}))
 
 
 def _output_reads(gm, out_leaves: list) -> list:

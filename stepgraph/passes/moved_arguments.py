@@ -45,3 +45,58 @@ def moved_arguments(gm: fx.GraphModule, n_args: int, example: list) -> list[Move
                 fix="move it to the GPU before the step, or use only its moved copy in the step")
         out.append(MovedArgument(i, devices.pop()))
     return out
+
+
+def move_arrays(gm: fx.GraphModule, positions: list[int]) -> None:
+    """numpy array arguments (capture/arrays.py) that a CUDA step uses only to index device
+    tensors or to copy to the device (``b_obs[mb_inds]``, ``torch.as_tensor(a, device=...)``):
+    the array's CPU-side uses (make_fx's copy, casts, views) move with it to the device, behind
+    one ``_to_copy`` that :func:`moved_arguments` then moves before the graph, as for a batch
+    the step moves itself. ``positions``: the arrays' places among the graph's inputs."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i in positions:
+        ph = placeholders[i]
+        cpu = _cpu_closure(ph)
+        if cpu is None:
+            continue
+        cpu, device = cpu
+        with gm.graph.inserting_after(ph):
+            moved = gm.graph.call_function(torch.ops.aten._to_copy.default, (ph,), {"device": device})
+        moved.meta["val"] = _on(ph.meta.get("val"), device)
+        ph.replace_all_uses_with(moved, delete_user_cb=lambda u: u is not moved)
+        for n in cpu:
+            n.meta.pop("stepgraph_host", None)
+            n.meta["val"] = _on(n.meta.get("val"), device)
+    gm.recompile()
+
+
+def _cpu_closure(ph):
+    """(the CPU nodes computed from ``ph`` alone, the one device their results feed), or None."""
+    cpu, devices, todo = set(), set(), [ph]
+    while todo:
+        for u in todo.pop().users:
+            v = u.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                return None   # (a host read of it, a tuple: left as it is)
+            if v.device.type != "cpu":
+                devices.add(v.device)
+            elif u not in cpu:
+                cpu.add(u)
+                todo.append(u)
+    for n in cpu:
+        for a in n.all_input_nodes:
+            v = a.meta.get("val")
+            if a is not ph and a not in cpu and isinstance(v, torch.Tensor) and v.device.type == "cpu":
+                return None   # (it meets other CPU tensors)
+    return (cpu, devices.pop()) if len(devices) == 1 else None
+
+
+def _on(v, device):
+    """Metadata of ``v`` on ``device``."""
+    if not isinstance(v, torch.Tensor):
+        return v
+    mode = getattr(v, "fake_mode", None)
+    if mode is not None:
+        with mode:
+            return v.to(device)
+    return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)

@@ -1,0 +1,193 @@
+"""numpy arrays passed to the step are graph inputs (stepgraph/capture/arrays.py): a new array
+at each call replays the one graph (CleanRL's ``b_obs[mb_inds]``), and an array whose values the
+step reads in Python is keyed by those values -- never a replay on another array's values."""
+import numpy as np
+import pytest
+import torch
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _run(make, feed, calls=6, **kw):
+    """(losses, final params, stats) of the step under stepgraph, and eager's (losses, params)."""
+    out = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        rng = np.random.default_rng(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        data = torch.randn(20, 3)
+        step = make(model, opt, data)
+        f = stepgraph.compile(step, **kw) if compiled else step
+        losses = [f(*feed(rng, i)).detach().clone() for i in range(calls)]
+        out.append((losses, [p.detach().clone() for p in model.parameters()], getattr(f, "stats", None)))
+    (sl, sp, stats), (el, ep, _) = out
+    for a, b in zip(sl + sp, el + ep):
+        assert torch.equal(a, b)
+    return stats
+
+
+def _sgd_step(model, opt, x):
+    loss = model(x).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def test_index_array_replays_one_graph():
+    # ppo.py: agent.get_action_and_value(b_obs[mb_inds]) with a fresh permutation slice each call
+    def make(model, opt, data):
+        return lambda inds: _sgd_step(model, opt, data[inds])
+    stats = _run(make, lambda rng, i: (rng.permutation(20)[:5],))
+    assert stats.captures == 1 and stats.replays == 4, stats
+
+
+@pytest.mark.parametrize("convert", ["from_numpy", "as_tensor", "tensor", "as_tensor_cast"])
+def test_converted_array_replays_one_graph(convert):
+    conv = {"from_numpy": torch.from_numpy, "as_tensor": torch.as_tensor, "tensor": torch.tensor,
+            "as_tensor_cast": lambda a: torch.as_tensor(a, dtype=torch.float32)}[convert]
+
+    def make(model, opt, data):
+        return lambda xb: _sgd_step(model, opt, conv(xb).float())
+    stats = _run(make, lambda rng, i: (rng.standard_normal((4, 3)).astype(
+        np.float64 if convert == "as_tensor_cast" else np.float32),))
+    assert stats.captures == 1 and stats.replays == 4, stats
+
+
+def test_arrays_in_a_dict_batch():
+    # an RL batch handed over as arrays (a replay buffer's sample)
+    def make(model, opt, data):
+        def step(batch):
+            x = torch.as_tensor(batch["obs"])
+            w = torch.as_tensor(batch["weight"])
+            loss = (model(x).squeeze(1) * w).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    stats = _run(make, lambda rng, i: ({"obs": rng.standard_normal((4, 3)).astype(np.float32),
+                                        "weight": rng.random(4).astype(np.float32)},))
+    assert stats.captures == 1 and stats.replays == 4, stats
+
+
+def test_strided_view_argument():
+    def make(model, opt, data):
+        return lambda xb: _sgd_step(model, opt, torch.from_numpy(xb))
+    stats = _run(make, lambda rng, i: (rng.standard_normal((4, 6)).astype(np.float32)[:, ::2],))
+    assert stats.captures == 1 and stats.replays == 4, stats
+
+
+@pytest.mark.parametrize("read", ["sum", "index", "iterate", "asarray", "tolist", "astype"])
+def test_values_read_in_python_are_keyed_by_value(read):
+    # The step computes a Python number from the array: a graph bakes it, so a new array must not
+    # replay it (it is keyed by its values instead).
+    how = {"sum": lambda a: int(a.sum()), "index": lambda a: int(a[0]), "iterate": lambda a: sum(int(v) for v in a),
+           "asarray": lambda a: int(np.asarray(a).max()), "tolist": lambda a: a.tolist()[1],
+           "astype": lambda a: int(a.astype(np.float64).sum())}[read]
+
+    def make(model, opt, data):
+        return lambda inds: _sgd_step(model, opt, data[inds] * (1 + how(inds) % 3))
+    feed = [np.array([1, 2, 3]), np.array([4, 5, 6]), np.array([1, 2, 3]), np.array([7, 8, 0]),
+            np.array([4, 5, 6]), np.array([1, 2, 3])]
+    stats = _run(make, lambda rng, i: (feed[i].copy(),))
+    assert stats.captures == 3, stats   # one per distinct content (calls 2, 4, 5)
+    assert any("values read in the step" in r for r in stats.recaptures), stats.recaptures
+
+
+def test_large_array_read_in_python_is_keyed_by_identity():
+    big = [np.arange(2000) % 20, (np.arange(2000) + 1) % 20]
+
+    def make(model, opt, data):
+        return lambda inds: _sgd_step(model, opt, data[inds[:4]] * float(inds.mean()))
+    _run(make, lambda rng, i: (big[i % 2] if i < 4 else big[i % 2].copy(),))
+
+
+def test_shape_change_recaptures_with_a_reason():
+    def make(model, opt, data):
+        return lambda inds: _sgd_step(model, opt, data[inds])
+    stats = _run(make, lambda rng, i: (rng.permutation(20)[:5 if i < 3 else 6],))
+    assert stats.captures == 2 and "numpy array int64[5] -> numpy array int64[6]" in stats.recaptures[0], stats
+
+
+def test_array_written_in_place_by_the_step_is_refused():
+    # torch.from_numpy shares memory: eager's in-place write lands in the user's array, make_fx's
+    # lift_fresh_copy would write a copy. Refused; the refused call ran as eager did.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(xb):
+        x = torch.from_numpy(xb)
+        x.mul_(0.5)
+        return _sgd_step(model, opt, x)
+    step(np.ones((4, 3), dtype=np.float32))
+    a = np.ones((4, 3), dtype=np.float32)
+    with pytest.raises(stepgraph.CaptureError, match="numpy array argument"):
+        step(a)
+    assert (a == 0.5).all()
+
+
+def test_global_array_read_in_place_keeps_working():
+    # (not an argument: a global array the loop refills; the constant over its memory is read
+    # at each replay, as before)
+    buf = np.zeros(5, dtype=np.int64)
+
+    def make(model, opt, data):
+        return lambda: _sgd_step(model, opt, data[buf])
+
+    def feed(rng, i):
+        buf[:] = rng.permutation(20)[:5]
+        return ()
+    _run(make, feed)
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@cuda
+@pytest.mark.parametrize("backend", ["cudagraph", "inductor"])
+@pytest.mark.parametrize("use", ["index", "as_tensor_device", "from_numpy_to", "dict"])
+def test_cuda_arrays(backend, use):
+    # CleanRL on a GPU: b_obs (CUDA) indexed by numpy minibatch indices; a batch of arrays moved
+    dev = torch.device("cuda")
+    results = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        rng = np.random.default_rng(0)
+        model = torch.nn.Linear(3, 1).to(dev)
+        opt = torch.optim.Adam(model.parameters(), lr=0.1)
+        data = torch.randn(20, 3, device=dev)
+
+        def step(a):
+            if use == "index":
+                x = data[a]
+            elif use == "as_tensor_device":
+                x = torch.as_tensor(a, device=dev, dtype=torch.float32)
+            elif use == "from_numpy_to":
+                x = torch.from_numpy(a).to(dev)
+            else:
+                x = data[torch.as_tensor(a["inds"], device=dev)] * torch.as_tensor(a["w"], device=dev)[:, None]
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        f = stepgraph.compile(step, backend=backend) if compiled else step
+
+        def feed():
+            if use == "index":
+                return rng.permutation(20)[:5]
+            if use == "dict":
+                return {"inds": rng.permutation(20)[:5], "w": rng.random(5).astype(np.float32)}
+            return rng.standard_normal((4, 3)).astype(np.float32)
+        losses = [f(feed()).detach().clone() for _ in range(6)]
+        results.append((losses, [p.detach().clone() for p in model.parameters()], getattr(f, "stats", None)))
+    (sl, sp, stats), (el, ep, _) = results
+    for a, b in zip(sl + sp, el + ep):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert stats.captures == 1 and stats.replays == 4 and stats.failed_captures == 0, stats
