@@ -218,7 +218,7 @@ class ArrayUses:
         cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
         if not cpu or not all(self._over(a) or self._of(a, self.derived) or self._of(a, self.copies) for a in cpu):
             return False
-        if func in _INDEX_OPS:
+        if func in _INDEX_OPS or func is torch.ops.aten._to_copy.default:   # (t[inds] moves inds itself)
             return True
         outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
         if outs and all(o.device.type == "cpu" for o in outs):
