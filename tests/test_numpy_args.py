@@ -197,3 +197,16 @@ def test_cuda_arrays(backend, use):
     for p, q in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(p, q, **tol)
     assert (f.stats.captures, f.stats.replays, f.stats.failed_captures) == (1, 4, 0), f.stats
+
+
+def test_an_untaken_branch_reading_the_argument_by_key_keys_nothing():
+    # (the bytecode scan saw ``a["inds"]`` in a branch not taken and keyed the array by identity)
+    mode = "array"
+
+    def make(model, opt, data):
+        def step(a):
+            x = data[a] if mode == "array" else data[torch.as_tensor(a["inds"])]
+            return _sgd_step(model, opt, x)
+        return step
+    stats = _run(make, lambda rng, i: (rng.permutation(20)[:5],))
+    assert stats.captures == 1, stats

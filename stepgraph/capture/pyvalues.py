@@ -33,6 +33,7 @@ from torch import nn
 
 from ..errors import _SKIP_PREFIXES, library_module
 from .chains import _all_code, _chains
+from .arrays import input_array
 
 _SKIP = object()       # a value not guarded (functions, classes, Python modules)
 _MISSING = ("<missing>",)
@@ -259,8 +260,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                         continue  # arguments of a method called from the step: not ours to key
                 elif depth == 0 and idx < code.co_argcount:
                     root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
-                    if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS):
-                        continue  # keyed by the argument guard (pytree leaves and values)
+                    if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS) \
+                            or input_array(root):
+                        continue  # keyed by the argument guard (pytree leaves and values; arrays.py)
                     src = Source("arg", idx, name, path, where)
                 else:
                     continue
