@@ -87,3 +87,125 @@ def test_decision_on_an_int_read_is_guarded_by_its_outcome_not_its_value(dropout
     assert s.replays >= 5, s
     # One graph per number of decoder steps run (an outcome path), never one per token value.
     assert all("was" not in r or "True" in r or "False" in r for r in s.recaptures), s.recaptures
+
+
+# ---- makemore (nn-zero-to-hero): bare tensors as the model -------------------------------
+def test_grads_of_bare_leaf_tensors_the_step_reaches_are_rebound_after_each_replay():
+    """makemore part 2: ``parameters = [C, W1, b1, W2, b2]`` are plain tensors with
+    ``requires_grad = True`` (no nn.Module, no optimizer), reached through the step's globals;
+    ``p.grad = None``, ``loss.backward()``, ``p.data += -lr * p.grad``. The parameters were
+    right after a replay but their ``.grad`` stayed the captured call's (read by the lecture's
+    update-to-data ratio plots): silently wrong."""
+    g = torch.Generator().manual_seed(2147483647)
+    C, W1, b1 = torch.randn((27, 4), generator=g), torch.randn((12, 16), generator=g), torch.randn(16, generator=g)
+    W2, b2 = torch.randn((16, 27), generator=g), torch.randn(27, generator=g)
+    params1 = [C, W1, b1, W2, b2]
+    params2 = [p.clone() for p in params1]
+    for p in params1 + params2:
+        p.requires_grad = True
+    X = torch.randint(0, 27, (200, 3), generator=g)
+    Y = torch.randint(0, 27, (200,), generator=g)
+
+    def body(parameters, i):
+        C, W1, b1, W2, b2 = parameters
+        ix = torch.randint(0, X.shape[0], (32,))
+        emb = C[X[ix]]
+        h = torch.tanh(emb.view(-1, 12) @ W1 + b1)
+        loss = F.cross_entropy(h @ W2 + b2, Y[ix])
+        for p in parameters:
+            p.grad = None
+        loss.backward()
+        lr = 0.1 if i < 4 else 0.01
+        for p in parameters:
+            p.data += -lr * p.grad
+        return loss
+
+    step = stepgraph.compile(lambda i: body(params1, i))
+    for i in range(8):
+        torch.manual_seed(i)
+        l1 = step(i)
+        torch.manual_seed(i)
+        l2 = body(params2, i)
+        _same(l1, l2)
+        for a, b in zip(params1, params2):
+            _same(a, b)
+            _same(a.grad, b.grad)
+    assert step.stats.replays >= 4, step.stats
+
+
+class _Lin:   # makemore part 3's layers: plain classes that keep their output on self.out
+    def __init__(self, w):
+        self.weight = w
+
+    def __call__(self, x):
+        self.out = x @ self.weight
+        return self.out
+
+
+class _BN:
+    def __init__(self, dim, momentum=0.1):
+        self.momentum, self.training = momentum, True
+        self.gamma, self.beta = torch.ones(dim), torch.zeros(dim)
+        self.running_mean, self.running_var = torch.zeros(dim), torch.ones(dim)
+
+    def __call__(self, x):
+        xmean, xvar = x.mean(0, keepdim=True), x.var(0, keepdim=True)
+        self.out = self.gamma * (x - xmean) / torch.sqrt(xvar + 1e-5) + self.beta
+        with torch.no_grad():
+            self.running_mean = (1 - self.momentum) * self.running_mean + self.momentum * xmean
+            self.running_var = (1 - self.momentum) * self.running_var + self.momentum * xvar
+        return self.out
+
+
+class _Tanh:
+    def __call__(self, x):
+        self.out = torch.tanh(x)
+        return self.out
+
+
+def _net(seed):
+    g = torch.Generator().manual_seed(seed)
+    layers = [_Lin(torch.randn(6, 8, generator=g)), _BN(8), _Tanh(), _Lin(torch.randn(8, 5, generator=g)), _BN(5)]
+    params = [l.weight for l in layers if isinstance(l, _Lin)] + \
+             [p for l in layers if isinstance(l, _BN) for p in (l.gamma, l.beta)]
+    for p in params:
+        p.requires_grad = True
+    return layers, params
+
+
+def _bn_body(layers, params, x, y):
+    for layer in layers:
+        x = layer(x)
+    loss = F.cross_entropy(x, y)
+    for layer in layers:
+        layer.out.retain_grad()
+    for p in params:
+        p.grad = None
+    loss.backward()
+    for p in params:
+        p.data += -0.1 * p.grad
+    return loss
+
+
+def test_tensors_stored_on_objects_the_step_iterates_are_written_back_after_each_replay():
+    """makemore part 3: ``for layer in layers: x = layer(x)`` where each layer keeps
+    ``self.out`` (and its retained ``.grad``) and a BatchNorm rebinds ``self.running_mean`` from
+    itself under no_grad. No Source names these objects: replays left the captured call's
+    tensors there, and every replay started again from the pre-capture running statistics."""
+    l1, p1 = _net(0)
+    l2, p2 = _net(0)
+    step = stepgraph.compile(lambda x, y: _bn_body(l1, p1, x, y))
+    g = torch.Generator().manual_seed(1)
+    for i in range(6):
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 5, (16,), generator=g)
+        _same(step(x, y), _bn_body(l2, p2, x, y))
+        for a, b in zip(p1, p2):
+            _same(a, b)
+            _same(a.grad, b.grad)
+        for a, b in zip(l1, l2):
+            _same(a.out, b.out)
+            _same(a.out.grad, b.out.grad)
+            if isinstance(a, _BN):
+                _same(a.running_mean, b.running_mean)
+                _same(a.running_var, b.running_var)
+    assert step.stats.replays >= 4, step.stats
