@@ -110,6 +110,8 @@ def _by_path(sources, place) -> list:
 
 def before(sources) -> list:
     """What each candidate holds before the step (compared by identity after it)."""
+    from . import attrstores
+    attrstores.snapshot()   # (and the tensors objects' attributes hold: attrstores.collect)
     return [s.read_or(()) for s in sources]
 
 
@@ -160,6 +162,10 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
                 "before the step, or a non-tensor where a tensor was): a replay could not redo that",
                 s.where or where, f"compute the new value of {s.describe()} in the step, or "
                 "rebind it outside the step", plain=True))
+    from . import attrstores   # (``self.out = x @ self.weight`` on an object no Source names)
+    done = {id(graph_outs[e.index]) for e in tensors}
+    for src, t in attrstores.collect(graph_outs, _is_traced, done):
+        tensors.append(_effect(src, t, "tensor", graph_outs))
     return tensors, reads
 
 

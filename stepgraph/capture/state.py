@@ -67,6 +67,9 @@ class StateRegistry(WeakHolding, HookWatching):
     _ddp: list = field(default_factory=list)           # (name, holder) of DistributedDataParallel modules
     _fsdp: list = field(default_factory=list)          # (name, holder) of fully_shard (FSDP2) modules
     _all_plain: list | None = None                     # all_modules when none is held weakly
+    # Leaf tensors that require grad, reached by the step's code outside any module or optimizer
+    # (makemore's ``parameters = [C, W1, b1, W2, b2]``): parameters too, their .grad a slot.
+    loose: list = field(default_factory=list)          # (source, tensor)
 
     @classmethod
     def of_optimizers(cls, optimizers) -> "StateRegistry":
@@ -122,6 +125,10 @@ class StateRegistry(WeakHolding, HookWatching):
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.state[{pn}]['{k}']")
+        for tname, t in self.loose:
+            if id(t) not in self.names:
+                self.names[id(t)] = tname
+                self.params.append((tname, t))
         self.grad_params = [p for _, p in self.params if p.requires_grad]
         self.requires_grad = tuple(p.requires_grad for _, p in self.params)
         self._all = [(None, self._hold(m)) for m in subs]
@@ -195,6 +202,9 @@ def _consider(name: str, obj, found: dict, depth: int) -> None:
                 if not k.startswith("_") and isinstance(v, (torch.optim.Optimizer, list, tuple, dict)):
                     _consider(f"{name}.{k}", v, found, depth + 1)
         return
+    if isinstance(obj, torch.Tensor) and depth <= 1 and obj.is_leaf and obj.requires_grad:
+        found.setdefault(id(obj), (name, obj))   # a bare parameter (StateRegistry.loose)
+        return
     if depth > 1 or isinstance(obj, (str, bytes, int, float, bool, type(None), torch.Tensor, type,
                                      types.ModuleType, types.FunctionType)):
         return
@@ -233,8 +243,11 @@ def _found_to_registry(found: dict, reg: "StateRegistry", weak=()) -> bool:
     sub_ids = {id(s) for _, m in mods for s in list(m.modules())[1:]} | inside
     new_mods = [(n, m) for n, m in mods if id(m) not in sub_ids]
     new_opts = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer) and id(o) not in have]
-    if not new_mods and not new_opts:
+    loose = {id(t) for _, t in reg.loose}
+    new_loose = [(n, t) for n, t in found.values() if isinstance(t, torch.Tensor) and id(t) not in loose]
+    if not new_mods and not new_opts and not new_loose:
         return False
+    reg.loose += new_loose
     reg.weak_ids |= {id(o) for _, o in new_mods + new_opts if id(o) in weak}
     # A found module that contains an already known one takes its place (longer names).
     new_inside = {id(s) for _, m in new_mods for s in m.modules()}
@@ -255,6 +268,7 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
     held = set(found)   # what the user's state= or the step's code reaches: held strongly
     for name, obj in _arg_objects(args, kwargs, arg_names):
         _consider(name, obj, found, 0)
+    found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
     via_code: dict = {}
     _walk_function(fn, via_code)
     held |= set(via_code)
@@ -273,4 +287,5 @@ def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:
     for name, obj in _arg_objects(args, kwargs, arg_names):
         if not isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
             _consider(name, obj, found, 0)
+    found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (inputs)
     return bool(found) and _found_to_registry(found, reg, weak=set(found))

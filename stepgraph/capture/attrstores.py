@@ -1,0 +1,162 @@
+"""Tensors the step stores on an object's attribute: written back after each replay.
+
+nn-zero-to-hero's layers keep their output on ``self.out`` (read after training for activation
+and gradient plots, ``layer.out.retain_grad()`` in the step) and rebind their running statistics
+under ``no_grad`` (``self.running_mean = 0.9 * self.running_mean + 0.1 * xmean``); a module's
+forward keeps attention weights on ``self.attn``. Such an object is often reached by no path a
+Source names (``for layer in layers: x = layer(x)``), so pyeffects.py never saw the attribute: a
+replay left the captured call's tensor there, silently.
+
+After the trace, every tensor the graph computed that an attribute of an nn.Module or of an
+object of the user's own classes still holds is found (one ``gc.get_referrers`` pass) and
+becomes a graph output, bound to that attribute after each replay (``.grad`` too, for a tensor
+whose gradient the step retained). Where the graph read the attribute's previous tensor as a
+constant (a running statistic rebound from itself), that tensor is kept equal to the attribute
+after each replay, so the next replay reads what the last one left: it is the graph's now (the
+user's old reference to it sees the new values). Module parameters, buffers and grads are slots
+(state.py) and never an attribute here.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import os
+import types
+import weakref
+
+import torch
+from torch import nn
+
+from ..errors import _SKIP_PREFIXES
+
+
+def _users_class(cls) -> bool:
+    """A class of the user's code (by where its methods are: a module exec'd from a file is in
+    no ``sys.modules``, where inspect.getfile looks)."""
+    code = next((v.__code__ for v in vars(cls).values() if isinstance(v, types.FunctionType)), None)
+    try:
+        f = code.co_filename if code is not None else inspect.getfile(cls)
+    except (TypeError, OSError):
+        return False
+    if f.startswith("<"):
+        return not f.startswith(("<frozen", "<stepgraph"))   # (a notebook's, exec'd code)
+    return not os.path.abspath(f).startswith(_SKIP_PREFIXES)
+
+
+_KINDS: dict = {}   # type -> may own attributes written back
+
+
+def _owner_kind(o) -> bool:
+    t = type(o)
+    got = _KINDS.get(t)
+    if got is None:
+        got = _KINDS[t] = not issubclass(t, (type, torch.Tensor, torch.autograd.function.FunctionCtx,
+                                            types.ModuleType, types.FunctionType, types.MethodType)) \
+            and (issubclass(t, nn.Module) or _users_class(t))
+    return got   # (not a custom Function's ctx: autograd's, kept by the returned loss's graph)
+
+
+_BEFORE: dict = {}   # (id(owner), name) -> the tensor it held when the trace began
+
+
+def snapshot() -> None:
+    """At the start of a trace: the tensors attributes of user objects and modules hold (a
+    rebound one the graph read, ``self.running_mean``, is then known: see ``collect``)."""
+    _BEFORE.clear()
+    for o in gc.get_objects():
+        if _owner_kind(o):
+            d = getattr(o, "__dict__", None)
+            if isinstance(d, dict):
+                for k, v in d.items():
+                    if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
+                        _BEFORE[(id(o), k)] = v
+
+
+class AttrStore:
+    """``owner.name = <this replay's tensor>`` (or its ``.grad``): a pyeffects.SourceEffect's
+    source, written after each replay."""
+
+    kind, path, from_step, identity_only, where = "attr", (), True, False, ""
+
+    def __init__(self, owner, name: str, grad: bool = False, const=None):
+        try:
+            self._ref = weakref.ref(owner)
+        except TypeError:
+            self._ref = lambda owner=owner: owner
+        self.name, self.grad = name, grad
+        self.const = const   # the tensor the graph reads for it (its value before the step)
+        self.root = owner if not grad else self   # (trackplan.slot_of: (id(root), name))
+
+    def describe(self) -> str:
+        o = self._ref()
+        return f"{type(o).__name__}.{self.name}" + (".grad" if self.grad else "")
+
+    def read_or(self, args=(), default=None):
+        o = self._ref()
+        v = None if o is None else vars(o).get(self.name, default)
+        return getattr(v, "grad", None) if self.grad and isinstance(v, torch.Tensor) else v
+
+    read = read_or
+
+    def write(self, value, args=()) -> None:
+        o = self._ref()
+        if o is None:
+            return
+        if self.grad:
+            t = vars(o).get(self.name)
+            if isinstance(t, torch.Tensor) and (value is None or value.shape == t.shape):
+                t.grad = value
+            return
+        vars(o)[self.name] = value
+        if self.const is not None:   # (the next replay reads what this one left, as eager)
+            with torch.no_grad():
+                self.const.copy_(value)
+
+
+def collect(graph_outs: list, is_traced, done=()) -> list:
+    """Inside the trace, after the step ran: (AttrStore, tensor) for each attribute of a user
+    object or module that holds a tensor the graph computed; ``done``: ids of the tensors
+    already written back by another effect."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    mode = get_proxy_mode()
+    tracker = getattr(getattr(mode, "tracer", None), "tensor_tracker", None)
+    if tracker is None:
+        return []
+    live = [t for t in list(tracker.keys()) if isinstance(t, torch.Tensor)]
+    if not live:
+        return []
+    ids = {id(t) for t in live}
+    refs = gc.get_referrers(*live)
+    dicts = [r for r in refs if type(r) is dict]
+    owners = [r for r in refs if type(r) is not dict and _owner_kind(r)]
+    if dicts:
+        dict_ids = {id(d) for d in dicts}
+        owners += [o for o in gc.get_referrers(*dicts) if type(o) is not dict and _owner_kind(o)
+                   and id(getattr(o, "__dict__", None)) in dict_ids]
+    del refs, dicts
+    from torch.utils._python_dispatch import _disable_current_modes
+    consts = {id(getattr(mode.tracer.root, n.target, None)) for n in mode.tracer.graph.nodes if n.op == "get_attr"}
+    out, seen = [], set()
+    for o in owners:
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        d = getattr(o, "__dict__", None)
+        if not isinstance(d, dict):
+            continue
+        for name, v in list(d.items()):
+            if not (isinstance(v, torch.Tensor) and id(v) in ids and is_traced(v)) or id(v) in done \
+                    or isinstance(v, nn.Parameter):
+                continue
+            old = _BEFORE.get((id(o), name))
+            read = old is not None and old is not v and id(old) in consts and old.shape == v.shape \
+                and old.dtype == v.dtype and old.device == v.device and not old.requires_grad
+            if read:   # (self.running_mean = 0.9 * self.running_mean + ...: a graph constant)
+                with _disable_current_modes(), torch.no_grad():
+                    old.copy_(v)   # (replays read what this call left)
+            out.append((AttrStore(o, name, const=old if read else None), v))
+            g = v.grad if v.is_leaf or v.retains_grad else None
+            if g is not None and is_traced(g):   # (layer.out.retain_grad())
+                out.append((AttrStore(o, name, grad=True), g))
+    _BEFORE.clear()
+    return out
