@@ -341,8 +341,13 @@ def raise_problems(problems: list[Problem]) -> None:
     if not problems:
         return
     p = problems[0]
-    others = [q for q in problems[1:] if (q.op, q.where) != (p.op, p.where)]
+    others = list({(q.op, q.where): q for q in problems[1:] if (q.op, q.where) != (p.op, p.where)}.values())
     more = f"\n  ({len(others)} more: " + "; ".join(
-        f"{q.op[:80]} at {q.where}" for q in others[:3]) + ")" if others else ""
+        f"{_clip(q.op)} at {q.where}" for q in others[:3]) + ")" if others else ""
     raise CaptureError(p.message() + more + "\n  this call ran eagerly to its end: your model and "
                        "optimizer hold the result of this step", op=p.op, where=p.where, fix=p.fix)
+
+
+def _clip(text: str, n: int = 100) -> str:
+    """``text`` cut at a word boundary near ``n`` characters."""
+    return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
