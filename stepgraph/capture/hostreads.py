@@ -27,7 +27,8 @@ import torch
 
 from ..errors import user_frame
 from ..markers import host_guard
-from .hostscalar import HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item
+from .hostscalar import (HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item,
+                         substitute)
 
 
 
@@ -173,6 +174,33 @@ def guard_lost(floats, log: ReadLog) -> None:
     for f in floats:
         if isinstance(f, ReadFloat) and current(f, _tracer()):
             log.guard(f.node, _plain(f), "a value read from a tensor, used where it cannot stay live", f.site)
+
+
+def operands_as_tensors(args: tuple, floats: list) -> tuple:
+    """``alpha * log_pi`` where ``alpha`` is a live float (read back with ``.item()``, as SAC's
+    ``alpha = log_alpha.exp().item()``, or a float global read live) and ``log_pi`` needs grad:
+    autograd saves the number for the backward, which the engine calls with a plain float, so
+    the number would be baked there. It enters as a 0-dim tensor of the tensor's dtype made from
+    it in the graph instead, and stays live (fp32/fp64 only: their scalar forms round the number
+    to the tensor's dtype as the 0-dim tensor does; an operand only, never ``alpha=``).
+    Returns the op's positional args and the floats still to guard."""
+    ref = next((t for t in args if isinstance(t, torch.Tensor)), None)
+    tracer = _tracer()
+    if ref is None or ref.dtype not in (torch.float32, torch.float64) or tracer is None:
+        return args, floats
+    made: dict = {}
+    for f in floats:
+        if id(f) not in made and any(a is f for a in args):
+            graph = tracer.graph
+            last = graph._root.prev
+            t = torch.scalar_tensor(_plain(f), dtype=ref.dtype, device=ref.device)
+            nodes, n = [], last.next
+            while n is not graph._root:
+                nodes.append(n)
+                n = n.next
+            if substitute(nodes, [f], ()):
+                made[id(f)] = t
+    return tuple(made.get(id(a), a) for a in args), [f for f in floats if id(f) not in made]
 
 
 # math's C functions read a float's bits directly, without any method the trace sees.

@@ -21,7 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
-from .hostreads import ReadFloat, ReadLog, guard_lost, read_scalar
+from .hostreads import ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar
+from .sinks import _ELEMENTWISE
 from .arrays import ArrayUses
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
@@ -136,6 +137,8 @@ class _HostReadMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in pytree.tree_leaves((args, kwargs))):
+            if func in _ELEMENTWISE:   # (``alpha * log_pi``: a 0-dim tensor made from it, live)
+                args, floats = operands_as_tensors(args, floats)
             # Autograd may save this number for the backward (``loss * scale``), which the
             # engine calls with a plain float: it cannot stay live there, so guard it instead.
             for f in floats:

@@ -1,0 +1,111 @@
+"""Idioms of CleanRL's off-policy scripts (clients/cleanrl_sac.py, cleanrl_td3.py,
+cleanrl_dqn.py), each as a small step compared with eager PyTorch: the same seeds, fresh
+batches at every call, and after every call the loss, parameters, grads, optimizer state and
+the Python values the step rebinds."""
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _state(mods, opts, extra=()):
+    out = {}
+    for i, m in enumerate(mods):
+        for n, p in m.named_parameters():
+            out[f"m{i}.{n}"] = p.detach().clone()
+            out[f"m{i}.{n}.grad"] = None if p.grad is None else p.grad.detach().clone()
+    for i, o in enumerate(opts):
+        for j, st in enumerate(o.state.values()):
+            for name, v in st.items():
+                out[f"o{i}.{j}.{name}"] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    for i, t in enumerate(extra):
+        out[f"extra{i}"] = t.detach().clone() if isinstance(t, torch.Tensor) else t
+    return out
+
+
+def _same(a, b, where):
+    assert a.keys() == b.keys(), where
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            assert isinstance(y, torch.Tensor) and torch.equal(x, y), f"{where}: {k}"
+        else:
+            assert x == y, f"{where}: {k}: {x} != {y}"
+
+
+# ---- SAC's entropy temperature: alpha = log_alpha.exp().item(), rebound in the step --------
+
+def _sac(compiled: bool, steps: int, policy_frequency=2, noise=True):
+    """sac_continuous_action.py's update, small: ``alpha`` (a Python float the step rebinds from
+    ``log_alpha.exp().item()``) scales the critic target and, inside the delayed policy loop, the
+    actor loss ``alpha * log_pi`` of a tensor that needs grad (autograd keeps that number for the
+    backward); ``rsample``'s noise makes every read value differ call to call."""
+    torch.manual_seed(0)
+    actor, q = nn.Linear(4, 2), nn.Linear(6, 1)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    q_opt = torch.optim.Adam(q.parameters(), lr=1e-2)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-2)
+    a_opt = torch.optim.Adam([log_alpha], lr=1e-2)
+    alpha = log_alpha.exp().item()
+    target_entropy = -2.0
+
+    def get_action(obs):
+        mean = actor(obs)
+        x_t = mean + (torch.randn_like(mean) if noise else 0.1)
+        return torch.tanh(x_t), -(x_t ** 2).sum(1, keepdim=True)
+
+    def update(obs, rew):
+        nonlocal alpha
+        with torch.no_grad():
+            next_a, next_log_pi = get_action(obs)
+            target = rew + 0.99 * (q(torch.cat([obs, next_a], 1)) - alpha * next_log_pi)
+        q_loss = F.mse_loss(q(torch.cat([obs, next_a], 1)), target)
+        q_opt.zero_grad()
+        q_loss.backward()
+        q_opt.step()
+        for _ in range(policy_frequency):
+            pi, log_pi = get_action(obs)
+            actor_loss = ((alpha * log_pi) - q(torch.cat([obs, pi], 1))).mean()
+            actor_opt.zero_grad()
+            actor_loss.backward()
+            actor_opt.step()
+            with torch.no_grad():
+                _, log_pi = get_action(obs)
+            alpha_loss = (-log_alpha.exp() * (log_pi + target_entropy)).mean()
+            a_opt.zero_grad()
+            alpha_loss.backward()
+            a_opt.step()
+            alpha = log_alpha.exp().item()
+        return q_loss, actor_loss
+
+    fn = stepgraph.compile(update) if compiled else update
+    data = torch.Generator().manual_seed(1)
+    records = []
+    for _ in range(steps):
+        obs, rew = torch.randn(8, 4, generator=data), torch.randn(8, 1, generator=data)
+        losses = fn(obs, rew)
+        records.append((tuple(x.detach().clone() for x in losses), alpha,
+                        _state([actor, q], [q_opt, actor_opt, a_opt], [log_alpha])))
+    return records, fn
+
+
+@pytest.mark.parametrize("noise", [True, False], ids=["rsample", "deterministic"])
+@pytest.mark.parametrize("policy_frequency", [1, 2])
+def test_sac_alpha_read_back_scales_the_actor_loss(noise, policy_frequency):
+    got, step = _sac(True, 6, policy_frequency, noise)
+    want, _ = _sac(False, 6, policy_frequency, noise)
+    for i, ((gl, ga, gs), (wl, wa, ws)) in enumerate(zip(got, want)):
+        for x, y in zip(gl, wl):
+            assert torch.equal(x, y), f"call {i}: loss"
+        assert ga == wa, f"call {i}: alpha {ga} != {wa}"
+        _same(gs, ws, f"call {i}")
+    # One graph, replayed: alpha is computed by the graph (never a value to key or guard).
+    assert step.stats.captures == 1 and step.stats.replays == 4, step.stats
+
