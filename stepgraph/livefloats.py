@@ -30,6 +30,7 @@ class LiveFloats:
         self.baked: set = set()   # live candidates a capture had to bake: guarded by value for good
         self.seen: dict = {}      # candidates' values at the last warm-up or device capture
         self.notes: list = []     # for explain(): what could not be fed to a device graph
+        self.unbaked: set = set()  # baked after graphs that read them live were captured
 
     def seen_at_warmup(self, args) -> None:
         self.seen = self.guards.candidate_values(args)
@@ -81,6 +82,8 @@ class LiveFloats:
             return sig
         g = self.guards
         self.baked |= tr.baked_hypers
+        if entries:
+            self.unbaked |= tr.baked_hypers & g.live
         g.live -= tr.baked_hypers
         g.keyed |= {h for h in tr.baked_hypers if not isinstance(h, tuple)}  # untracked from now on
         added = g.add_predicates(preds)
@@ -91,6 +94,24 @@ class LiveFloats:
                 for k in g.rekey(key, added):
                     entries.setdefault(k, e)
         return g.rebake(sig, frozen, tr.baked_hypers)
+
+    def read_live_key(self, key):
+        """The key a graph captured while the values baked since (``unbaked``) were still read
+        live answers to: ``key`` with their values put back as live markers; None when none
+        were. (A variant that bakes a float -- CleanRL's logging branch, ``int(global_step /
+        (time.time() - start_time))`` -- keys it by value from then on; the graphs before it
+        read it live at each replay and stay valid for any value, but their keys hold the
+        marker: without this every earlier path recaptured once.)"""
+        if not self.unbaked:
+            return None
+        g, unbaked = self.guards, self.unbaked
+
+        def entry(h, v):
+            return g._marker(h, v) if h in unbaked else v
+        hypers = tuple(tuple(tuple((k, entry((oi, gi, k), v)) for k, v in grp) for gi, grp in enumerate(go))
+                       for oi, go in enumerate(key.hypers))
+        py_values = tuple(entry(s, v) for s, v in zip(g.py.sources, key.py_values))
+        return key._replace(hypers=hypers, py_values=py_values)
 
     def to_device(self, gm, device, sig, frozen):
         """Feed the graph's live floats in as one device tensor; where an op has no tensor form,

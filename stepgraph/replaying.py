@@ -16,16 +16,20 @@ log = logging.getLogger("stepgraph")
 
 
 class ReplayPaths:
-    def _replay_entry(self, entry, sig, args, kwargs):
-        """Replay the graph for this key whose host reads hold (one per distinct value seen)."""
-        if entry.gave_up:
+    def _replay_entry(self, entry, sig, args, kwargs, older=None):
+        """Replay the graph for this key whose host reads hold (one per distinct value seen).
+        ``older``: the graphs under this call's live key (LiveFloats.read_live_key), captured
+        before a value they read live was baked, tried after ``entry``'s. A graph captured now
+        bakes that value: it is filed under this call's own key, never among the older ones."""
+        chains = [c for c in (entry, older) if c is not None and not c.gave_up]
+        if not chains:
             self.stats.took(Branch.EAGER)
             return self._eager(args, kwargs)
         miss = None
         # (the reason shown is the newest graph's miss: the oldest's, e.g. the first branch
         # taken, said nothing about why the latest one missed too)
-        newest = entry.siblings[0] if entry.siblings else entry
-        for e in [entry] + entry.siblings:
+        newest = chains[0].siblings[0] if chains[0].siblings else chains[0]
+        for e in [g for head in chains for g in [head] + head.siblings]:
             if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
                 m = e.check_miss(sig.leaves, args)
                 miss = m if e is newest or miss is None else miss
@@ -35,9 +39,9 @@ class ReplayPaths:
             if m is None:
                 self._remember(e, args, kwargs)
                 return out
-            miss = m
+            miss = m if e is newest or miss is None else miss
         if len(self._order) >= self.max_captures:
-            entry.gave_up = True
+            chains[0].gave_up = True
             msg = (f"stepgraph: {self.__name__}: a value the graphs depend on keeps changing ({miss}); "
                    f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
                    "from now on. Return the value from the step and decide outside it, or raise "
@@ -79,7 +83,8 @@ class ReplayPaths:
         # still has this entry's full signature (a graph that rebinds .grad does not), and
         # only for flat calls, whose leaves are the args themselves.
         key = self._guards.signature(args, kwargs).key if entry.flat_args and not kwargs else None
-        if key is not None and (key == entry.key or self._entries.get(key) is entry):
+        if key is not None and (key == entry.key or self._entries.get(key) is entry
+                                or self._entries.get(self._live.read_live_key(key)) is entry):
             self._last, self._last_quick = entry, self._guards.quick_key(args, kwargs)
         else:
             self._last = self._last_quick = None

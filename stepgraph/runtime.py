@@ -129,13 +129,18 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
+            live_key = self._live.read_live_key(sig.key)   # graphs from before a value was baked
+            older = self._entries.get(live_key) if live_key is not None else None
+            if older is not None and older.stale() is not None:
+                self._drop(older)
+                older = None
             stale_reason = entry.stale() if entry is not None else None
             if stale_reason is not None:
                 self._drop(entry)
                 self.stats.took(Branch.CAPTURE)
                 return capture(self, sig, args, kwargs, reason=stale_reason)
-            if entry is not None:
-                return self._replay_entry(entry, sig, args, kwargs)
+            if entry is not None or older is not None:
+                return self._replay_entry(entry, sig, args, kwargs, older)
             if self._warm_done < self.warmup and not self._order:
                 if self.backend == "inductor" and config.get("inductor_background"):
                     from .backends.background import prestart

@@ -109,3 +109,58 @@ def test_sac_alpha_read_back_scales_the_actor_loss(noise, policy_frequency):
     # One graph, replayed: alpha is computed by the graph (never a value to key or guard).
     assert step.stats.captures == 1 and step.stats.replays == 4, step.stats
 
+
+# ---- a variant that bakes a float the graphs before it read live --------------------------
+
+def _delayed(compiled: bool, calls: int):
+    """td3_continuous_action.py's shape: the critic every call, the actor and the soft target
+    update when ``global_step % policy_frequency == 0``, and every 100 steps (here 8) the
+    logging block, whose ``print("SPS:", int(global_step / (time.time() - start_time)))``
+    bakes ``start_time`` -- a float the graphs captured before read live. (Here without the
+    clock, which would make the printed number differ at every logging call.)"""
+    torch.manual_seed(0)
+    actor, q = nn.Linear(4, 2), nn.Linear(6, 1)
+    q_target = copy.deepcopy(q)
+    q_opt = torch.optim.Adam(q.parameters(), lr=1e-2)
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=1e-2)
+    tau, start_time = 0.005, 1e4
+    global_step = 0
+
+    def update(obs, rew):
+        with torch.no_grad():
+            target = rew + 0.99 * q_target(torch.cat([obs, actor(obs)], 1))
+        q_loss = F.mse_loss(q(torch.cat([obs, actor(obs).detach()], 1)), target)
+        q_opt.zero_grad()
+        q_loss.backward()
+        q_opt.step()
+        if global_step % 2 == 0:
+            actor_loss = -q(torch.cat([obs, actor(obs)], 1)).mean()
+            actor_opt.zero_grad()
+            actor_loss.backward()
+            actor_opt.step()
+            for param, target_param in zip(q.parameters(), q_target.parameters()):
+                target_param.data.copy_(tau * param.data + (1 - tau) * target_param.data)
+        if global_step % 8 == 0:
+            print("SPS:", int(global_step / start_time))
+        return q_loss
+
+    fn = stepgraph.compile(update) if compiled else update
+    data = torch.Generator().manual_seed(1)
+    records = []
+    for global_step in range(96, 96 + calls):
+        obs, rew = torch.randn(8, 4, generator=data), torch.randn(8, 1, generator=data)
+        loss = fn(obs, rew)
+        records.append((loss.detach().clone(), _state([actor, q, q_target], [q_opt, actor_opt])))
+    return records, fn
+
+
+def test_a_variant_baking_a_live_float_keeps_the_graphs_before_it():
+    got, step = _delayed(True, 12)
+    want, _ = _delayed(False, 12)
+    for i, ((gl, gs), (wl, ws)) in enumerate(zip(got, want)):
+        assert torch.equal(gl, wl), f"call {i}: loss"
+        _same(gs, ws, f"call {i}")
+    # Three paths (odd, policy, policy + logging), one graph each: the logging graph keys
+    # start_time by value, and the two graphs before it, which read it live, still answer.
+    assert step.stats.captures == 3, step.stats.recaptures
+    assert not any("signature changed" in r for r in step.stats.recaptures), step.stats.recaptures
