@@ -164,3 +164,32 @@ def test_a_variant_baking_a_live_float_keeps_the_graphs_before_it():
     # start_time by value, and the two graphs before it, which read it live, still answer.
     assert step.stats.captures == 3, step.stats.recaptures
     assert not any("signature changed" in r for r in step.stats.recaptures), step.stats.recaptures
+
+
+def test_a_read_back_random_value_an_op_bakes_is_refused_with_a_fix_for_it():
+    """Where the read-back number meets an op that is no plain operand (``clamp(max=bound)``
+    of a tensor that needs grad, whose backward keeps the bound), it cannot stay live: refused,
+    and the fix says to keep it a tensor -- not to build a batch outside the step."""
+    torch.manual_seed(0)
+    m, s = nn.Linear(4, 2), torch.zeros(1, requires_grad=True)
+    opt, sopt = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD([s], lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        y = m(x) + torch.randn(8, 2)
+        s_loss = (s.exp() * y.detach().mean()).sum()
+        sopt.zero_grad()
+        s_loss.backward()
+        sopt.step()
+        bound = s.exp().item()
+        loss = y.clamp(max=bound).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+
+    step(torch.randn(8, 4))
+    with pytest.raises(stepgraph.CaptureError) as e:
+        step(torch.randn(8, 4))
+    assert "bound = s.exp().item()" in e.value.where
+    assert "keep it a tensor" in e.value.fix and "get_batch" not in e.value.fix

@@ -348,6 +348,17 @@ def random_guards(gm) -> list:
                 "return the value from the step and use it outside (e.g. scheduler.step(loss) or "
                 "the comparison in the training loop)", plain=True))
             continue
+        if "cannot stay live" in str(what):
+            # (a float read back, ``.item()``, that an op takes as a number autograd keeps for
+            # the backward: no batch to build outside; the fix is to keep it a tensor)
+            out.append(Problem(
+                f"the step reads back a value computed after a random draw ({what}; {draw} feeds "
+                "it) and passes it as a number to an op whose backward keeps it: it differs at "
+                "every call, so no graph captured for one value could be replayed", site,
+                "keep it a tensor where it meets a tensor that needs grad (e.g. alpha = "
+                "log_alpha.exp().detach() instead of log_alpha.exp().item()): the graph computes "
+                "a tensor at every replay", plain=True))
+            continue
         out.append(Problem(
             f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
             "every call, so no graph captured for one value could be replayed", site,
