@@ -171,7 +171,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg)
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out

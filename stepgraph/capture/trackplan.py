@@ -275,12 +275,23 @@ def group_entries(reg, keep):
                     yield Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),)), v
 
 
-def hyper_effects(reg) -> list:
+def hyper_effects(reg, assigned=()) -> list:
     """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
-    checked it), left plain now. Runs even when the step raised."""
-    from .numchecks import Root
+    checked it), left plain now. Runs even when the step raised. ``assigned``: the live
+    hyper-parameters' ``(group, key, old value, live value)`` of the trace; one the step
+    replaced by a constant of this graph (DINO's ``g['lr'] = lr_schedule[it]``, a numpy float
+    picked by guarded values) is written again after each replay too, as eager leaves it."""
+    from .pyvalues import Source
     effects = []
+    for group, k, _, live in assigned:   # (before the tracked ones below are made plain)
+        v = group.get(k, live) if k is not None else live
+        if v is live or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor):
+            continue
+        name = next((f"{n}.param_groups[{gi}]" for n, opt in reg.optimizers
+                     for gi, g in enumerate(opt.param_groups) if g is group), "param_groups[?]")
+        src = Source("object", group, name, (("item", k),))
+        effects.append(NumberEffect(Root("source", src, src.describe()), None, v))
     for src, v in group_entries(reg, lambda v: type(v) in _PROXIES):
         effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
         src.write(v._v)

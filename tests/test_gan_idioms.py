@@ -1,0 +1,105 @@
+"""Idioms of GAN and self-supervised training programs (clients/wgan_gp.py, cyclegan.py,
+simclr.py, dino.py) that stepgraph got wrong, each a minimal step compared with eager PyTorch on
+a twin: fresh batches per call; loss, parameters, grads and optimizer state compared each call.
+
+* DINO's ``param_group["lr"] = lr_schedule[it]``: a numpy.float64 from a numpy schedule put in
+  the param groups inside the step. The CPU optimizers' bias correction then computes
+  ``lr / bias_correction1`` with the numpy scalar on the left and a step counter's HostFloat on
+  the right; numpy converted the HostFloat through ``__float__`` and the capture was refused as
+  "Python control flow on an optimizer step counter" with the fix "use a capturable optimizer"
+  (neither true nor applicable on the CPU)."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # (conftest.py)
+
+
+def _compare(model, twin, opt, topt, out, want):
+    assert torch.equal(out, want)
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        assert torch.equal(p, q), n
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            assert torch.equal(p.grad, q.grad), n
+    for p, q in zip(model.parameters(), twin.parameters()):
+        sa, sb = opt.state.get(p, {}), topt.state.get(q, {})
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            a, b = sa[k], sb[k]
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, k
+    for ga, gb in zip(opt.param_groups, topt.param_groups):
+        assert ga["lr"] == gb["lr"] and ga["weight_decay"] == gb["weight_decay"]
+
+
+OPTS = {
+    "adamw": lambda groups: torch.optim.AdamW(groups),
+    "adam": lambda groups: torch.optim.Adam(groups, lr=1e-3),
+    "adamw-foreach": lambda groups: torch.optim.AdamW(groups, foreach=True),
+}
+
+
+@pytest.mark.parametrize("opt_name", sorted(OPTS))
+def test_numpy_schedule_values_put_in_param_groups_inside_the_step(opt_name):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+
+    def groups(m):   # DINO's utils.get_params_groups: no decay on biases
+        return [{"params": [p for n, p in m.named_parameters() if not n.endswith(".bias")]},
+                {"params": [p for n, p in m.named_parameters() if n.endswith(".bias")], "weight_decay": 0.}]
+    opt, topt = OPTS[opt_name](groups(model)), OPTS[opt_name](groups(twin))
+    # (a schedule that takes two values: each is a graph, replayed when it comes back)
+    lr_schedule = np.array([1e-3, 5e-4])
+    wd_schedule = np.array([0.04, 0.4])
+
+    def make(m, o):
+        def step(x, it):
+            for i, param_group in enumerate(o.param_groups):
+                param_group["lr"] = lr_schedule[it % 2]
+                if i == 0:
+                    param_group["weight_decay"] = wd_schedule[it % 2]
+            loss = m(x).square().mean()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+
+    step, eager = stepgraph.compile(make(model, opt)), make(twin, topt)
+    for it in range(8):
+        x = torch.randn(4, 6)
+        _compare(model, twin, opt, topt, step(x, it), eager(x.clone(), it))
+    assert step.stats.failed_captures == 0 and step.stats.replays >= 5, step.stats
+
+
+def test_numpy_scalar_arithmetic_with_a_step_counter_float():
+    """The operators numpy scalars dispatch (``-``, ``*``, ``/``, ``**``) with the HostFloat on
+    the right: the reflected operator, recorded in the graph, live at each replay."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    twin = copy.deepcopy(model)
+    opt, topt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2)
+    base = np.float64(1e-2)
+
+    def make(m, o):
+        def step(x):
+            o.param_groups[0]["lr"] = base
+            o.param_groups[0]["betas"] = (np.float64(0.9), np.float64(0.999))
+            loss = m(x).sum()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+
+    step, eager = stepgraph.compile(make(model, opt)), make(twin, topt)
+    for _ in range(6):
+        x = torch.randn(3, 4)
+        _compare(model, twin, opt, topt, step(x), eager(x.clone()))
+    assert step.stats.captures == 1 and step.stats.replays == 4, step.stats
