@@ -284,9 +284,9 @@ def hyper_effects(reg, assigned=()) -> list:
     picked by guarded values) is written again after each replay too, as eager leaves it."""
     from .pyvalues import Source
     effects = []
-    for group, k, _, live in assigned:   # (before the tracked ones below are made plain)
+    for group, k, old, live in assigned:   # (before the tracked ones below are made plain)
         v = group.get(k, live) if k is not None else live
-        if v is live or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor):
+        if v is live or v is old or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor):
             continue
         name = next((f"{n}.param_groups[{gi}]" for n, opt in reg.optimizers
                      for gi, g in enumerate(opt.param_groups) if g is group), "param_groups[?]")
