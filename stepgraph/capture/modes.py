@@ -4,9 +4,8 @@
   ``.tolist()``, ``.numpy()``, ``print(t)``, ``bool(t)`` — on tensors computed by the step,
   and turns ``.item()`` on optimizer step counters into host scalars (hostscalar.py).
 * ``_DispatchCheckMode`` (aten level) sees ops whose output shape or value depends on data,
-  and host work inside a device step (``_cpu_work``).
-
-Both only record ``Problem``s; trace.py raises the first after the step ran to its end.
+  and host work inside a device step (``_cpu_work``). Both only record ``Problem``s; trace.py
+  raises the first after the step ran to its end.
 """
 from __future__ import annotations
 
