@@ -189,7 +189,7 @@ class ArrayUses:
         """Refuse ``func`` writing in place into a copy of an array: eager writes the user's
         array (``torch.from_numpy(a).mul_(2)``), the trace would write the copy (the refusal
         undoes the trace; the call runs eagerly)."""
-        if not isinstance(func, torch._ops.OpOverload) or func in _LIFT:
+        if not self.spans or not isinstance(func, torch._ops.OpOverload) or func in _LIFT:
             return
         if any(isinstance(v, torch.Tensor) and a.alias_info is not None and a.alias_info.is_write
                and self._of(v, self.copies) for a, v in zip(func._schema.arguments, args)):
@@ -202,7 +202,7 @@ class ArrayUses:
                     "with numpy outside the step")
 
     def note(self, func, args, out) -> None:
-        if not isinstance(func, torch._ops.OpOverload):
+        if not self.spans or not isinstance(func, torch._ops.OpOverload):
             return
         if func in _LIFT:
             if self._over(args[0]):
@@ -215,6 +215,8 @@ class ArrayUses:
         """In a CUDA step: a CPU op on array tensors only (a copy, cast or view), or a device
         tensor indexed by them: not CPU work, the array moves to the device before the graph
         (passes/moved_arguments.py)."""
+        if not self.spans:
+            return False
         cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
         if not cpu or not all(self._over(a) or self._of(a, self.derived) or self._of(a, self.copies) for a in cpu):
             return False

@@ -219,7 +219,7 @@ class _DispatchCheckMode(TorchDispatchMode):
     def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
                  reads: ReadLog | None = None, arrays=()):
         super().__init__()
-        self.arrays = ArrayUses(arrays) if arrays else None   # input numpy arrays (arrays.py)
+        self.arrays = ArrayUses(arrays)   # input numpy arrays (arrays.py)
         self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
         self.problems = problems
         self.cuda_step = cuda_step
@@ -331,18 +331,16 @@ class _DispatchCheckMode(TorchDispatchMode):
             if torch.Tag.data_dependent_output in func.tags:
                 with _disable_current_modes():
                     return func(*args, **kwargs)
-        if self.arrays is not None:
-            self.arrays.check_write(func, args)   # (into a copy of a numpy argument)
+        self.arrays.check_write(func, args)   # (into a copy of a numpy argument)
         out = func(*args, **kwargs)
-        if self.arrays is not None:
-            self.arrays.note(func, args, out)
+        self.arrays.note(func, args, out)
         if func is torch.ops.aten._pack_padded_sequence.default:
             if self.cuda_step:
                 from .rnns import refuse_packed
                 refuse_packed(self.problems, user_frame())
             self.guard_batch_sizes(out[1])
         work = _cpu_work(func, args, kwargs, out) if self.cuda_step and not _argument_to_device(func, args, out) \
-            and not (self.arrays is not None and self.arrays.device_index(func, args, kwargs, out)) \
+            and not self.arrays.device_index(func, args, kwargs, out) \
             and not self._host_op(func, args, kwargs, out) else None
         if work == "scalar":
             self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only

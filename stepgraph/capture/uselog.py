@@ -82,47 +82,10 @@ class UseLog:
         self.found.setdefault(("=", describe(expr)), Check(expr, value, where))
 
     def decide(self, expr, outcome: bool, where=""):
-        if isinstance(outcome, bool) and _reads_in(expr) and self._decide_in_graph(expr, outcome, where):
+        if isinstance(outcome, bool) and _reads_in(expr) and _decide_in_graph(self, expr, outcome, where):
             return
         expr = _settle(expr)
         self.found.setdefault(("?", describe(expr)), Check(expr, outcome, where, decided=True))
-
-    def _decide_in_graph(self, expr, outcome: bool, where) -> bool:
-        """A decision on a value the step read from a tensor (``if decoder_input.item() ==
-        EOS_token: break``) is guarded by its outcome in the graph, where the read is known: a
-        replay computes the comparison and misses only when it decides the other way. (Settled
-        before the replay instead, the read was guarded by value: one capture per predicted
-        token, and behind dropout a refused step.) The other numbers it involves are checked by
-        value before the replay; False where the graph cannot compute it."""
-        from .hostscalar import _tracer
-        tracer = _tracer()
-        if tracer is None:
-            return False
-        others: dict = {}
-
-        def build(e):
-            if isinstance(e, Op):
-                return tracer.create_node("call_function", e.fn, tuple(build(a) for a in e.args), {})
-            if not isinstance(e, Root):
-                return e
-            if e.kind == "read":
-                return e.ref.node
-            if id(e) not in self.root_values:
-                raise LookupError(e.label)
-            others[id(e)] = e
-            return self.root_values[id(e)]
-        try:
-            node = build(expr)
-        except LookupError:
-            return False
-        for r in others.values():
-            self.used(r, self.root_values[id(r)], where)
-        what = describe(expr)
-        for r in _reads_in(expr):   # (its label repeats the site the guard names)
-            what = what.replace(r.label, r.ref.what)
-        ref = _reads_in(expr)[0].ref
-        ref.log.guard(node, outcome, f"the decision {what}", ref.site)
-        return True
 
     def lift(self, proxy, typed: bool = True):
         """The graph node computing ``proxy`` from its roots read at each replay, or None: where
@@ -205,3 +168,41 @@ class UseLog:
                         self.used(expr, value, where)
                         break
         return list(self.found.values())
+
+
+def _decide_in_graph(log: "UseLog", expr, outcome: bool, where) -> bool:
+    """A decision on a value the step read from a tensor (``if decoder_input.item() ==
+    EOS_token: break``) is guarded by its outcome in the graph, where the read is known: a
+    replay computes the comparison and misses only when it decides the other way. (Settled
+    before the replay instead, the read was guarded by value: one capture per predicted
+    token, and behind dropout a refused step.) The other numbers it involves are checked by
+    value before the replay; False where the graph cannot compute it."""
+    from .hostscalar import _tracer
+    tracer = _tracer()
+    if tracer is None:
+        return False
+    others: dict = {}
+
+    def build(e):
+        if isinstance(e, Op):
+            return tracer.create_node("call_function", e.fn, tuple(build(a) for a in e.args), {})
+        if not isinstance(e, Root):
+            return e
+        if e.kind == "read":
+            return e.ref.node
+        if id(e) not in log.root_values:
+            raise LookupError(e.label)
+        others[id(e)] = e
+        return log.root_values[id(e)]
+    try:
+        node = build(expr)
+    except LookupError:
+        return False
+    for r in others.values():
+        log.used(r, log.root_values[id(r)], where)
+    what = describe(expr)
+    for r in _reads_in(expr):   # (its label repeats the site the guard names)
+        what = what.replace(r.label, r.ref.what)
+    ref = _reads_in(expr)[0].ref
+    ref.log.guard(node, outcome, f"the decision {what}", ref.site)
+    return True
