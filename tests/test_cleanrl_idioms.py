@@ -193,3 +193,61 @@ def test_a_read_back_random_value_an_op_bakes_is_refused_with_a_fix_for_it():
         step(torch.randn(8, 4))
     assert "bound = s.exp().item()" in e.value.where
     assert "keep it a tensor" in e.value.fix and "get_batch" not in e.value.fix
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["auto", "cudagraph"])
+def test_cuda_sac_alpha_read_back_scales_the_actor_loss(backend):
+    """SAC on a GPU: ``alpha = log_alpha.exp().item()`` rebound in the step, then ``alpha *
+    log_pi`` -- the live float enters the graph as a 0-dim tensor made from it at each replay."""
+    from stepgraph.backends.cudagraph import make_capturable
+    from stepgraph.capture.state import StateRegistry
+    dev = torch.device("cuda")
+
+    def build():
+        torch.manual_seed(0)
+        actor, q = nn.Linear(4, 2).to(dev), nn.Linear(6, 1).to(dev)
+        log_alpha = torch.zeros(1, requires_grad=True, device=dev)
+        opts = [torch.optim.Adam(q.parameters(), lr=1e-2), torch.optim.Adam(actor.parameters(), lr=1e-2),
+                torch.optim.Adam([log_alpha], lr=1e-2)]
+        box = {"alpha": log_alpha.exp().item()}
+
+        def update(obs, rew):
+            q_opt, actor_opt, a_opt = opts
+            with torch.no_grad():
+                x = actor(obs) + 0.1
+                next_a, next_log_pi = torch.tanh(x), -(x ** 2).sum(1, keepdim=True)
+                target = rew + 0.99 * (q(torch.cat([obs, next_a], 1)) - box["alpha"] * next_log_pi)
+            q_loss = F.mse_loss(q(torch.cat([obs, next_a], 1)), target)
+            q_opt.zero_grad()
+            q_loss.backward()
+            q_opt.step()
+            x = actor(obs) + 0.1
+            pi, log_pi = torch.tanh(x), -(x ** 2).sum(1, keepdim=True)
+            actor_loss = ((box["alpha"] * log_pi) - q(torch.cat([obs, pi], 1))).mean()
+            actor_opt.zero_grad()
+            actor_loss.backward()
+            actor_opt.step()
+            alpha_loss = (-log_alpha.exp() * (log_pi.detach() - 2.0)).mean()
+            a_opt.zero_grad()
+            alpha_loss.backward()
+            a_opt.step()
+            box["alpha"] = log_alpha.exp().item()
+            return q_loss, actor_loss
+        return update, opts, box, [actor, q]
+    f, _, box, mods = build()
+    g, opts2, box2, mods2 = build()
+    f = stepgraph.compile(f, backend=backend)
+    data = torch.Generator().manual_seed(1)
+    for i in range(6):
+        if i == 1:
+            make_capturable(StateRegistry.of_optimizers([(str(k), o) for k, o in enumerate(opts2)]))
+        obs, rew = torch.randn(8, 4, generator=data).to(dev), torch.randn(8, 1, generator=data).to(dev)
+        for a, b in zip(f(obs, rew), g(obs, rew)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        assert abs(box["alpha"] - box2["alpha"]) <= 1e-6 * abs(box2["alpha"]), (i, box, box2)
+    for m, m2 in zip(mods, mods2):
+        for p, p2 in zip(m.parameters(), m2.parameters()):
+            torch.testing.assert_close(p, p2, rtol=1e-6, atol=1e-7)
+    assert f.stats.captures == 1 and f.stats.replays == 4, f.stats
+    assert "backend replay" not in f.explain(), f.explain()   # (a CUDA graph, not the fallback)
