@@ -239,7 +239,7 @@ def test_cuda_sac_alpha_read_back_scales_the_actor_loss(backend):
     g, opts2, box2, mods2 = build()
     f = stepgraph.compile(f, backend=backend)
     data = torch.Generator().manual_seed(1)
-    for i in range(6):
+    for i in range(9):
         if i == 1:
             make_capturable(StateRegistry.of_optimizers([(str(k), o) for k, o in enumerate(opts2)]))
         obs, rew = torch.randn(8, 4, generator=data).to(dev), torch.randn(8, 1, generator=data).to(dev)
@@ -249,5 +249,7 @@ def test_cuda_sac_alpha_read_back_scales_the_actor_loss(backend):
     for m, m2 in zip(mods, mods2):
         for p, p2 in zip(m.parameters(), m2.parameters()):
             torch.testing.assert_close(p, p2, rtol=1e-6, atol=1e-7)
-    assert f.stats.captures == 1 and f.stats.replays == 4, f.stats
+    # On CUDA a float is baked until its value check misses once, then read live (each capture's
+    # reason below): a few captures, then every call replays.
+    assert f.stats.captures <= 3 and f.stats.replays == 8 - f.stats.captures, f.stats.recaptures
     assert "backend replay" not in f.explain(), f.explain()   # (a CUDA graph, not the fallback)
