@@ -105,11 +105,12 @@ def _place(s):
 
 
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
-                               replayed=()) -> None:
+                               replayed=(), slots=()) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a
-    param group's value an LR scheduler stepped inside the step changed, and a number assigned
-    from tracked arithmetic (``replayed``, ``completed_steps += 1``): replays redo both."""
-    replayed = {_place(s) for s in replayed}
+    param group's value an LR scheduler stepped inside the step changed, a number assigned
+    from tracked arithmetic (``replayed``, ``completed_steps += 1``) and a buffer the step
+    rebinds (``slots``: state.Slot escapes, ``self.center = ...``): replays redo them."""
+    replayed = {_place(s) for s in replayed} | {(id(s.owner), s.key) for s in slots if s.kind == "buffer"}
     for s, a, b in zip(py.sources, before, after):
         if a != b and s.from_step and _place(s) not in replayed \
                 and not (scheduled and ".param_groups[" in s.describe()):

@@ -39,6 +39,7 @@ from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
 from .modes import _DispatchCheckMode, _HostReadMode, _tolist
+from .rebound import rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
 
@@ -205,20 +206,22 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
         box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer,
                                                     hm.reads, problems)
-        escapes, clears = [], []
+        escapes, clears, olds = [], [], []
+        box["escape_at"] = len(graph_outs)
         for s, old in zip(slots, before):
             new = s.get()
             if new is old:
                 continue
             if isinstance(new, torch.Tensor) and _is_traced(new):
                 escapes.append(s)
+                olds.append(old)
                 graph_outs.append(new)
             else:
                 counter = _state_counter(s, old, new, reg)
                 if counter is not None and all(p.where != counter.where for p in problems):
                     problems.append(counter)   # (once per optimizer line, not per parameter)
                 clears.append((s, new))
-        box["escapes"], box["clears"] = escapes, clears
+        box["escapes"], box["clears"], box["escape_olds"] = escapes, clears, olds
         input_grads = []
         for i, t in zip(tensor_pos, user_tensors):
             g = t.grad if t.requires_grad and t.is_leaf else None
@@ -255,6 +258,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         odd = rebind_array_constants(gm, {phs[tensor_pos.index(i)]: user_tensors[tensor_pos.index(i)]
                                           for i in array_pos})
         array_reads += [(tensor_pos[phs.index(ph)], "a view of another dtype") for ph in odd]
+    # (a buffer the step rebinds: copied into the old one by the graph, rebound.py)
+    box["escapes"] = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
