@@ -137,8 +137,9 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
     from torch.utils._python_dispatch import _disable_current_modes
     consts = {id(getattr(mode.tracer.root, n.target, None)) for n in mode.tracer.graph.nodes if n.op == "get_attr"}
     out, seen = [], set()
+    root = getattr(mode.tracer, "root", None)   # (make_fx's scratch module: its constants)
     for o in owners:
-        if id(o) in seen:
+        if id(o) in seen or o is root:
             continue
         seen.add(id(o))
         d = getattr(o, "__dict__", None)
