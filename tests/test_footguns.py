@@ -66,6 +66,10 @@
 (s) An optimizer state tensor rebound between calls (``opt.state[p]['exp_avg'] =
     torch.zeros_like(p)``) is not seen: replays go on updating the tensor the graph holds.
     Reset it in place (``.zero_()``) or clear the state (``opt.state.clear()`` recaptures).
+(t) A buffer the step rebinds to a tensor of the same shape (``self.center = self.center * m +
+    c * (1 - m)``) keeps its tensor object: the graph copies the new values into it (eager binds
+    a new tensor each call; the values are eager's). A reference taken before the call sees the
+    new values (test_rebound_buffers.py, capture/rebound.py).
 """
 import copy
 import sys
@@ -386,3 +390,24 @@ def test_s_a_rebound_optimizer_state_tensor_is_not_seen():
         sg(*batch(k)), train(twin, topt, *batch(k))
     assert counts(sg) == (1, 1, 3)
     assert not all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+def test_t_a_rebound_buffer_keeps_its_tensor_object():
+    class Centered(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("center", torch.zeros(4))
+
+        def forward(self, x):
+            with torch.no_grad():
+                self.center = self.center * 0.9 + x.mean(0)[:4] * 0.1
+            return x
+    model, opt, twin, topt = setup()
+    c, tc = Centered(), Centered()
+    sg = stepgraph.compile(lambda x, y: train(model, opt, c(x), y))
+    for k in range(4):
+        held, theirs = c.center, tc.center
+        sg(*batch(k)), train(twin, topt, tc(batch(k)[0]), batch(k)[1])
+        assert torch.equal(c.center, tc.center)
+    assert c.center is held and tc.center is not theirs   # (k = 3: a replay)
+    assert counts(sg) == (1, 1, 2)
