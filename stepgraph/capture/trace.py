@@ -172,7 +172,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers)
+                # (a scheduler stepped in the step sets the groups again itself at each replay)
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, () if box["sched"] else saved_hypers)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
