@@ -275,6 +275,11 @@ def group_entries(reg, keep):
                     yield Source("object", group, f"{name}.param_groups[{gi}]", (("item", k),)), v
 
 
+def _same_float(v, old) -> bool:
+    """``v`` is the float ``old`` held (a live one's plain copy put back after the trace)."""
+    return type(v) is float and isinstance(old, float) and float.__float__(old) == v
+
+
 def hyper_effects(reg, assigned=()) -> list:
     """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
@@ -286,7 +291,8 @@ def hyper_effects(reg, assigned=()) -> list:
     effects = []
     for group, k, old, live in assigned:   # (before the tracked ones below are made plain)
         v = group.get(k, live) if k is not None else live
-        if v is live or v is old or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor):
+        if v is live or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor) \
+                or v is old or _same_float(v, old):   # (left as it was, or a plain copy of it)
             continue
         name = next((f"{n}.param_groups[{gi}]" for n, opt in reg.optimizers
                      for gi, g in enumerate(opt.param_groups) if g is group), "param_groups[?]")
