@@ -276,7 +276,10 @@ def group_entries(reg, keep):
 
 
 def _same_float(v, old) -> bool:
-    """``v`` is the float ``old`` held (a live one's plain copy put back after the trace)."""
+    """``v`` is the value ``old`` held (a live float's plain copy put back after the trace, or a
+    tuple of them: OneCycleLR's ``betas``)."""
+    if isinstance(v, (tuple, list)) and isinstance(old, (tuple, list)):
+        return len(v) == len(old) and all(_same_float(a, b) for a, b in zip(v, old))
     return type(v) is float and isinstance(old, float) and float.__float__(old) == v
 
 
