@@ -52,7 +52,9 @@ class DINOLoss(nn.Module):
     @torch.no_grad()
     def update_center(self, teacher_output):
         """EMA of the teacher outputs' mean over the whole (all-reduced) batch."""
-        batch_center = torch.sum(teacher_output, dim=0, keepdim=True)
-        dist.all_reduce(batch_center)
-        batch_center = batch_center / (len(teacher_output) * dist.get_world_size())
-        self.center = self.center * self.center_momentum + batch_center * (1 - self.center_momentum)
+        summed = torch.sum(teacher_output, dim=0, keepdim=True)
+        dist.all_reduce(summed)                                   # over every process's batch
+        mean = summed / (len(teacher_output) * dist.get_world_size())
+        m = self.center_momentum
+        # a rebind of the registered buffer (Module.__setattr__ replaces it), not an in-place update
+        self.center = self.center * m + mean * (1 - m)
