@@ -314,7 +314,8 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     if e_err is not None:
         return Result(name, "BROKEN", f"the eager program fails: {type(e_err).__name__}: {e_err}")
     _, sgr, err, warns = _run(name, True, steps, device, amp, seed, **compile_kw)
-    stats = [s.stats for s in sgr.steps]
+    # (a step the program defines but this run never calls, a variant's other path: not listed)
+    stats = [s.stats for s in sgr.steps if s.stats.eager_calls or s.stats.captures or s.stats.failed_captures]
     res = Result(name, OK, stats=stats, warnings=warns)
     if err is not None:
         from stepgraph import CaptureError
