@@ -321,3 +321,19 @@ def refuse_direct_collectives(gm) -> None:
             fix="use the traceable functional collectives instead (t = torch.distributed."
                 "_functional_collectives.all_reduce(t, 'sum', group)); DistributedDataParallel "
                 "models need nothing: their gradient all-reduce is captured")
+
+
+def direct_collective(func, problems: list) -> None:
+    """While tracing: a c10d collective called directly (``dist.all_reduce(t)``, DINO's
+    ``update_center``) is a problem at the user's line (``refuse_direct_collectives`` would only
+    name the step function)."""
+    if getattr(func, "namespace", "") != "c10d" or any(p.op == str(func) for p in problems):
+        return
+    from .effects import Problem
+    from ..errors import user_frame
+    problems.append(Problem(
+        f"the step calls torch.distributed collectives directly ({func}): they complete through a "
+        "Work objects a captured graph cannot replay", user_frame(),
+        "use the traceable functional collectives instead (t = torch.distributed._functional_collectives"
+        ".all_reduce(t, 'sum', group)); DistributedDataParallel models need nothing: their gradient "
+        "all-reduce is captured", plain=True))

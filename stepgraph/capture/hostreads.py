@@ -311,7 +311,6 @@ def _value_inputs(guard) -> list:
 
 
 def _tensor_shape():
-    from .modes import tensor_shape
     return tensor_shape
 
 
@@ -366,3 +365,13 @@ def random_guards(gm) -> list:
             "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
             "indexing (data[ix]) so no value is read on the host", plain=True))
     return out
+
+
+def tensor_shape(t) -> tuple:
+    """Graph node: a tensor's shape, read on the host (what a data-dependent shape guard checks)."""
+    return tuple(t.shape)
+
+
+def tensor_values(t) -> tuple:
+    """Graph node: a CPU tensor's values, read on the host (a packed sequence's batch sizes)."""
+    return tuple(t.tolist())

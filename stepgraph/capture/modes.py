@@ -20,9 +20,10 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
-from .hostreads import ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar
+from .hostreads import ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar, tensor_shape, tensor_values
 from .sinks import _ELEMENTWISE
 from .arrays import ArrayUses
+from .distributed import direct_collective
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
 
@@ -205,16 +206,6 @@ def _tolist(t: torch.Tensor, reads: ReadLog):
     return items
 
 
-def tensor_shape(t) -> tuple:
-    """Graph node: a tensor's shape, read on the host (what a data-dependent shape guard checks)."""
-    return tuple(t.shape)
-
-
-def tensor_values(t) -> tuple:
-    """Graph node: a CPU tensor's values, read on the host (a packed sequence's batch sizes)."""
-    return tuple(t.tolist())
-
-
 class _DispatchCheckMode(TorchDispatchMode):
     def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
                  reads: ReadLog | None = None, arrays=()):
@@ -332,6 +323,7 @@ class _DispatchCheckMode(TorchDispatchMode):
                 with _disable_current_modes():
                     return func(*args, **kwargs)
         self.arrays.check_write(func, args)   # (into a copy of a numpy argument)
+        direct_collective(func, self.problems)   # (dist.all_reduce(t) in the step: distributed.py)
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
         if func is torch.ops.aten._pack_padded_sequence.default:
