@@ -271,11 +271,11 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
         + [p.grad if p.grad is not None else torch.zeros_like(p) for p, _ in tr.grad_inputs] \
         + [s.read(()) for s in tr.source_inputs]
     if device == "cuda" and step._pool is None:
-        step._pool = torch.cuda.graph_pool_handle()
+        step._pool, step._pool_graphs = torch.cuda.graph_pool_handle(), []
     consts = [getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr"
               and isinstance(getattr(gm, n.target), torch.Tensor)]
     request = CompileRequest(
-        pool=step._pool, inputs_written=tuple(traced.summary.inputs_written), clone_outputs=step.clone_outputs,
+        pool=step._pool, pool_graphs=step._pool_graphs, inputs_written=tuple(traced.summary.inputs_written), clone_outputs=step.clone_outputs,
         n_user_outputs=traced.n_user, state_tensors=tuple({id(t): t for t in consts}.values()),
         host_scalar_ops=tr.host_scalar_ops, rng_state_calls=tr.rng_state_calls,
         grad_bindings=tuple(traced.bindings), on_fused=step._on_fused, name_of=step._reg.name_of,

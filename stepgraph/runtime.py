@@ -85,7 +85,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._dropped = self._rescan = False  # a weakly held model/optimizer died (_state_dropped)
             self._busy = Busy()         # calls running (a dropped model is forgotten between them)
             had_graphs = bool(getattr(self, "_pool", None))
-            self._pool = None
+            self._pool, self._pool_graphs = None, []   # (CompileRequest.pool_graphs)
             self.stats = Stats()
             if had_graphs and torch.cuda.is_available():
                 torch.cuda.empty_cache()  # give the dropped graphs' pool back to the device

@@ -20,6 +20,10 @@ from .runner import Runner
 class CompileRequest:
     """What a backend's ``compile(gm, example_inputs, request)`` gets besides the graph."""
     pool: object = None               # CUDA graph memory pool shared by one step's graphs
+    # One entry per graph recorded into ``pool``: with two or more, a replay of one may write over
+    # another's outputs (its intermediates reuse what was free when it was recorded), so the rebound
+    # slots and grads are handed out as copies too (CudaGraphRunner, SegmentedRunner).
+    pool_graphs: list | None = None
     inputs_written: tuple = ()        # graph input positions the step writes in place
     clone_outputs: bool = True        # return copies, so results never live in a graph's pool
     n_user_outputs: int | None = None  # outputs before the rebound slots and grads

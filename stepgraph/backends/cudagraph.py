@@ -258,14 +258,33 @@ def record(fn, example_inputs, request: CompileRequest = CompileRequest()) -> "C
               for x in example_inputs]
     graph, outs = capture_graph(fn, static, request.pool)
     n_user = len(outs) if request.n_user_outputs is None else request.n_user_outputs
-    return CudaGraphRunner(graph, static, outs, set(request.inputs_written), n_user, request.clone_outputs,
-                           moved_state_check(request.state_tensors))
+    runner = CudaGraphRunner(graph, static, outs, set(request.inputs_written), n_user, request.clone_outputs,
+                             moved_state_check(request.state_tensors))
+    runner.shared = share_pool(request)
+    return runner
+
+
+def share_pool(request: CompileRequest) -> list:
+    """Count a graph recorded into the request's pool; the runner reads the count at each call."""
+    graphs = request.pool_graphs if request.pool_graphs is not None else []
+    graphs.append(True)
+    return graphs
+
+
+def persistent_copies(outs, n_user: int, shared: list) -> list:
+    """The rebound slots and grads after ``n_user``: copies when another graph shares the pool
+    (td3/cyclegan on an H100: a later variant's replay wrote over the grads bound to parameters)."""
+    if len(shared) < 2:
+        return outs[n_user:]
+    return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[n_user:]]
 
 
 class CudaGraphRunner(Runner):
     """One recorded CUDA graph: copy inputs whose address differs into the static buffers,
     replay, copy written inputs back, return (cloned) outputs."""
-    extras = ("static_inputs", "static_outputs")
+    extras = ("static_inputs", "static_outputs", "shared")
+
+    shared: list = []   # share_pool: the graphs recorded into this one's pool
 
     def __init__(self, graph, static, outs, written, n_user, clone_outputs, moved):
         self.graph, self.static_inputs, self.static_outputs = graph, static, outs
@@ -284,7 +303,7 @@ class CudaGraphRunner(Runner):
             if i in self._written:
                 inputs[i].copy_(static[i])
         if self._clone:
-            return [o.clone() for o in outs[:self._n_user]] + outs[self._n_user:]
+            return [o.clone() for o in outs[:self._n_user]] + persistent_copies(outs, self._n_user, self.shared)
         return outs
 
     def stale(self) -> str | None:

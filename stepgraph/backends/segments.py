@@ -35,7 +35,7 @@ from . import CompileRequest
 from .hostops import (READ as _READ, is_shape_read, materialiser, needs_host, shape_from_data, static_like,
                       sync_point, timed, writes_first_arg)
 from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
-                        refuse_uncapturable)
+                        persistent_copies, refuse_uncapturable, share_pool)
 from .replay import generate
 from .runner import Runner
 
@@ -214,8 +214,10 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     segments = [_segment_module(gm, it) for it in items if isinstance(it, list)]
     _record_in_order(gm, items, segments, dict(zip(placeholders, static)), request.pool, segment_fn, record)
     program, syncs = _per_call_program(gm, items, segments, placeholders)
-    return SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
-                           request.clone_outputs, moved_state_check(request.state_tensors), syncs)
+    runner = SegmentedRunner(program, static, segments, set(request.inputs_written), request.n_user_outputs,
+                             request.clone_outputs, moved_state_check(request.state_tensors), syncs)
+    runner.shared = share_pool(request)
+    return runner
 
 
 def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool, segment_fn,
@@ -295,8 +297,9 @@ def _per_call_program(gm: fx.GraphModule, items: list, segments: list, placehold
 
 class SegmentedRunner(Runner):
     """The per-call program: host nodes run in Python, each segment replays its CUDA graph."""
-    extras = ("static_inputs", "syncs", "segment_kind")
+    extras = ("static_inputs", "syncs", "segment_kind", "shared")
     segment_kind = "CUDA graph segments: {n} (one launch each, one memory pool)"   # (explain)
+    shared: list = []   # cudagraph.share_pool
 
     def __init__(self, program, static, segments, written, n_user, clone_outputs, moved, syncs=()):
         self._program, self.static_inputs, self.segments = program, static, segments
@@ -321,7 +324,7 @@ class SegmentedRunner(Runner):
                 inputs[i].copy_(static[i])
         k = len(outs) if self._n_user is None else self._n_user
         if self._clone:
-            return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[:k]] + outs[k:]
+            return [o.clone() if isinstance(o, torch.Tensor) else o for o in outs[:k]] + persistent_copies(outs, k, self.shared)
         return outs
 
     def stale(self) -> str | None:
