@@ -298,8 +298,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                     visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):
                 call = getattr(type(v), "__call__", None)   # a callable user object
-                if isinstance(call, types.FunctionType):
-                    visit(types.MethodType(call, v), depth + 1)
+                if isinstance(call, types.FunctionType):   # (a record's too: ``loss_avg()``)
+                    from .trackplan import record_key
+                    visit(types.MethodType(call, v), depth + 1, self_is_record=record_key(v) is not None)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
             from .pycalls import replayable_callee
             calls.setdefault(key, []).append(method if p == path and statement and s.kind != "arg"
