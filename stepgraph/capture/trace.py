@@ -171,7 +171,11 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers)
+                # (a group a scheduler stepped in the step set: the scheduler's step is redone
+                # after each replay, it writes the group again -- no constant of this graph)
+                by_sched = {id(g) for sc, *_ in box.get("sched", ()) for g in sc.optimizer.param_groups}
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(
+                    reg, [h for h in saved_hypers if h[1] is None or id(h[0]) not in by_sched])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
