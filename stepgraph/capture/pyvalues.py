@@ -293,7 +293,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 visit(v, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
-                if isinstance(m, types.FunctionType):
+                from .pycalls import replayable_callee   # (unless a replay redoes the call)
+                if isinstance(m, types.FunctionType) and not (statement and replayable_callee(v, method)):
                     from .trackplan import record_key   # (meters['x'].update(): a record, by path)
                     visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):

@@ -207,7 +207,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
-        box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer,
+        box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer, reg,
                                                     hm.reads, problems)
         escapes, clears = [], []
         for s, old in zip(slots, before):
