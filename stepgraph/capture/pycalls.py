@@ -70,9 +70,11 @@ def replayable_callee(obj, method: str) -> bool:
     if (getattr(t, "__module__", "") or "").split(".")[0] in _FRAMEWORKS or not hasattr(obj, "__dict__"):
         return False
     f = getattr(t, method, None)
-    from .pyvalues import _user_code
-    if f is None or (isinstance(f, types.FunctionType) and _user_code(f.__code__)):
-        return False   # (user code: read as the step's own, pyvalues.find_sources)
+    if f is None:
+        return False
+    # A method of the user's own class is redone too (torchvision's ``metric_logger.update(
+    # loss=loss.item(), lr=...)``: meters of deques in a defaultdict, which no Source reaches):
+    # pyvalues.find_sources does not read its code as the step's own then.
     from .trackplan import record_key
     # (a record -- a meter of numbers -- is tracked attribute by attribute: trackplan.py)
     return not _holds_state(obj) and record_key(obj) is None
@@ -97,12 +99,14 @@ class CallEffect:
     method: str
     spec: object     # pytree spec of (args, kwargs)
     leaves: list     # ("const", v) | ("out", SourceEffect): a graph output (tensor or read) |
+    #                  ("group", (param group, key)): read when redone |
     #                  ("number", expr): a number of the call's | ("fmt", [str | SourceEffect]): a string
     where: str
 
     def run(self, outs, number) -> None:
         """Redo the call with this replay's graph ``outs``; ``number(expr)``: a number of the call's."""
         vals = [outs[e.index] if kind == "out" else e if kind == "const" else number(e) if kind == "number" else
+                e[0][e[1]] if kind == "group" else
                 "".join(x if isinstance(x, str) else format(float(outs[x.index]), x.spec) for x in e)
                 for kind, e in self.leaves]
         a, kw = pytree.tree_unflatten(vals, self.spec)
@@ -221,7 +225,7 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                     delattr(obj, name)
 
 
-def collect_calls(log: CallLog, graph_outs: list, tracer, reads, problems: list):
+def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: list):
     """After the step ran (inside the trace): the calls a replay redoes, and notes on those it
     cannot (their site, for the warning). What a redone call formats inside (tqdm's
     ``set_postfix(loss=x)`` does str(x)) is no print that runs only at capture: dropped from
@@ -234,6 +238,10 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reads, problems: list)
     formats = [f for f in (reads.formats if reads is not None else ()) if f[0] not in inside]
     printed_lines = {p.split(" (")[0] for i, p in enumerate(printed) if i not in inside}
     redone = set()
+    # A param-group entry passed as is (``lr=optimizer.param_groups[0]["lr"]``) is read again
+    # when the call is redone: a scheduler stepped in the step (redone first) changes it.
+    entries = {id(v): (g, k) for _, opt in reg.optimizers for g in opt.param_groups
+               for k, v in g.items() if isinstance(v, float)}
     for r in log.records:
         if r.heavy:
             problems.append(Problem(
@@ -263,6 +271,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reads, problems: list)
                 out.append(("out", SourceEffect(None, "tensor", len(graph_outs) - 1)))
             elif kind == "read":
                 out.append(("out", SourceEffect(None, "read", node=v.node)))
+            elif isinstance(v, float) and id(v) in entries:
+                out.append(("group", entries[id(v)]))
             else:
                 out.append(("const", v))
         used = {f[0] for f in formats if printed[f[0]].split(" (")[0] == line} - {f[0] for f in mine}

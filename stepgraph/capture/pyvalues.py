@@ -293,13 +293,15 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 visit(v, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
-                if isinstance(m, types.FunctionType):
+                from .pycalls import replayable_callee   # (unless a replay redoes the call)
+                if isinstance(m, types.FunctionType) and not (statement and replayable_callee(v, method)):
                     from .trackplan import record_key   # (meters['x'].update(): a record, by path)
                     visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):
                 call = getattr(type(v), "__call__", None)   # a callable user object
-                if isinstance(call, types.FunctionType):
-                    visit(types.MethodType(call, v), depth + 1)
+                if isinstance(call, types.FunctionType):   # (a record's too: ``loss_avg()``)
+                    from .trackplan import record_key
+                    visit(types.MethodType(call, v), depth + 1, self_is_record=record_key(v) is not None)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
             from .pycalls import replayable_callee
             calls.setdefault(key, []).append(method if p == path and statement and s.kind != "arg"

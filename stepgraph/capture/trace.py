@@ -172,8 +172,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                # (a scheduler stepped in the step sets the groups again itself at each replay)
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, () if box["sched"] else saved_hypers)
+                # (a group a scheduler stepped in the step set: the scheduler's step is redone
+                # after each replay, it writes the group again -- no constant of this graph)
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, _not_scheduled(saved_hypers, box["sched"]))
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
@@ -205,7 +206,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
-        box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer,
+        box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer, reg,
                                                     hm.reads, problems)
         escapes, clears, olds = [], [], []
         box["escape_at"] = len(graph_outs)
@@ -357,3 +358,13 @@ def raise_problems(problems: list[Problem]) -> None:
 def _clip(text: str, n: int = 100) -> str:
     """``text`` cut at a word boundary near ``n`` characters."""
     return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
+
+
+def _not_scheduled(saved_hypers, sched) -> list:
+    """The live hyper-parameters of groups no scheduler stepped in the step set (all of them
+    when a stepped scheduler does not say its optimizer: Accelerate's wrapper)."""
+    opts = [getattr(sc, "optimizer", None) for sc, *_ in sched]
+    if any(o is None for o in opts):
+        return []
+    by_sched = {id(g) for o in opts for g in o.param_groups}
+    return [h for h in saved_hypers if h[1] is None or id(h[0]) not in by_sched]

@@ -4,7 +4,8 @@
 # (global_pool_nlc, VisionTransformer, init_weights_*, get_init_weights_vit). Import lines replaced: 43-77
 # (timm.data constants, timm.layers, ._builder/_features/_manipulate/_registry) -> the excerpts in layers.py
 # beside this file; names only used off VisionTransformer's default path (DiffAttention, AttentionPoolLatent,
-# AttentionPoolPrr, resample_abs_pos_embed, feature_take_indices, checkpoint_seq, ...) -> placeholders that raise.
+# AttentionPoolPrr, resample_abs_pos_embed, feature_take_indices, ...) -> placeholders that raise; checkpoint and
+# checkpoint_seq (timm/models/_manipulate.py) -> checkpointing.py beside this file (restated, for set_grad_checkpointing).
 """ Vision Transformer (ViT) in PyTorch
 
 A PyTorch implement of Vision Transformers as described in:
@@ -64,7 +65,8 @@ def _not_vendored(*args, **kwargs):
 
 
 AttentionPoolLatent = AttentionPoolPrr = PatchDropout = resample_abs_pos_embed = _not_vendored
-feature_take_indices = checkpoint = checkpoint_seq = _not_vendored
+feature_take_indices = _not_vendored
+from .checkpointing import checkpoint, checkpoint_seq  # noqa: E402
 
 
 _logger = logging.getLogger(__name__)
