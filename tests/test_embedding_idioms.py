@@ -6,7 +6,13 @@ optimizer state compared at every call.
 * DLRM's ``optimizer.step(); lr_scheduler.step()`` inside the step (any LR scheduler that
   changes the lr there): the scheduler's new lr was taken for a constant the step assigned to
   the param group and written back after every replay, over the value the re-run scheduler had
-  just set (the lr froze at the capturing call's value)."""
+  just set (the lr froze at the capturing call's value).
+* word2vec's ``torch.optim.SparseAdam`` on ``nn.Embedding(sparse=True)``: SparseAdam keeps
+  ``state['step']`` as a Python int, which no graph can advance. The refusal named a line of
+  torch's ``_contextlib.py`` and told the user to "use a torch.optim optimizer" -- SparseAdam is
+  one. It now names the user's ``optimizer.step()`` line and the fix that applies: step that
+  optimizer after the compiled step returns (forward and backward, sparse gradients included,
+  still replay: checked here)."""
 import copy
 
 import pytest
@@ -90,3 +96,62 @@ def test_lr_scheduler_stepped_inside_the_step(sched, sparse):
         _same(f(idx, offsets, y), eager(idx, offsets, y), "loss")
         compare(model, twin, opt, topt)
     assert f.stats.replays >= 4
+
+
+def _sgns(sparse_step_inside):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"u": nn.Embedding(30, 4, sparse=True), "v": nn.Embedding(30, 4, sparse=True)})
+    twin = copy.deepcopy(model)
+    opt, topt = (torch.optim.SparseAdam(list(m.parameters()), lr=0.05) for m in (model, twin))
+
+    def make(m, o):
+        def step(u, v, neg):
+            o.zero_grad()
+            eu = m["u"](u)
+            score = nn.functional.logsigmoid((eu * m["v"](v)).sum(1))
+            neg_score = nn.functional.logsigmoid(-torch.bmm(m["v"](neg), eu.unsqueeze(2)).squeeze(2)).sum(1)
+            loss = -(score + neg_score).mean()
+            loss.backward()
+            if sparse_step_inside:
+                o.step()
+            return loss
+        return step
+    return model, twin, opt, topt, stepgraph.compile(make(model, opt)), make(twin, topt)
+
+
+def _batch(g):
+    return torch.randint(0, 30, (6,), generator=g), torch.randint(0, 30, (6,), generator=g), \
+        torch.randint(0, 30, (6, 5), generator=g)
+
+
+def test_sparse_adam_stepped_inside_is_refused_at_the_users_line_with_a_fix_that_applies():
+    model, twin, opt, topt, f, eager = _sgns(True)
+    g = torch.Generator().manual_seed(1)
+    _same(f(*_batch(g)), eager(*_batch(torch.Generator().manual_seed(1))), "loss")   # warm-up
+    with pytest.raises(stepgraph.CaptureError) as e:
+        f(*_batch(g))
+    eager(*_batch_after(1))
+    assert __file__ in e.value.where and "o.step()" in e.value.where, e.value.where
+    assert "outside" in e.value.fix and "SparseAdam" in str(e.value)
+    assert "use a torch.optim optimizer" not in e.value.fix
+    compare(model, twin, opt, topt)   # (refused after running the call eagerly, as eager did)
+
+
+def _batch_after(n):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        _batch(g)
+    return _batch(g)
+
+
+def test_sparse_adam_stepped_after_the_compiled_step_replays_sparse_grads():
+    model, twin, opt, topt, f, eager = _sgns(False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        b = _batch(g)
+        _same(f(*b), eager(*b), "loss")
+        opt.step()
+        topt.step()
+        assert model["u"].weight.grad.is_sparse
+        compare(model, twin, opt, topt)
+    assert f.stats.replays == 4

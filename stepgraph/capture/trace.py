@@ -311,6 +311,17 @@ def _state_counter(slot: Slot, old, new, reg: StateRegistry) -> Problem | None:
     opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
     where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
     cls = type(opt).__name__ if opt is not None else "the optimizer"
+    if opt is not None and type(opt).__module__.startswith("torch.optim."):
+        # torch's own (SparseAdam's int ``state['step']``): the user cannot change its code, but
+        # can step it after the graph, which still replays forward and backward (sparse grads too).
+        from .effects import STEP_SITES
+        return Problem(
+            f"torch.optim.{cls} keeps its step count as a Python number in its per-parameter state "
+            f"({slot.source}: {old!r} -> {new!r}) and updates it in Python: a replay runs no Python, "
+            f"so it would compute every update with this call's count", STEP_SITES.get(opt, where),
+            f"call this optimizer's step() outside the compiled step, after it returns (the forward "
+            f"and backward, sparse gradients included, still replay), or use an optimizer that keeps "
+            f"the count in a tensor (torch.optim.Adam/AdamW/SGD)", plain=True)
     return Problem(
         f"{cls} keeps a Python number in its per-parameter state and the step changes it "
         f"({slot.source}: {old!r} -> {new!r}): a replay runs no Python, so it would write back "
@@ -325,8 +336,7 @@ def _writer_line(cls, key) -> str:
     ``def`` line when none is found): where the user's optimizer changes the number."""
     import inspect
     import re
-    fn = getattr(cls, "step", None)
-    fn = getattr(fn, "__wrapped__", fn)
+    fn = inspect.unwrap(getattr(cls, "step", None))   # (the profiling hook, no_grad: wrappers)
     try:
         lines, first = inspect.getsourcelines(fn)
         path = inspect.getsourcefile(fn)
