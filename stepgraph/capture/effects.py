@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import traceback
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -161,6 +162,10 @@ def absorb_floats(reg, groups=None) -> None:
             group[key] = held
 
 
+# optimizer -> the user's line that last stepped it in a trace (a refusal about its state names it)
+STEP_SITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @contextlib.contextmanager
 def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | None = None):
     """Add any optimizer that steps to the registry (e.g. per-parameter optimizers stepped from
@@ -171,6 +176,7 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
     entered: list = []
 
     def pre_hook(opt, args, kwargs):
+        STEP_SITES[opt] = user_frame()   # (refusals about this optimizer's state name it: trace.py)
         if all(o is not opt for _, o in reg.optimizers):
             # (``reg.optimizers`` is a fresh list of the held ones: assign, not append)
             reg.optimizers = reg.optimizers + [(f"optimizer#{len(reg.optimizers)}", opt)]

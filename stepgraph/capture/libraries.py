@@ -109,11 +109,13 @@ def library_fix(inside: str, fix: str) -> str:
 
 
 @contextlib.contextmanager
-def record_scheduler_steps(calls: list, problems: list, stepped: list, before_step=None):
+def record_scheduler_steps(calls: list, problems: list, stepped: list, before_step=None, assigned=None):
     """LR schedulers stepped inside the step (Hugging Face's loop: ``optimizer.step();
     lr_scheduler.step()``) are Python code a replay would skip: record each call, to be made
     again after every replay. Valid when no optimizer steps after it in the same call (the new
-    lr is for the next call, as in eager); otherwise refused."""
+    lr is for the next call, as in eager); otherwise refused. ``assigned`` gets ``(group, key,
+    value)`` for each param-group entry a scheduler set: the re-run scheduler sets it after each
+    replay, so it is no constant of the graph (trackplan.hyper_effects)."""
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from ..errors import user_frame
@@ -159,12 +161,16 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
         # (StepLR decaying at every replay). It runs on plain floats; what it leaves unchanged
         # stays live, what it changes is next call's value (read live where the step returns it).
         lives = _unlive(self.optimizer)
+        before = [(g, dict(g)) for g in getattr(self.optimizer, "param_groups", ())]
         try:
             return orig(self, *a, **k)
         finally:
             for g, key, v, plain in lives:
                 if g.get(key) == plain:
                     g[key] = v
+            if assigned is not None:
+                assigned.extend((g, key, v) for g, old in before for key, v in g.items()
+                                if key != "params" and v is not old.get(key))
     for c, orig in saved:
         c.step = wrap(orig)
     handle = register_optimizer_step_pre_hook(lambda opt, a, k: stepped.append(opt))

@@ -146,7 +146,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
-                record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object), \
+                record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
+                                       box.setdefault("sched_set", [])), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
@@ -174,7 +175,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                         group[k] = v
                 # (a group a scheduler stepped in the step set: the scheduler's step is redone
                 # after each replay, it writes the group again -- no constant of this graph)
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, _not_scheduled(saved_hypers, box["sched"]))
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(
+                    reg, _not_scheduled(saved_hypers, box["sched"]), box["sched_set"])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
@@ -317,6 +319,17 @@ def _state_counter(slot: Slot, old, new, reg: StateRegistry) -> Problem | None:
     opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
     where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
     cls = type(opt).__name__ if opt is not None else "the optimizer"
+    if opt is not None and type(opt).__module__.startswith("torch.optim."):
+        # torch's own (SparseAdam's int ``state['step']``): the user cannot change its code, but
+        # can step it after the graph, which still replays forward and backward (sparse grads too).
+        from .effects import STEP_SITES
+        return Problem(
+            f"torch.optim.{cls} keeps its step count as a Python number in its per-parameter state "
+            f"({slot.source}: {old!r} -> {new!r}) and updates it in Python: a replay runs no Python, "
+            f"so it would compute every update with this call's count", STEP_SITES.get(opt, where),
+            f"call this optimizer's step() outside the compiled step, after it returns (the forward "
+            f"and backward, sparse gradients included, still replay), or use an optimizer that keeps "
+            f"the count in a tensor (torch.optim.Adam/AdamW/SGD)", plain=True)
     return Problem(
         f"{cls} keeps a Python number in its per-parameter state and the step changes it "
         f"({slot.source}: {old!r} -> {new!r}): a replay runs no Python, so it would write back "
@@ -331,8 +344,7 @@ def _writer_line(cls, key) -> str:
     ``def`` line when none is found): where the user's optimizer changes the number."""
     import inspect
     import re
-    fn = getattr(cls, "step", None)
-    fn = getattr(fn, "__wrapped__", fn)
+    fn = inspect.unwrap(getattr(cls, "step", None))   # (the profiling hook, no_grad: wrappers)
     try:
         lines, first = inspect.getsourcelines(fn)
         path = inspect.getsourcefile(fn)

@@ -283,19 +283,24 @@ def _same_float(v, old) -> bool:
     return type(v) is float and isinstance(old, float) and float.__float__(old) == v
 
 
-def hyper_effects(reg, assigned=()) -> list:
+def hyper_effects(reg, assigned=(), scheduled=()) -> list:
     """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
     checked it), left plain now. Runs even when the step raised. ``assigned``: the live
     hyper-parameters' ``(group, key, old value, live value)`` of the trace; one the step
     replaced by a constant of this graph (DINO's ``g['lr'] = lr_schedule[it]``, a numpy float
-    picked by guarded values) is written again after each replay too, as eager leaves it."""
+    picked by guarded values) is written again after each replay too, as eager leaves it --
+    unless an LR scheduler stepped inside the step set it (``scheduled``: ``(group, key,
+    value)``, libraries.record_scheduler_steps): the scheduler, run again after each replay,
+    sets the next value itself (DLRM's ``lr_scheduler.step()``: the lr froze at this one)."""
     from .pyvalues import Source
     effects = []
     for group, k, old, live in assigned:   # (before the tracked ones below are made plain)
         v = group.get(k, live) if k is not None else live
         if v is live or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor) \
                 or v is old or _same_float(v, old):   # (left as it was, or a plain copy of it)
+            continue
+        if any(g is group and key == k and x is v for g, key, x in scheduled):
             continue
         name = next((f"{n}.param_groups[{gi}]" for n, opt in reg.optimizers
                      for gi, g in enumerate(opt.param_groups) if g is group), "param_groups[?]")

@@ -1,0 +1,157 @@
+"""Idioms of embedding-heavy training programs (clients/text_classification_embeddingbag.py,
+dlrm.py, word2vec_sgns.py) that stepgraph got wrong, each a minimal step compared with eager
+PyTorch on a twin: fresh batches per call; loss, parameters, grads (sparse ones too) and
+optimizer state compared at every call.
+
+* DLRM's ``optimizer.step(); lr_scheduler.step()`` inside the step (any LR scheduler that
+  changes the lr there): the scheduler's new lr was taken for a constant the step assigned to
+  the param group and written back after every replay, over the value the re-run scheduler had
+  just set (the lr froze at the capturing call's value).
+* word2vec's ``torch.optim.SparseAdam`` on ``nn.Embedding(sparse=True)``: SparseAdam keeps
+  ``state['step']`` as a Python int, which no graph can advance. The refusal named a line of
+  torch's ``_contextlib.py`` and told the user to "use a torch.optim optimizer" -- SparseAdam is
+  one. It now names the user's ``optimizer.step()`` line and the fix that applies: step that
+  optimizer after the compiled step returns (forward and backward, sparse gradients included,
+  still replay: checked here)."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # (conftest.py)
+
+
+def _same(a, b, what):
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.layout == b.layout, what
+        if a.is_sparse:
+            a, b = a.coalesce(), b.coalesce()
+            assert torch.equal(a.indices(), b.indices()), what
+            a, b = a.values(), b.values()
+        assert torch.equal(a, b), what
+    else:
+        assert a == b, what
+
+
+def compare(model, twin, opt, topt):
+    for (n, p), q in zip(model.named_parameters(), twin.parameters()):
+        _same(p.detach(), q.detach(), n)
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            _same(p.grad, q.grad, n + ".grad")
+    for p, q in zip(model.parameters(), twin.parameters()):
+        sa, sb = opt.state.get(p, {}), topt.state.get(q, {})
+        assert sa.keys() == sb.keys()
+        for k in sa:
+            _same(sa[k], sb[k], k)
+    for ga, gb in zip(opt.param_groups, topt.param_groups):
+        for k in ga:
+            if k != "params":
+                _same(ga[k], gb[k], k)
+
+
+class _WarmupDecay(LRScheduler):
+    """DLRM's LRPolicyScheduler, reduced: a get_lr on ``_step_count`` with branches."""
+
+    def get_lr(self):
+        n = self._step_count
+        scale = n / 2 if n < 2 else max(0.0, 1 - (n - 2) / 6) ** 2
+        return [b * scale for b in self.base_lrs]
+
+
+SCHEDULERS = {
+    "lambda": lambda opt: LambdaLR(opt, lambda i: 1.0 / (i + 1)),
+    "subclass": _WarmupDecay,
+}
+
+
+@pytest.mark.parametrize("sched", sorted(SCHEDULERS))
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_lr_scheduler_stepped_inside_the_step(sched, sparse):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"emb": nn.EmbeddingBag(20, 4, mode="sum", sparse=sparse), "fc": nn.Linear(4, 1)})
+    twin = copy.deepcopy(model)
+    opt, topt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin))
+    s, ts = SCHEDULERS[sched](opt), SCHEDULERS[sched](topt)
+
+    def make(m, o, sc):
+        def step(idx, offsets, y):
+            z = m["fc"](m["emb"](idx, offsets)).squeeze(1)
+            loss = nn.functional.binary_cross_entropy_with_logits(z, y)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            sc.step()
+            return loss
+        return step
+
+    f, eager = stepgraph.compile(make(model, opt, s)), make(twin, topt, ts)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(7):
+        idx, offsets, y = torch.randint(0, 20, (8,), generator=g), torch.arange(0, 8, 2), torch.rand(4, generator=g)
+        _same(f(idx, offsets, y), eager(idx, offsets, y), "loss")
+        compare(model, twin, opt, topt)
+    assert f.stats.replays >= 4
+
+
+def _sgns(sparse_step_inside):
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"u": nn.Embedding(30, 4, sparse=True), "v": nn.Embedding(30, 4, sparse=True)})
+    twin = copy.deepcopy(model)
+    opt, topt = (torch.optim.SparseAdam(list(m.parameters()), lr=0.05) for m in (model, twin))
+
+    def make(m, o):
+        def step(u, v, neg):
+            o.zero_grad()
+            eu = m["u"](u)
+            score = nn.functional.logsigmoid((eu * m["v"](v)).sum(1))
+            neg_score = nn.functional.logsigmoid(-torch.bmm(m["v"](neg), eu.unsqueeze(2)).squeeze(2)).sum(1)
+            loss = -(score + neg_score).mean()
+            loss.backward()
+            if sparse_step_inside:
+                o.step()
+            return loss
+        return step
+    return model, twin, opt, topt, stepgraph.compile(make(model, opt)), make(twin, topt)
+
+
+def _batch(g):
+    return torch.randint(0, 30, (6,), generator=g), torch.randint(0, 30, (6,), generator=g), \
+        torch.randint(0, 30, (6, 5), generator=g)
+
+
+def test_sparse_adam_stepped_inside_is_refused_at_the_users_line_with_a_fix_that_applies():
+    model, twin, opt, topt, f, eager = _sgns(True)
+    g = torch.Generator().manual_seed(1)
+    _same(f(*_batch(g)), eager(*_batch(torch.Generator().manual_seed(1))), "loss")   # warm-up
+    with pytest.raises(stepgraph.CaptureError) as e:
+        f(*_batch(g))
+    eager(*_batch_after(1))
+    assert __file__ in e.value.where and "o.step()" in e.value.where, e.value.where
+    assert "outside" in e.value.fix and "SparseAdam" in str(e.value)
+    assert "use a torch.optim optimizer" not in e.value.fix
+    compare(model, twin, opt, topt)   # (refused after running the call eagerly, as eager did)
+
+
+def _batch_after(n):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        _batch(g)
+    return _batch(g)
+
+
+def test_sparse_adam_stepped_after_the_compiled_step_replays_sparse_grads():
+    model, twin, opt, topt, f, eager = _sgns(False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        b = _batch(g)
+        _same(f(*b), eager(*b), "loss")
+        opt.step()
+        topt.step()
+        assert model["u"].weight.grad.is_sparse
+        compare(model, twin, opt, topt)
+    assert f.stats.replays == 4
