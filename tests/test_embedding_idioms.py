@@ -12,7 +12,12 @@ optimizer state compared at every call.
   torch's ``_contextlib.py`` and told the user to "use a torch.optim optimizer" -- SparseAdam is
   one. It now names the user's ``optimizer.step()`` line and the fix that applies: step that
   optimizer after the compiled step returns (forward and backward, sparse gradients included,
-  still replay: checked here)."""
+  still replay: checked here).
+* The text classification tutorial's ``collate_batch``: ``text`` is the batch's sentences
+  concatenated, a new length at nearly every call. Each length is a graph; past max_captures the
+  step ran eagerly with a warning that said nothing the user could do. It now says what to
+  change (pad the flat tensor to a few lengths). (A graph for all lengths needs symbolic
+  shapes: not done.)"""
 import copy
 
 import pytest
@@ -155,3 +160,21 @@ def test_sparse_adam_stepped_after_the_compiled_step_replays_sparse_grads():
         assert model["u"].weight.grad.is_sparse
         compare(model, twin, opt, topt)
     assert f.stats.replays == 4
+
+
+def test_a_flat_index_tensor_of_varying_length_warns_with_a_fix_past_max_captures():
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"emb": nn.EmbeddingBag(20, 4), "fc": nn.Linear(4, 2)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def step(label, text, offsets):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model["fc"](model["emb"](text, offsets)), label)
+        loss.backward()
+        opt.step()
+        return loss
+
+    f = stepgraph.compile(step, max_captures=3)
+    with pytest.warns(UserWarning, match=r"max_captures=3.*shape.*pad text to one of a few fixed lengths"):
+        for n in range(8, 14):
+            f(torch.tensor([0, 1]), torch.randint(0, 20, (n,)), torch.tensor([0, 3]))

@@ -166,7 +166,7 @@ _ARG = r"(?:arg \d+ \((?P<arg>\w+)\)|kwarg '(?P<kw>\w+)')(?P<path>\S*)"
 def recapture_hint(reason: str) -> str:
     """What to change when recaptures of this kind keep coming (one clause, '' if nothing
     specific): an argument keyed by identity, an argument whose None elements move, a variable
-    the step calls methods on that is a new object each time."""
+    the step calls methods on that is a new object each time, an argument whose shape changes."""
     m = re.match(_ARG + r" (?P<t>\w+) object at 0x[0-9a-f]+ -> (?P=t) object at", reason)
     if m:
         name = m["arg"] or m["kw"]
@@ -182,6 +182,14 @@ def recapture_hint(reason: str) -> str:
         return (f"which elements of {name} are None changes between calls, and each pattern is a graph "
                 "of its own: build the tensors the step needs outside it (stack the elements, make the "
                 "mask there) and pass those")
+    m = re.match(_ARG + r" shape \(", reason)
+    if m:
+        name = m["arg"] or m["kw"]
+        return (f"{name}{m['path']} has another shape at each call (a flat batch of variable-length "
+                "sequences, as nn.EmbeddingBag's input with offsets), and each shape is a graph of its "
+                f"own: pad {name} to one of a few fixed lengths before the call (padding the model "
+                "ignores: padding_idx, an extra bag whose output is dropped, ignore_index), or "
+                "DataLoader(drop_last=True) when only the last batch is smaller")
     m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
     if m:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
