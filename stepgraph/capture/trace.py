@@ -173,10 +173,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                             group.write(v, a)  # a Source
                     elif group.get(k) is live:
                         group[k] = v
-                # (a group a scheduler stepped in the step set: the scheduler's step is redone
-                # after each replay, it writes the group again -- no constant of this graph)
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(
-                    reg, _not_scheduled(saved_hypers, box["sched"]), box["sched_set"])
+                # (the entries a scheduler stepped in the step set: its step is redone after each
+                # replay and sets them again -- no constants of this graph)
+                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers, box["sched_set"])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         box["result"] = out
@@ -370,13 +369,3 @@ def raise_problems(problems: list[Problem]) -> None:
 def _clip(text: str, n: int = 100) -> str:
     """``text`` cut at a word boundary near ``n`` characters."""
     return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
-
-
-def _not_scheduled(saved_hypers, sched) -> list:
-    """The live hyper-parameters of groups no scheduler stepped in the step set (all of them
-    when a stepped scheduler does not say its optimizer: Accelerate's wrapper)."""
-    opts = [getattr(sc, "optimizer", None) for sc, *_ in sched]
-    if any(o is None for o in opts):
-        return []
-    by_sched = {id(g) for o in opts for g in o.param_groups}
-    return [h for h in saved_hypers if h[1] is None or id(h[0]) not in by_sched]
