@@ -33,3 +33,15 @@ def world_of_one(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def tensor_class_untouched():
+    """No test leaves an attribute on torch.Tensor that was not there: a Python ``__getitem__``
+    left on the class once made every tensor a sequence, and a corpus client 20 minutes later
+    failed in its eager run ("len() of a 0-d tensor", the CI failure of stop 31)."""
+    before = {c: set(vars(c)) for c in (torch.Tensor, torch._C.TensorBase)}
+    yield
+    for c, names in before.items():
+        added = set(vars(c)) - names
+        assert not added, f"{c.__name__} gained {sorted(added)}"

@@ -260,9 +260,6 @@ def test_uncapturable_feature_is_warned_once_and_runs_eagerly(tmp_path, cls, fea
     assert cb.stats is None or cb.stats.captures == 0, cb.stats
 
 
-@pytest.mark.xfail(strict=False, reason="passes alone and with its neighbours, fails in the full suite's order since "
-                   "session 14 (TypeError: len() of a 0-d tensor in Lightning's grad_norm torch.tensor(list of norms)); "
-                   "an earlier test leaves state behind: to bisect (issue note, session 14)")
 def test_callback_hooks_and_logging_from_hooks_are_captured(tmp_path):
     """A user callback's on_before_optimizer_step logs the gradient norm through pl_module.log
     (the pattern of Lightning's grad_norm utility): captured, and logged at every step."""

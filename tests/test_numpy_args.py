@@ -210,3 +210,44 @@ def test_an_untaken_branch_reading_the_argument_by_key_keys_nothing():
         return step
     stats = _run(make, lambda rng, i: (rng.permutation(20)[:5],))
     assert stats.captures == 1, stats
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_capture_leaves_the_tensor_class_as_it_was(fails):
+    # The CI failure of stop 31: tracing a step with an array argument patched and then
+    # re-assigned torch.Tensor.__getitem__, an attribute Tensor only inherits. Copied into
+    # Tensor's own __dict__ it makes every tensor a Python sequence: the user's later eager
+    # torch.tensor([torch.tensor(1.)]) raised "len() of a 0-d tensor".
+    before = {c: dict(vars(c)) for c in (torch.Tensor, torch._C.TensorBase)}
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(xb):
+        x = xb if fails else torch.from_numpy(xb)
+        return _sgd_step(model, opt, x)   # model(ndarray): TypeError, as in eager
+    for _ in range(3):
+        try:
+            step(np.ones((4, 3), dtype=np.float32))
+        except TypeError:
+            assert fails
+    assert {c: dict(vars(c)) for c in before} == before
+    assert torch.tensor([torch.tensor(1.0), torch.tensor(2.0)]).tolist() == [1.0, 2.0]
+
+
+def test_two_dimensional_index_and_a_tensor_of_step_tensors():
+    # data[inds] with a 2-D index array gathers rows (not a tuple of per-dimension indices), and
+    # torch.tensor([...]) of 0-d tensors works in a step that takes an array (it broke while the
+    # trace patched Tensor.__getitem__, which made tensors Python sequences).
+    def make(model, opt, data):
+        def step(inds):
+            out = model(data[inds]).squeeze(-1)          # (2, 3)
+            extra = torch.tensor([out.detach().mean(), out.detach().std()])
+            loss = out.pow(2).mean() + 0 * extra.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    stats = _run(make, lambda rng, i: (rng.integers(0, 20, size=(2, 3)),))
+    assert stats.captures == 1 and stats.replays == 4, stats

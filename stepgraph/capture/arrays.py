@@ -16,11 +16,15 @@ before, so a replay never reuses what Python computed from another array's value
 from __future__ import annotations
 
 import contextlib
+import dis
 import sys
 import warnings
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+
+from .patching import patched
 
 _KINDS = "biufc"           # bool, int, uint, float, complex: dtypes torch.from_numpy takes
 _BY_VALUE_BYTES = 4096     # an array read in Python is keyed by its bytes up to this size
@@ -90,6 +94,14 @@ def _watched_class():
             self._read("indexing")
             return self.view(np.ndarray)[k]
 
+        def __len__(self):
+            # torch's C indexing walks a non-tuple sequence index item by item (is it a list of
+            # indices? does an item override torch functions?) but takes an exact ndarray by
+            # its memory. Asked from there, this view says it is empty: nothing is walked, and the
+            # index reaches _PlainIndexing (or torch's numpy conversion), which reads memory only.
+            n = np.ndarray.__len__(self)
+            return 0 if _torch_indexing(sys._getframe(1)) else n
+
         def __iter__(self):
             self._read("iteration")
             return iter(self.view(np.ndarray))
@@ -110,6 +122,16 @@ def _watched_class():
     return WatchedArray
 
 
+_SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in ("BINARY_SUBSCR", "STORE_SUBSCR") if n in dis.opmap)
+
+
+def _torch_indexing(frame) -> bool:
+    """The length is asked while ``frame`` runs a subscript (``t[a]``, ``t[a] = v``): the asker is
+    the container's C indexing (torch's sequence walk; numpy, list and dict never ask)."""
+    code = frame.f_code.co_code
+    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] in _SUBSCRIPT_OPS
+
+
 def watch(x, pos: int, reads: list):
     """The view of input array ``x`` the traced step gets."""
     v = x.view(_watched_class())
@@ -126,6 +148,21 @@ def _plain(index):
                            is_leaf=lambda x: isinstance(x, W))
 
 
+class _PlainIndexing(TorchFunctionMode):
+    """Tensor indexing by a watched array indexes by its memory, as by a plain array (the view's
+    ``__len__`` keeps torch from walking it first). A mode, not a patch of
+    ``Tensor.__getitem__``: a Python ``__getitem__`` on the class makes every tensor a Python
+    sequence (``torch.tensor([torch.tensor(1.)])`` then raises "len() of a 0-d tensor", in the
+    step and, once left behind, in the user's eager code: the CI failure of stop 31)."""
+
+    _FUNCS = (torch.Tensor.__getitem__, torch.Tensor.__setitem__)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self._FUNCS:
+            args = (args[0],) + tuple(_plain(a) for a in args[1:])
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
 def watching(reads: list):
     """While the step is traced: tensor indexing by a watched array reads its memory (as for a
@@ -133,15 +170,6 @@ def watching(reads: list):
     array) counts as a read."""
     import numpy as np
     W = _watched_class()
-    T = torch.Tensor
-    get, put = T.__getitem__, T.__setitem__
-    saved = [(np, name, getattr(np, name)) for name in ("asarray", "array", "ascontiguousarray", "asanyarray")]
-
-    def getitem(self, index):
-        return get(self, _plain(index))
-
-    def setitem(self, index, value):
-        return put(self, _plain(index), _plain(value))
 
     def converting(f, name):
         def conv(a, *args, **kw):
@@ -150,15 +178,9 @@ def watching(reads: list):
             return f(a, *args, **kw)
         return conv
 
-    T.__getitem__, T.__setitem__ = getitem, setitem
-    for mod, name, f in saved:
-        setattr(mod, name, converting(f, name))
-    try:
+    names = ("asarray", "array", "ascontiguousarray", "asanyarray")
+    with patched(np, {name: converting(getattr(np, name), name) for name in names}), _PlainIndexing():
         yield
-    finally:
-        T.__getitem__, T.__setitem__ = get, put
-        for mod, name, f in saved:
-            setattr(mod, name, f)
 
 
 _LIFT = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)

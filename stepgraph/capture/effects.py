@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 from ..errors import library_frame, user_frame
 from ..markers import RNG_STATE_FUNCS, zero_grad_marker
 from .state import StateRegistry
+from .patching import patched
 
 _T = torch.Tensor
 # Python-level reads of a tensor's value: each would bake this step's value into the graph.
@@ -205,7 +206,6 @@ def _host_read_patches(problems: list, tolist=None):
     run by the autograd engine do not see torch-function modes: patch the methods themselves
     for the trace so a read inside a backward hook is refused too. ``tolist(t)``: how to read a
     traced tensor's list instead (element by element, as host reads), or None to refuse."""
-    saved = {}
 
     def wrap(name, orig):
         def method(self, *a, **k):
@@ -228,15 +228,9 @@ def _host_read_patches(problems: list, tolist=None):
             finally:
                 _host_read_patches.inside = False
         return method
-    for name in ("tolist", "numpy", "__array__"):
-        orig = getattr(torch.Tensor, name)
-        saved[name] = orig
-        setattr(torch.Tensor, name, wrap(name, orig))
-    try:
+    names = ("tolist", "numpy", "__array__")
+    with patched(torch.Tensor, {name: wrap(name, getattr(torch.Tensor, name)) for name in names}):
         yield
-    finally:
-        for name, orig in saved.items():
-            setattr(torch.Tensor, name, orig)
 
 
 def _opaque_outputs(out_leaves) -> str | None:
