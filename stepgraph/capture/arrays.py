@@ -197,7 +197,7 @@ class ArrayUses:
         self.copies: dict = {}     # id -> make_fx's copy of an array's memory, or a view of one
         self.derived: dict = {}    # id -> a CPU result of array tensors only (CUDA steps)
 
-    def _over(self, t) -> bool:
+    def over(self, t) -> bool:
         try:
             p = t.data_ptr()
         except (RuntimeError, AttributeError):
@@ -227,7 +227,7 @@ class ArrayUses:
         if not self.spans or not isinstance(func, torch._ops.OpOverload):
             return
         if func in _LIFT:
-            if self._over(args[0]):
+            if self.over(args[0]):
                 self.copies[id(out)] = out
         elif isinstance(out, torch.Tensor) and func._schema.returns and func._schema.returns[0].alias_info is not None \
                 and args and isinstance(args[0], torch.Tensor) and self._of(args[0], self.copies):
@@ -240,7 +240,7 @@ class ArrayUses:
         if not self.spans:
             return False
         cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
-        if not cpu or not all(self._over(a) or self._of(a, self.derived) or self._of(a, self.copies) for a in cpu):
+        if not cpu or not all(self.over(a) or self._of(a, self.derived) or self._of(a, self.copies) for a in cpu):
             return False
         if func in _INDEX_OPS or func is torch.ops.aten._to_copy.default:   # (t[inds] moves inds itself)
             return True

@@ -23,6 +23,7 @@ from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, u
 from .hostreads import ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar, tensor_shape, tensor_values
 from .sinks import _ELEMENTWISE
 from .arrays import ArrayUses
+from .constfold import Constants
 from .distributed import direct_collective
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
@@ -211,6 +212,7 @@ class _DispatchCheckMode(TorchDispatchMode):
                  reads: ReadLog | None = None, arrays=()):
         super().__init__()
         self.arrays = ArrayUses(arrays)   # input numpy arrays (arrays.py)
+        self.constants = Constants(self.arrays)   # CPU values built from constants (constfold.py)
         self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
         self.problems = problems
         self.cuda_step = cuda_step
@@ -305,6 +307,9 @@ class _DispatchCheckMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self._foreign_history(args, kwargs)
+        folded = self.constants.fold(func, args, kwargs)
+        if folded is not NotImplemented:
+            return folded
         if func is torch.ops.aten._local_scalar_dense.default and self.batch_sizes and self._reads_guarded(args[0]):
             with _disable_current_modes():
                 return func(*args, **kwargs)   # a value the graph's guard already fixes
@@ -326,6 +331,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         direct_collective(func, self.problems)   # (dist.all_reduce(t) in the step: distributed.py)
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
+        self.constants.note(func, args, out)
         if func is torch.ops.aten._pack_padded_sequence.default:
             if self.cuda_step:
                 from .rnns import refuse_packed

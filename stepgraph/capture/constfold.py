@@ -1,0 +1,56 @@
+"""Constant folding while tracing: CPU tensors the step builds from constants only.
+
+``sizes = torch.tensor([crop.shape[-1] for crop in x])`` holds values the capture already fixes
+(shapes are in the guard signature; Python numbers are guarded or read live before they reach
+``torch.tensor``, so a ``lift_fresh_copy`` constant is a fixed value). DINO's MultiCropWrapper
+then runs ``unique_consecutive`` and ``cumsum`` on it and slices its batch with the results.
+Traced, that is CPU work in the graph: refused in a CUDA step (a CUDA graph runs it once), and
+host-read guards on a CPU step. Folded, each such op runs once, here, outside the trace; its
+results are plain tensors (constants of the graph where a traced op uses them), and reading
+their values is reading a constant.
+
+Not folded: a lift over a numpy argument's memory (an input: arrays.py), random or in-place
+ops, ops with any input that is not such a constant, and results off the CPU (a copy to the GPU
+is left to the host prologue, passes/host_prologue.py)."""
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
+
+_LIFT = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
+
+
+class Constants:
+    def __init__(self, arrays):
+        self.arrays = arrays      # ArrayUses: lifts over an argument array's memory are inputs
+        self.known: dict = {}     # id -> a CPU tensor holding a constant value
+
+    def _is(self, t) -> bool:
+        return self.known.get(id(t)) is t
+
+    def note(self, func, args, out) -> None:
+        """After a traced op: a ``torch.tensor(...)`` constant on the CPU is a known constant."""
+        if func in _LIFT and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
+                and not self.arrays.over(args[0]):
+            self.known[id(out)] = out
+
+    def fold(self, func, args, kwargs):
+        """The op's result computed outside the trace, or NotImplemented to trace it."""
+        if not self.known or not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable \
+                or torch.Tag.nondeterministic_seeded in func.tags:
+            return NotImplemented
+        device = kwargs.get("device")
+        if device is not None and torch.device(device).type != "cpu":
+            return NotImplemented
+        tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        if not tensors or not all(self._is(t) for t in tensors):
+            return NotImplemented
+        with _disable_current_modes():
+            out = func(*args, **kwargs)
+        outs = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        if any(o.device.type != "cpu" for o in outs):
+            return NotImplemented   # (computed twice then: a copy, no side effect)
+        for o in outs:
+            self.known[id(o)] = o
+        return out
