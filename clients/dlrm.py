@@ -199,6 +199,9 @@ def main(sg, steps=8, device="cpu", amp=None, numpy_in_step=True):
                     arch_interaction_itself=args.arch_interaction_itself, sigmoid_bot=-1,
                     sigmoid_top=ln_top.size - 2, loss_threshold=0.0, ndevices=-1,
                     loss_function=args.loss_function)
+    use_gpu = device != "cpu"
+    if use_gpu:  # (dlrm_s_pytorch.py: "dlrm = dlrm.to(device)  # .cuda()")
+        dlrm = dlrm.to(device)
     optimizer = torch.optim.SGD(dlrm.parameters(), lr=0.1)
     lr_scheduler = LRPolicyScheduler(optimizer, 2, 3, 4)
     sg.track(dlrm=dlrm, optimizer=optimizer, lr_scheduler=lr_scheduler)
@@ -209,6 +212,9 @@ def main(sg, steps=8, device="cpu", amp=None, numpy_in_step=True):
         batches.append((X, torch.stack(lS_o), lS_i, T))  # collate_wrapper_random_offset stacks lS_o
 
     def dlrm_wrap(X, lS_o, lS_i, use_gpu, device, ndevices=1):
+        if use_gpu:  # the offsets and indices move with the batch, as in dlrm_s_pytorch.py
+            lS_i = [S_i.to(device) for S_i in lS_i] if isinstance(lS_i, list) else lS_i.to(device)
+            lS_o = [S_o.to(device) for S_o in lS_o] if isinstance(lS_o, list) else lS_o.to(device)
         return dlrm(X.to(device), lS_o, lS_i)
 
     def loss_fn_wrap(Z, T, use_gpu, device):
@@ -216,8 +222,8 @@ def main(sg, steps=8, device="cpu", amp=None, numpy_in_step=True):
 
     @sg.compile
     def train_step(X, lS_o, lS_i, T):  # the body of the training loop
-        Z = dlrm_wrap(X, lS_o, lS_i, False, device, ndevices=-1)
-        E = loss_fn_wrap(Z, T, False, device)
+        Z = dlrm_wrap(X, lS_o, lS_i, use_gpu, device, ndevices=-1)
+        E = loss_fn_wrap(Z, T, use_gpu, device)
         if numpy_in_step:
             L = E.detach().cpu().numpy()  # numpy array
         optimizer.zero_grad()

@@ -52,7 +52,7 @@ from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
-from .passes.moved_arguments import move_arrays, moved_arguments
+from .passes.moved_arguments import constants_to_device, move_arrays, moved_arguments
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -286,6 +286,7 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
     try:
         if device == "cuda":   # (x.to(device) of a CPU batch in the step: moved before the graph)
             move_arrays(gm, [k for k, i in enumerate(plan.sig.tensor_pos) if input_array(plan.sig.leaves[i])])
+            constants_to_device(gm)   # (Z[:, li, lj] with li = torch.tensor([...]): DLRM)
             moved = moved_arguments(gm, len(plan.sig.tensor_pos), example)
             for m in moved:
                 example[m.index] = example[m.index].to(m.device)

@@ -253,3 +253,63 @@ def test_cuda_sac_alpha_read_back_scales_the_actor_loss(backend):
     # reason below): a few captures, then every call replays.
     assert f.stats.captures <= 3 and f.stats.replays == 8 - f.stats.captures, f.stats.recaptures
     assert "backend replay" not in f.explain(), f.explain()   # (a CUDA graph, not the fallback)
+
+
+def _sac_delayed(compiled: bool, steps: int, backend: str):
+    """cleanrl_sac's shape on a fused backend: the policy and alpha update only when
+    ``global_step % 2 == 0``, so the critic-only path reads ``alpha`` (a closure float the other
+    path rebinds from ``.item()``) live, as a 0-dim tensor made from it at each call."""
+    torch.manual_seed(0)
+    actor, q = nn.Linear(4, 2), nn.Linear(6, 1)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    opts = [torch.optim.Adam(q.parameters(), lr=1e-2), torch.optim.Adam(actor.parameters(), lr=1e-2),
+            torch.optim.Adam([log_alpha], lr=1e-2)]
+    alpha = log_alpha.exp().item()
+    global_step = 0
+
+    def update(obs, rew):
+        nonlocal alpha
+        q_opt, actor_opt, a_opt = opts
+        with torch.no_grad():
+            x = actor(obs) + 0.1
+            target = rew + 0.99 * (q(torch.cat([obs, torch.tanh(x)], 1)) - alpha * -(x ** 2).sum(1, keepdim=True))
+        q_loss = F.mse_loss(q(torch.cat([obs, torch.tanh(actor(obs).detach())], 1)), target)
+        q_opt.zero_grad()
+        q_loss.backward()
+        q_opt.step()
+        if global_step % 2 == 0:
+            x = actor(obs) + 0.1
+            log_pi = -(x ** 2).sum(1, keepdim=True)
+            actor_loss = ((alpha * log_pi) - q(torch.cat([obs, torch.tanh(x)], 1))).mean()
+            actor_opt.zero_grad()
+            actor_loss.backward()
+            actor_opt.step()
+            alpha_loss = (-log_alpha.exp() * (log_pi.detach() - 2.0)).mean()
+            a_opt.zero_grad()
+            alpha_loss.backward()
+            a_opt.step()
+            alpha = log_alpha.exp().item()
+        return q_loss
+
+    fn = stepgraph.compile(update, backend=backend) if compiled else update
+    data = torch.Generator().manual_seed(1)
+    records = []
+    for global_step in range(steps):
+        obs, rew = torch.randn(8, 4, generator=data), torch.randn(8, 1, generator=data)
+        records.append((fn(obs, rew).detach().clone(), alpha, [p.detach().clone() for p in actor.parameters()]))
+    return records, fn
+
+
+def test_sac_delayed_alpha_on_a_fused_backend_reads_alpha_live(monkeypatch):
+    # (cleanrl_sac on the H100 recaptured at every alpha update: "alpha cannot be fed to the
+    # graph as a tensor (aten.scalar_tensor.default takes a live float)")
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
+    got, fn = _sac_delayed(True, 10, "inductor")
+    want, _ = _sac_delayed(False, 10, None)
+    for i, ((gl, ga, gp), (wl, wa, wp)) in enumerate(zip(got, want)):
+        torch.testing.assert_close(gl, wl, rtol=1e-5, atol=1e-6, msg=f"call {i}")
+        assert abs(ga - wa) <= 1e-6 * abs(wa), f"call {i}: alpha {ga} != {wa}"
+        for a, b in zip(gp, wp):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert fn.stats.captures <= 3, fn.stats.recaptures
+    assert not any("alpha" in r for r in fn.stats.recaptures), fn.stats.recaptures

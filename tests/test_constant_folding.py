@@ -70,3 +70,50 @@ def test_multicrop_wrapper_on_cuda(backend):
     f = _run("cuda", backend=backend)
     assert f.stats.captures == 1 and f.stats.replays == 3, f.stats
     assert f.stats.fallbacks == 0 if hasattr(f.stats, "fallbacks") else True
+
+
+def test_cpu_constant_index_of_a_device_tensor_moves_to_the_device():
+    """DLRM's dot interaction: ``Z[:, li, lj]`` with ``li = torch.tensor([...])`` built on the
+    CPU. Eager moves the indices at each call; the graph holds them on the device once."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from stepgraph.passes.moved_arguments import constants_to_device
+
+    def f(z):
+        li = torch.tensor([i for i in range(3) for j in range(i)])
+        lj = torch.tensor([j for i in range(3) for j in range(i)])
+        return z[:, li, lj] * 2
+
+    gm = make_fx(f, tracing_mode="fake")(torch.empty(2, 3, 3, device="meta"))
+    moved = constants_to_device(gm)
+    assert moved == 2, gm.code
+    for n in gm.graph.nodes:
+        if n.op == "get_attr":
+            assert getattr(gm, n.target).device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["cudagraph", "inductor"])
+def test_dlrm_interaction_on_cuda(backend):
+    torch.manual_seed(0)
+    out = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        emb = nn.Linear(4, 12).cuda()
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+
+        def step(x):
+            z = emb(x).view(-1, 3, 4)
+            zz = torch.bmm(z, z.transpose(1, 2))
+            li = torch.tensor([i for i in range(3) for j in range(i)])
+            lj = torch.tensor([j for i in range(3) for j in range(i)])
+            loss = zz[:, li, lj].pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        f = stepgraph.compile(step, backend=backend) if compiled else step
+        out.append([f(torch.randn(5, 4, device="cuda", generator=torch.Generator("cuda").manual_seed(k))).item()
+                    for k in range(5)])
+        if compiled:
+            assert f.stats.captures == 1 and f.stats.replays == 3, f.stats
+    torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-6)

@@ -19,6 +19,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
 _LIFT = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
+_INDEX_OPS = frozenset((torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor,
+                        torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default))
 
 
 class Constants:
@@ -54,3 +56,11 @@ class Constants:
         for o in outs:
             self.known[id(o)] = o
         return out
+
+    def device_index(self, func, args, kwargs) -> bool:
+        """In a CUDA step: a device tensor indexed by CPU constants (DLRM's ``Z[:, li, lj]``):
+        not CPU work, the constants move to the device once (passes/moved_arguments.py)."""
+        if func not in _INDEX_OPS:
+            return False
+        cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
+        return bool(cpu) and all(self._is(a) for a in cpu)

@@ -339,6 +339,7 @@ class _DispatchCheckMode(TorchDispatchMode):
             self.guard_batch_sizes(out[1])
         work = _cpu_work(func, args, kwargs, out) if self.cuda_step and not _argument_to_device(func, args, out) \
             and not self.arrays.device_index(func, args, kwargs, out) \
+            and not self.constants.device_index(func, args, kwargs) \
             and not self._host_op(func, args, kwargs, out) else None
         if work == "scalar":
             self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only

@@ -86,7 +86,7 @@ def _val(n):
     return v
 
 
-def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
+def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) -> None:
     """Replace ``n`` (an op taking a host node as a Scalar) by its tensor form; ``scalar(x, dtype)``
     is the graph node of host node ``x`` as a 0-dim tensor. ``dry``: only check it is known."""
     t, args, kw = n.target, list(n.args), dict(n.kwargs)
@@ -167,6 +167,15 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False) -> None:
             return
         base_t = s(args[0])
         n.args, n.target = ([base_t] * len(args[1]), args[1]), aten._foreach_pow.List
+    elif t is aten.scalar_tensor.default and len(args) == 1 and host(args[0]) \
+            and device is not None and torch.device(kw.get("device") or "cpu").type == torch.device(device).type:
+        if dry:   # torch.scalar_tensor(alpha, ...) of a live float (hostreads.operands_as_tensors)
+            return
+        dtype = kw.get("dtype") or torch.get_default_dtype()
+        # (the float64 slot rounded once to dtype: what scalar_tensor does with the Python float)
+        new = call(aten._to_copy.default, (scalar(args[0], torch.float64),), {"dtype": dtype})
+        n.replace_all_uses_with(new)
+        g.erase_node(n)
     elif t in (aten.fill_.Scalar, aten.fill.Scalar) and two and host(args[1]):
         if dry:
             return
@@ -212,7 +221,7 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
         try:
             if u.op != "call_function" or not isinstance(u.target, torch._ops.OpOverload):
                 raise Unsupported(f"{u.target} takes a live float")
-            _rewrite(g, u, None, dry=True)
+            _rewrite(g, u, None, dry=True, device=device)
         except Unsupported as e:
             bad.append(u)
             why.append(str(e))
@@ -244,7 +253,7 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
 
     for u in dict.fromkeys(consumers):
         with g.inserting_before(u):
-            _rewrite(g, u, scalar)
+            _rewrite(g, u, scalar, device=device)
     # The host program: the same arithmetic, returning the slots' values.
     prog = fx.Graph()
     env: dict = {}

@@ -100,3 +100,41 @@ def _on(v, device):
         with mode:
             return v.to(device)
     return torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=device)
+
+
+_INDEX_OPS = frozenset((torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.index_put.default,
+                        torch.ops.aten.index_put_.default, torch.ops.aten._index_put_impl_.default))
+
+
+def constants_to_device(gm: fx.GraphModule) -> int:
+    """CPU constants (``li = torch.tensor([...])`` in the step, capture/constfold.py) that only
+    index device tensors, alone or through CPU ops on themselves (DLRM's ``Z[:, li, lj]``): eager
+    copies them to the device at each call; being constants, they are copied once, here, and
+    the graph holds them there (a CUDA graph would otherwise record a copy from pageable host
+    memory). Returns how many moved."""
+    moved = 0
+    for n in list(gm.graph.nodes):
+        if n.op != "get_attr":
+            continue
+        value = getattr(gm, n.target, None)
+        if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or value.dim() == 0:
+            continue
+        found = _cpu_closure(n)
+        if found is None:
+            continue
+        cpu, device = found
+        ends = {u for m in cpu | {n} for u in m.users if u not in cpu}
+        if not ends or not all(u.target in _INDEX_OPS for u in ends):
+            continue
+        setattr(gm, n.target, value.to(device))
+        n.meta["val"] = _on(n.meta.get("val"), device)
+        for m in cpu:
+            m.meta.pop("stepgraph_host", None)
+            m.meta["val"] = _on(m.meta.get("val"), device)
+            for k, v in list(m.kwargs.items()):   # (lift_fresh_copy, clone: no device argument)
+                if k == "device":
+                    m.update_kwarg(k, device)
+        moved += 1
+    if moved:
+        gm.recompile()
+    return moved
