@@ -244,6 +244,34 @@ def test_to_device_scalars_feeds_live_floats_as_one_tensor():
     torch.testing.assert_close(p, torch.full((3,), 1 - 0.5 * 1.9))
 
 
+def test_to_device_scalars_sgd_on_a_sparse_grad_multiplies_then_adds():
+    """``p.add_(grad, alpha=-lr)`` with a sparse grad (nn.EmbeddingBag(sparse=True): DLRM): no
+    sparse addcmul_, so ``add_(p, mul(grad, alpha_t))`` (on CUDA: "Could not run
+    'aten::addcmul_' with arguments from the 'SparseCUDA' backend")."""
+    group = {"lr": 0.1}
+
+    def f(p, g):
+        p.add_(g, alpha=-0.1)
+        return (p,)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (3,))
+    gm = make_fx(f)(torch.ones(3), sparse)
+    g = gm.graph
+    with g.inserting_before(next(n for n in g.nodes if n.op != "placeholder")):
+        lr = g.call_function(group_reader(group, "lr"), ())
+        neg = g.call_function(operator.neg, (lr,))
+    lr.meta["host_value"], neg.meta["host_value"] = 0.1, -0.1
+    for n in g.nodes:
+        if n.target is aten.add_.Tensor:
+            n.update_kwarg("alpha", neg)
+    gm.recompile()
+    ds = to_device_scalars(gm, "cpu")
+    assert "addcmul" not in gm.code, gm.code
+    group["lr"] = 0.5
+    p = torch.ones(3)
+    gm(p, sparse, ds.pack())
+    assert torch.equal(p, torch.ones(3).add_(sparse, alpha=-0.5))
+
+
 def test_bake_host_floats_replaces_a_reader_and_what_is_computed_from_it_by_traced_values():
     gm = _sgd_with_live_floats({"lr": 0.1, "momentum": 0.9})
     lr = next(n for n in gm.graph.nodes if n.name == "param_group_lr")

@@ -116,6 +116,12 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) ->
         alpha = s(kw["alpha"])
         if base.endswith("sub"):
             alpha = call(aten.neg.default, (alpha,))
+        if any(not isinstance(_val(a), torch.Tensor) or _val(a).layout != torch.strided for a in args):
+            # (a sparse grad, nn.EmbeddingBag(sparse=True), which make_fx leaves without "val":
+            # no sparse addcmul; its add rounds the product before the sum anyway)
+            n.args, n.kwargs = (args[0], call(aten.mul.Tensor, (args[1], alpha))), {}
+            n.target = getattr(aten, "add" + suffix).Tensor
+            return
         _per_element(g, n, lambda a, b: call(getattr(aten, "addcmul" + suffix).default, (a, b, alpha)),
                      args[0], args[1], foreach=base.startswith("_foreach"))
         return
