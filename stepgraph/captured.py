@@ -152,7 +152,7 @@ class CapturedStep:
         memo = dict(self.last_reads)
         for c in tr.call_effects:   # pbar.set_postfix(loss=<this replay's read>) (pycalls.py)
             c.run(outs, lambda e: evaluate(e, leaves, args, memo))
-        result = [outs[v] if kind in ("tensor", "read") else v() if kind == "live"
+        result = [outs[v] if kind in ("tensor", "read") else outs[v].numpy() if kind == "numpy" else v() if kind == "live"
                   else evaluate(v, leaves, args, memo) if kind == "number" else v for kind, v in tr.out_leaves]
         return pytree.tree_unflatten(result, tr.out_spec)
 
@@ -161,10 +161,11 @@ def plain_floats(result):
     """The capturing call's result with tracing floats (live reads, hyper-parameters) as the
     plain floats eager returns: they hold graph nodes the user should not keep alive."""
     from .capture.hostscalar import HostFloat, _plain
+    from .capture.steparrays import is_step_array, plain
     leaves, spec = pytree.tree_flatten(result)
-    if not any(isinstance(v, HostFloat) for v in leaves):
+    if not any(isinstance(v, HostFloat) or is_step_array(v) for v in leaves):
         return result
-    return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else v for v in leaves], spec)
+    return pytree.tree_unflatten([_plain(v) if isinstance(v, HostFloat) else plain(v) for v in leaves], spec)
 
 
 def reason_kind(reason: str) -> str:

@@ -226,7 +226,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")
     traced.summary = summarize(gm, reg.name_of)
     # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
-    traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind == "tensor") \
+    traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind in ("tensor", "numpy")) \
         + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor") + tensors_of(tr.call_effects)
 
 

@@ -251,3 +251,42 @@ def test_two_dimensional_index_and_a_tensor_of_step_tensors():
         return step
     stats = _run(make, lambda rng, i: (rng.integers(0, 20, size=(2, 3)),))
     assert stats.captures == 1 and stats.replays == 4, stats
+
+
+# ---- arrays the step returns: Tensor.numpy() of a value it computed ------------------------
+
+def _dlrm_like(compiled, use):
+    """dlrm_s_pytorch.py's loop body: ``L = E.detach().cpu().numpy()`` in the step, returned."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    kept = []
+
+    def step(x):
+        E = model(x).pow(2).mean()
+        L = E.detach().cpu().numpy()
+        if use == "read":
+            print(float(L))
+        if use == "kept":
+            kept.append(L)
+        opt.zero_grad()
+        E.backward()
+        opt.step()
+        return L
+    f = stepgraph.compile(step) if compiled else step
+    g = torch.Generator().manual_seed(1)
+    return [f(torch.randn(4, 3, generator=g)) for _ in range(5)], f
+
+
+def test_a_returned_numpy_value_is_a_graph_output():
+    got, f = _dlrm_like(True, "returned")
+    want, _ = _dlrm_like(False, "returned")
+    assert all(type(a) is np.ndarray and a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+               for a, b in zip(got, want)), (got, want)
+    assert f.stats.captures == 1 and f.stats.replays == 3, f.stats
+
+
+@pytest.mark.parametrize("use", ["read", "kept"])
+def test_a_numpy_value_used_in_the_step_is_refused(use):
+    with pytest.raises(stepgraph.CaptureError, match="numpy"):
+        _dlrm_like(True, use)

@@ -126,7 +126,7 @@ def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
 
 def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
     """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
-    (CPU tensor work: capture/trace.py:_cpu_work.) ``inputs``: a sparse one shows in no node value
+    (CPU tensor work: capture/cpuwork.py:_cpu_work.) ``inputs``: a sparse one shows in no node value
     (pygcn's adjacency matrix reached the static-buffer copy: "copy_() between dense and sparse")."""
     devices = set()
     if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in inputs):

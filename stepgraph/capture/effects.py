@@ -20,6 +20,7 @@ from ..errors import library_frame, user_frame
 from ..markers import RNG_STATE_FUNCS, zero_grad_marker
 from .state import StateRegistry
 from .patching import patched
+from .steparrays import is_step_array
 
 _T = torch.Tensor
 # Python-level reads of a tensor's value: each would bake this step's value into the graph.
@@ -201,11 +202,13 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
 
 
 @contextlib.contextmanager
-def _host_read_patches(problems: list, tolist=None):
+def _host_read_patches(problems: list, tolist=None, step_arrays=None):
     """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op, and hooks
     run by the autograd engine do not see torch-function modes: patch the methods themselves
     for the trace so a read inside a backward hook is refused too. ``tolist(t)``: how to read a
-    traced tensor's list instead (element by element, as host reads), or None to refuse."""
+    traced tensor's list instead (element by element, as host reads), or None to refuse.
+    ``step_arrays`` (steparrays.StepArrays): ``.numpy()`` of a traced CPU tensor hands out a
+    watched array, a graph output if the step only returns it; None to refuse."""
 
     def wrap(name, orig):
         def method(self, *a, **k):
@@ -217,6 +220,12 @@ def _host_read_patches(problems: list, tolist=None):
                 got = tolist(self)
                 if got is not NotImplemented:
                     return got
+            if name == "numpy" and step_arrays is not None and _is_traced(self) and not a \
+                    and k in ({}, {"force": False}) and self.device.type == "cpu" \
+                    and not getattr(_host_read_patches, "inside", False) \
+                    and torch._C._current_graph_task_id() == -1:
+                with _disable_current_modes():
+                    return step_arrays.make(self, orig(self))
             if _is_traced(self) and not getattr(_host_read_patches, "inside", False):
                 stack = traceback.extract_stack()
                 op, fix = _HOST_READS[orig]
@@ -247,7 +256,7 @@ def _opaque_outputs(out_leaves) -> str | None:
         d = getattr(v, "__dict__", None)
         return isinstance(d, dict) and any(holds(x, depth + 1) for x in list(d.values())[:256])
     for v in out_leaves:
-        if not isinstance(v, torch.Tensor) and holds(v):
+        if not isinstance(v, torch.Tensor) and not is_step_array(v) and holds(v):
             return type(v).__name__
     return None
 

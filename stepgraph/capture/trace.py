@@ -39,6 +39,7 @@ from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
 from .modes import _DispatchCheckMode, _HostReadMode, _tolist
+from .steparrays import is_step_array
 from .rebound import rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
@@ -144,7 +145,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog(uses=uses) if host_reads else None))
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
-        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None), tracing_hints(_is_traced), \
+        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None,
+                                                                         hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
                                        box.setdefault("sched_set", [])), \
@@ -178,6 +180,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers, box["sched_set"])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
+        for where, why in hm.step_arrays.problems(out):   # (L = E.detach().numpy(): steparrays.py)
+            problems.append(Problem(f"Tensor.numpy() of a value the step computes: {why}", where,
+                                    "return the tensor from the step and convert it outside, or "
+                                    "return the array untouched"))
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
@@ -194,6 +200,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         for i, v in enumerate(out_leaves):
             if i in uses.returned_exprs:   # a number computed from the call's numbers (sinks.py)
                 kinds.append(("number", uses.returned_exprs[i]))
+            elif is_step_array(v):          # .numpy() of a graph value: converted after each replay
+                kinds.append(("numpy", len(graph_outs)))
+                graph_outs.append(v.sg_tensor)
             elif isinstance(v, torch.Tensor):
                 kinds.append(("tensor", len(graph_outs)))
                 graph_outs.append(v)
