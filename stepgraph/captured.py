@@ -132,6 +132,8 @@ class CapturedStep:
                 f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
         finally:
             set_call(None, None)   # (it holds the call's arguments: a model passed in must not outlive it)
+        if tr.to_host:   # (return loss.cpu() in a CUDA step: copied now, as eager's .cpu() did)
+            outs = [o.cpu() if i in tr.to_host else o for i, o in enumerate(outs)]
         for obj, attr, value in self.python_effects:
             setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
         for sched, a, k, _ in tr.scheduler_steps:

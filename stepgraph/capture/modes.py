@@ -86,6 +86,7 @@ class _HostReadMode(TorchFunctionMode):
         self.hooks: list = []   # (where, fn) of hooks registered during the trace
         self.state_hooks: list = []  # (source, tensor, fn): hooks the step put on its own state
         self.step_arrays = StepArrays()   # .numpy() of traced values (steparrays.py)
+        self.to_host: list = []   # (node, Problem) of device values copied to the host (tohost.py)
 
     def _new_counter(self, t) -> bool:
         """A step counter the optimizer created during this trace (no warm-up before it)."""
@@ -97,6 +98,22 @@ class _HostReadMode(TorchFunctionMode):
                     self.step_ids.add(id(t))
                     return True
         return False
+
+    def _to_host(self, func, args, kwargs):
+        """A device value copied to the host: refused unless the step only returns the copy
+        (decided on the graph: tohost.py), then copied after each run instead."""
+        from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+        stack = traceback.extract_stack()
+        problem = Problem("copy of a device tensor to the CPU (.cpu()/.to('cpu'))", user_frame(stack),
+                          "return the device tensor (or its .cpu() copy, untouched) and use it outside "
+                          "the step", library_frame(stack))
+        out = func(*args, **kwargs)
+        tracer = get_proxy_mode().tracer
+        if isinstance(out, torch.Tensor) and has_proxy_slot(out, tracer):
+            self.to_host.append((get_proxy_slot(out, tracer).proxy.node, problem))
+        else:
+            self.problems.append(problem)
+        return out
 
     def _problem(self, op, fix):
         stack = traceback.extract_stack()
@@ -134,8 +151,7 @@ class _HostReadMode(TorchFunctionMode):
             dev = kwargs.get("device", args[1] if len(args) > 1 else None)
             if func is _T.cpu or (dev is not None and torch.device(dev).type == "cpu"
                                   if isinstance(dev, (str, torch.device)) else False):
-                self._problem("copy of a device tensor to the CPU (.cpu()/.to('cpu'))",
-                              "return the device tensor and move it outside the step")
+                return self._to_host(func, args, kwargs)
         tracer = get_proxy_mode().tracer if get_proxy_mode() is not None else None
         floats = [a for a in pytree.tree_leaves((args, kwargs)) if current(a, tracer)]
         if not floats:

@@ -40,6 +40,7 @@ from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
 from .modes import _DispatchCheckMode, _HostReadMode, _tolist
 from .steparrays import is_step_array
+from .tohost import to_host_outputs
 from .rebound import rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
@@ -74,6 +75,7 @@ class TraceResult:
     call_notes: list = field(default_factory=list)      # calls that run only at capture (warned)
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
     array_reads: list = field(default_factory=list)     # leaf positions of input arrays read in Python (arrays.py)
+    to_host: frozenset = frozenset()   # user outputs copied to the host after each run (tohost.py)
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -278,14 +280,15 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     calls, call_notes = box.get("call_effects", ([], []))
     pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"] + pycalls.reads_of(calls))
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
-    problems += random_guards(gm)
+    to_host, refused = to_host_outputs(gm, box["hm"].to_host, box["escape_at"])   # (return x.cpu())
+    problems += refused + random_guards(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
                        append_effects=appends, call_effects=calls, call_notes=call_notes,
-                       array_reads=sorted({i for i, _ in array_reads}))
+                       array_reads=sorted({i for i, _ in array_reads}), to_host=to_host)
 
 
 def _output_reads(gm, out_leaves: list) -> list:
