@@ -218,17 +218,28 @@ def rel_err(a, b, at_least: float = 0.0) -> float:
     return 0.0 if a == b else math.inf
 
 
-def compare(got: dict, want: dict, floor: float | None = None) -> tuple[float, str]:
-    """Worst relative error over all entries, and the name of the worst one. ``floor`` (GPU):
-    a tensor's error is relative to at least ``floor`` times the largest norm of its family
-    (grads, a parameter kind, an optimizer-state kind), not to its own norm alone."""
-    worst, where = 0.0, ""
+def errors(got: dict, want: dict, floor: float | None = None) -> dict:
+    """Relative error per entry. ``floor`` (GPU): a tensor's error is relative to at least
+    ``floor`` times the largest norm of its family (grads, a parameter kind, an optimizer-state
+    kind), not to its own norm alone."""
+    out = {}
     scale = _family_scale(want) if floor else {}
     for k in dict.fromkeys(list(want) + list(got)):
         if k.endswith(("['capturable']", "['foreach']")):
             continue  # the optimizer form stepgraph picks on the GPU (README); values are compared
         at_least = floor * scale.get(_family(k), 0.0) if floor else 0.0
-        e = rel_err(got.get(k, "<missing>"), want.get(k, "<missing>"), at_least)
+        out[k] = rel_err(got.get(k, "<missing>"), want.get(k, "<missing>"), at_least)
+    return out
+
+
+def compare(got: dict, want: dict, floor: float | None = None, spread: dict | None = None) -> tuple[float, str]:
+    """Worst relative error over all entries, and the name of the worst one. ``spread`` (GPU):
+    eager's own run-to-run error per entry (nondeterministic kernels: atomics in ReflectionPad
+    and upsample backwards); an entry is judged by its error over 4 times that spread."""
+    worst, where = 0.0, ""
+    for k, e in errors(got, want, floor).items():
+        if spread and spread.get(k, 0.0) > 0.0:
+            e = e / max(1.0, 4 * spread[k] / (floor or 1e-3))
         if e > worst:
             worst, where = e, k
     return worst, where
@@ -276,6 +287,7 @@ class Result:
     stats: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
     noisy: int = 0   # tensors near zero in exact arithmetic, compared at their family's scale (GPU)
+    unrepeatable: int = 0   # tensors two eager runs disagree on (GPU), judged against that spread
 
     def row(self) -> str:
         sp = f"{self.speedup:.2f}x" if self.speedup else "-"
@@ -332,7 +344,12 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
                 and getattr(err, "fix", ""):
             # Refused before anything changed: state equals eager's after the same calls.
             _, twin, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
-            worst, at = compare(state_tensors(sgr.tracked), state_tensors(twin.tracked))
+            got_s, want_s = state_tensors(sgr.tracked), state_tensors(twin.tracked)
+            worst, at = compare(got_s, want_s)
+            if worst > rtol and device != "cpu":   # (the GPU's floor and eager's own spread, as below)
+                _, again, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
+                spread = {k: e for k, e in errors(state_tensors(again.tracked), want_s, floor=rtol).items() if e > 0}
+                worst, at = compare(got_s, want_s, floor=rtol, spread=spread)
             if worst <= rtol:
                 res.status, res.detail = CLEAR, f"{first} [{where.split(' (')[0]}]"
             else:
@@ -352,9 +369,18 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
         # A tensor whose exact value is zero (the grad of a conv bias followed by BatchNorm, and
         # its Adam moments) is rounding noise in eager and here: measured at its family's scale.
         want = state_tensors(eager.tracked)
-        worst, at = compare({**state_tensors(sgr.tracked), **_log_dict(sgr.logs)},
-                            {**want, **_log_dict(eager.logs)}, floor=rtol)
+        got_all, want_all = {**state_tensors(sgr.tracked), **_log_dict(sgr.logs)}, {**want, **_log_dict(eager.logs)}
+        worst, at = compare(got_all, want_all, floor=rtol)
         res.max_rel, res.noisy = worst, sum(1 for _ in _near_zero(want, rtol))
+        if worst > rtol:
+            # Eager itself may not repeat (atomics in a backward, and Adam's normalised step
+            # turning a zero grad's noise into a full step): a second eager run measures that.
+            _, again, _, _ = _run(name, False, steps, device, amp, seed)
+            spread = {k: e for k, e in errors({**state_tensors(again.tracked), **_log_dict(again.logs)},
+                                              want_all, floor=rtol).items() if e > 0.0}
+            if spread:
+                worst, at = compare(got_all, want_all, floor=rtol, spread=spread)
+                res.max_rel, res.unrepeatable = worst, len(spread)
     if worst > rtol:
         res.status, res.detail = WRONG, f"{at}: rel err {worst:.2e}"
         return res
@@ -390,6 +416,8 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
             res.detail += f" ({len(recaptures)} variant(s): {'; '.join(recaptures)[:160]})"
         if res.noisy:
             res.detail += f" ({res.noisy} near-zero tensor(s) compared at their family's scale)"
+        if res.unrepeatable:
+            res.detail += f" ({res.unrepeatable} tensor(s) differ between two eager runs: judged against that spread)"
     return res
 
 
