@@ -117,3 +117,23 @@ def test_dlrm_interaction_on_cuda(backend):
         if compiled:
             assert f.stats.captures == 1 and f.stats.replays == 3, f.stats
     torch.testing.assert_close(out[0], out[1], rtol=1e-5, atol=1e-6)
+
+
+def test_an_in_place_write_into_a_folded_tensor_is_refused():
+    """A folded result is a graph constant: an in-place write of step values into it would
+    accumulate over replays (eager makes it afresh each call). Refused at its line."""
+    model = nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        base = torch.tensor([1.0, 2.0]).cumsum(0)
+        base.add_(model(x).sum(0).detach())
+        loss = (model(x) * base).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    step(torch.randn(3, 2))
+    with pytest.raises(stepgraph.CaptureError, match="built from constants"):
+        step(torch.randn(3, 2))

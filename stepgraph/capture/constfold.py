@@ -64,3 +64,23 @@ class Constants:
             return False
         cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
         return bool(cpu) and all(self._is(a) for a in cpu)
+
+    def written(self, func, args, kwargs) -> bool:
+        """An in-place op (not folded: it takes step values) writing into a folded result: a
+        graph constant, which replays would write again and again."""
+        schema = getattr(func, "_schema", None)
+        if not self.known or schema is None or not schema.is_mutable:
+            return False
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            v = args[i] if i < len(args) else kwargs.get(a.name)
+            if any(isinstance(t, torch.Tensor) and self._is(t) and not self._lifted(t)
+                   for t in pytree.tree_leaves(v)):
+                return True
+        return False
+
+    def _lifted(self, t) -> bool:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
+        mode = get_proxy_mode()
+        return mode is not None and has_proxy_slot(t, mode.tracer)

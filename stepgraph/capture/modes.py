@@ -330,6 +330,13 @@ class _DispatchCheckMode(TorchDispatchMode):
         folded = self.constants.fold(func, args, kwargs)
         if folded is not NotImplemented:
             return folded
+        if self.constants.written(func, args, kwargs):
+            stack = traceback.extract_stack()
+            self.problems.append(Problem(
+                f"{func} writes in place into a tensor built from constants only (folded into a graph "
+                "constant, which every replay would write again)", user_frame(stack),
+                "make it out of place (base = base + ...), or build the tensor from a step value",
+                library_frame(stack), plain=True))
         if func is torch.ops.aten._local_scalar_dense.default and self.batch_sizes and self._reads_guarded(args[0]):
             with _disable_current_modes():
                 return func(*args, **kwargs)   # a value the graph's guard already fixes
