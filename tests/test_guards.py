@@ -539,3 +539,17 @@ def test_a_recapture_names_the_new_object_not_a_value_that_flips_back():
             sg(torch.randn(8, 4))
     assert len(sg.stats.recaptures) >= 4, sg.stats
     assert all(r.startswith("pbar <object at") for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+def test_an_object_keyed_by_identity_is_held_so_its_id_is_not_reused():
+    """A 0-dim numpy array (no array input: keyed by identity) read in the step: a new one at
+    each call used to get the freed one's id, matched its key, and replayed its baked value."""
+    import numpy as np
+    model = torch.nn.Linear(3, 1)
+    data = torch.randn(4, 3)
+
+    def step(k):
+        return model(data * (int(k) + 1)).sum()
+    f = stepgraph.compile(step)
+    for v in [1, 0, 1, 3, 0, 1]:
+        assert torch.equal(f(np.array(v)), step(np.array(v))), v

@@ -290,3 +290,16 @@ def test_a_returned_numpy_value_is_a_graph_output():
 def test_a_numpy_value_used_in_the_step_is_refused(use):
     with pytest.raises(stepgraph.CaptureError, match="numpy"):
         _dlrm_like(True, use)
+
+
+@pytest.mark.parametrize("conv", [int, float, bool, "index"])
+def test_a_zero_dim_array_converted_to_a_number_is_keyed_by_value(conv):
+    # float(a) / int(a) / bool(a) / range(a) of a 0-dim array argument read its value in C
+    # (ndarray's number slots), not through indexing: they were baked silently.
+    how = (lambda a: len(range(a))) if conv == "index" else (lambda a: int(conv(a)) + 1)
+
+    def make(model, opt, data):
+        return lambda k: _sgd_step(model, opt, data[:4] * how(k))
+    feed = [np.array(1), np.array(0), np.array(1), np.array(3), np.array(0), np.array(1)]
+    stats = _run(make, lambda rng, i: (feed[i].copy(),))
+    assert stats.captures >= 2, stats

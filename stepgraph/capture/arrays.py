@@ -25,6 +25,7 @@ import torch.utils._pytree as pytree
 from torch.overrides import TorchFunctionMode
 
 from .patching import patched
+from .sigkey import Ident
 
 _KINDS = "biufc"           # bool, int, uint, float, complex: dtypes torch.from_numpy takes
 _BY_VALUE_BYTES = 4096     # an array read in Python is keyed by its bytes up to this size
@@ -56,7 +57,7 @@ def array_key(x, read: bool) -> tuple:
         return meta
     if x.nbytes <= _BY_VALUE_BYTES:
         return meta + (x.tobytes(),)
-    return meta + (("object", id(x)),)
+    return meta + (("object", Ident(x)),)   # (held: no later array gets its id while keyed)
 
 
 _WATCHED: list = []   # the view class, made once numpy is imported
@@ -117,6 +118,15 @@ def _watched_class():
         def tobytes(self, *a, **k):
             self._read("tobytes()")
             return self.view(np.ndarray).tobytes(*a, **k)
+
+    def converting(name):   # float(a), int(a), bool(a), range(a): ndarray's C number slots
+        def method(self):
+            self._read(f"{name.strip('_')}()")
+            return getattr(self.view(np.ndarray), name)()
+        method.__name__ = name
+        return method
+    for name in ("__float__", "__int__", "__bool__", "__index__", "__complex__"):
+        setattr(WatchedArray, name, converting(name))
 
     _WATCHED.append(WatchedArray)
     return WatchedArray

@@ -17,7 +17,7 @@ from .forward_attrs import module_sources
 from .pyvalues import _MISSING, PyValues, find_sources
 from .pyeffects import live_tensor, state_free, tensor_key
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
-from .sigkey import Signature, SignatureKey, TensorMeta
+from .sigkey import Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry
 from .watch import registration_epoch
 from .reasons import Reasons, leaf_names
@@ -67,7 +67,7 @@ def _leaf_value(v):
         hash(v)
         return ("value", type(v), v)
     except TypeError:
-        return ("object", type(v), id(v))
+        return ("object", type(v), Ident(v))
 
 
 def _spec_key(spec):

@@ -34,6 +34,7 @@ from torch import nn
 from ..errors import _SKIP_PREFIXES, library_module
 from .chains import _all_code, _chains
 from .arrays import input_array
+from .sigkey import Ident
 
 _SKIP = object()       # a value not guarded (functions, classes, Python modules)
 _MISSING = ("<missing>",)
@@ -68,8 +69,8 @@ def guard_value(v):
         except TypeError:
             pass
     if isinstance(v, (list, dict, set)):
-        return ("object", id(v), len(v))
-    return ("object", id(v))
+        return ("object", Ident(v), len(v))
+    return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
 
 
 def _show(g) -> str:

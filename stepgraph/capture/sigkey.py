@@ -7,6 +7,20 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 
+class Ident(int):
+    """An object keyed by identity: its id, holding the object, so that while a key holds it no
+    other object can be given the same id (a freed object's id is soon reused: a new array
+    matched the old one's key and replayed its baked value). Equal and hashed as its id."""
+
+    def __new__(cls, obj):
+        self = super().__new__(cls, id(obj))
+        self.obj = obj
+        return self
+
+    def __reduce__(self):
+        return int, (int(self),)
+
+
 class TensorMeta(NamedTuple):
     """What a graph assumed about one tensor input (or a persistent ``.grad``)."""
     type: type
