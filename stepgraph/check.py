@@ -37,15 +37,29 @@ def _state(reg) -> list[tuple[str, torch.Tensor]]:
     return out
 
 
-def _snapshot(reg):
+def _snapshot(reg, schedulers=()):
     slots = [(s, s.get()) for s in reg.slots()]
     tensors = [(name, t, t.detach().clone()) for name, t in _state(reg)]
     rng = (torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None)
-    return slots, tensors, rng
+    # The Python side too: the hyper-parameters of every group and the schedulers the step steps
+    # (a replay steps them again after the graph; the eager shadow must not step them twice).
+    groups = [(g, {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in g.items() if k != "params"})
+              for _, opt in reg.optimizers for g in opt.param_groups]
+    scheds = [(sc, sc.state_dict()) for sc in dict.fromkeys(schedulers)]
+    return slots, tensors, rng, groups, scheds
 
 
 def _restore(snap) -> None:
-    slots, tensors, rng = snap
+    slots, tensors, rng, groups, scheds = snap
+    for sc, state in scheds:
+        sc.load_state_dict(state)
+    for g, saved in groups:
+        for k, v in saved.items():
+            if isinstance(v, torch.Tensor) and isinstance(g.get(k), torch.Tensor):
+                with torch.no_grad():
+                    g[k].copy_(v)   # (a device hyper-parameter the graph reads: same tensor)
+            else:
+                g[k] = v
     for slot, value in slots:
         slot.set(value)
     with torch.no_grad():
@@ -68,8 +82,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     """Replay with an eager shadow; returns the eager result (state as eager leaves it)."""
     reg = stepfn.registry
-    before = _snapshot(reg)
     tr = entry.trace   # loop variables the replay writes (pyeffects.py)
+    before = _snapshot(reg, [sc for sc, *_ in tr.scheduler_steps])
     restore_vars = snapshot(list(tr.source_inputs) + [e.source for e in tr.source_effects])
     out_r = replay()
     after_r = {name: t.detach().clone() for name, t in _state(reg)}

@@ -74,3 +74,33 @@ def test_check_env(monkeypatch):
     for i in range(6):
         sg(*_batch(i))
     assert len(sg.stats.check_reports) == 3
+
+
+def test_check_mode_with_a_scheduler_stepped_in_the_step_restores_it():
+    """The eager shadow must start from the replay's starting point: the scheduler stepped inside
+    the step (torchvision's segmentation recipe) and the lr it set. It was stepped twice per
+    checked call: a false divergence reported, and the kept eager result trained on a wrong lr."""
+    def build():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda x: (1 - x / 8) ** 0.9)
+
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss
+        return m, opt, step
+    m, opt, s = build()
+    m2, opt2, eager = build()
+    step = stepgraph.compile(s, check=3)
+    for i in range(6):
+        step(*_batch(i))
+        eager(*_batch(i))
+        assert opt.param_groups[0]["lr"] == opt2.param_groups[0]["lr"], i
+    assert all("equals eager" in r for r in step.stats.check_reports), step.stats.check_reports
+    for p, q in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(p, q)
