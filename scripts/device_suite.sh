@@ -12,7 +12,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 GPU_TESTS="tests/test_cuda.py tests/test_cuda_loops.py tests/test_cuda_sdpa.py tests/test_cuda_live.py
  tests/test_cuda_segments.py tests/test_cuda_accumulators.py tests/test_cuda_fsdp2.py tests/test_cuda_rnn.py tests/test_pyvalues.py tests/test_host_reads.py tests/test_inductor.py tests/test_inductor_verify.py
  tests/test_partial.py tests/test_partial_hooks.py tests/test_inductor_segments.py tests/test_cuda_moved_args.py
- tests/test_library_calls.py tests/test_numpy_args.py tests/test_host_prologue.py tests/test_cleanrl_idioms.py"
+ tests/test_library_calls.py tests/test_numpy_args.py tests/test_host_prologue.py tests/test_cleanrl_idioms.py
+ tests/test_constant_folding.py tests/test_to_host_outputs.py"
 if [ "${TESTS_ON:-1}" = 1 ]; then
   python3 -m pytest -q ${TESTS:-$GPU_TESTS} -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest.txt" | tail -n 40
 fi
