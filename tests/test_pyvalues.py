@@ -471,3 +471,37 @@ def test_a_recapture_names_why_the_newest_graph_missed():
             assert torch.equal(sg(x, it), eager(x, it)), it
     assert sg.stats.recaptures[0].startswith("it < 2"), sg.stats.recaptures
     assert all(r.startswith("it - 2") for r in sg.stats.recaptures[1:]), sg.stats.recaptures
+
+
+@pytest.mark.parametrize("form", ["scalar", "list", "dtype"])
+def test_a_tensor_made_from_a_live_float_stays_live(form):
+    """``kl_weight = torch.tensor(beta)`` with ``beta`` a global the loop anneals (KL annealing):
+    the 0-dim tensor is made from the live float in the graph, as in arithmetic; it used to be a
+    baked constant guarded by value -- a recapture at every new beta, eager after max_captures."""
+    make = {"scalar": lambda b: torch.tensor(b), "list": lambda b: torch.tensor([b, 1.0])[0],
+            "dtype": lambda b: torch.tensor(b, dtype=torch.float64).float()}[form]
+
+    def run(compiled):
+        torch.manual_seed(0)
+        m = nn.Linear(3, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        box = {"beta": 0.1}
+
+        def step(x):
+            loss = m(x).pow(2).mean() * make(box["beta"])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        f = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(1)
+        out = []
+        for k in range(8):
+            box["beta"] = 0.1 * (k + 1) ** 0.5
+            out.append(f(torch.randn(4, 3, generator=g)).detach())
+        return out, f
+    got, f = run(True)
+    want, _ = run(False)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    assert f.stats.captures <= 2, f.stats.recaptures

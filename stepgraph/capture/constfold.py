@@ -65,9 +65,21 @@ class Constants:
         cpu = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor) and a.device.type == "cpu"]
         return bool(cpu) and all(self._is(a) for a in cpu)
 
-    def written(self, func, args, kwargs) -> bool:
-        """An in-place op (not folded: it takes step values) writing into a folded result: a
-        graph constant, which replays would write again and again."""
+    def check_write(self, func, args, kwargs, problems: list) -> None:
+        """An in-place op (not folded: it takes step values) writing into a folded result, a graph
+        constant which every replay would write again: a problem at the user's line."""
+        if self._written(func, args, kwargs):
+            import traceback
+            from ..errors import library_frame, user_frame
+            from .effects import Problem
+            stack = traceback.extract_stack()
+            problems.append(Problem(
+                f"{func} writes in place into a tensor built from constants only (folded into a graph "
+                "constant, which every replay would write again)", user_frame(stack),
+                "make it out of place (base = base + ...), or build the tensor from a step value",
+                library_frame(stack), plain=True))
+
+    def _written(self, func, args, kwargs) -> bool:
         schema = getattr(func, "_schema", None)
         if not self.known or schema is None or not schema.is_mutable:
             return False

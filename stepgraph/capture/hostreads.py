@@ -191,16 +191,25 @@ def operands_as_tensors(args: tuple, floats: list) -> tuple:
     made: dict = {}
     for f in floats:
         if id(f) not in made and any(a is f for a in args):
-            graph = tracer.graph
-            last = graph._root.prev
-            t = torch.scalar_tensor(_plain(f), dtype=ref.dtype, device=ref.device)
-            nodes, n = [], last.next
-            while n is not graph._root:
-                nodes.append(n)
-                n = n.next
-            if substitute(nodes, [f], ()):
+            t = live_scalar_tensor(f, ref.dtype, ref.device)
+            if t is not None:
                 made[id(f)] = t
     return tuple(made.get(id(a), a) for a in args), [f for f in floats if id(f) not in made]
+
+
+def live_scalar_tensor(f, dtype, device):
+    """A 0-dim tensor made in the graph from live float ``f`` (its node, not its value), or None."""
+    tracer = _tracer()
+    if tracer is None:
+        return None
+    graph = tracer.graph
+    last = graph._root.prev
+    t = torch.scalar_tensor(_plain(f), dtype=dtype, device=device)
+    nodes, n = [], last.next
+    while n is not graph._root:
+        nodes.append(n)
+        n = n.next
+    return t if substitute(nodes, [f], ()) else None
 
 
 # math's C functions read a float's bits directly, without any method the trace sees.

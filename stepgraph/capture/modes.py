@@ -20,12 +20,14 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
-from .hostreads import ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar, tensor_shape, tensor_values
+from .hostreads import (ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar,
+                        tensor_shape, tensor_values)
 from .sinks import _ELEMENTWISE
 from .arrays import ArrayUses
 from .constfold import Constants
 from .steparrays import StepArrays
 from .cpuwork import _argument_to_device, _cpu_work
+from .tensordata import _TENSOR_FROM_DATA, _tensor_of_live_floats, _tensor_of_step_tensors
 from .distributed import direct_collective
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
@@ -37,7 +39,6 @@ _SCALAR_READS = {_T.item, _T.__float__, _T.__int__, _T.__bool__, _T.__index__}  
 _PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 
 
-_TENSOR_FROM_DATA = {torch.tensor, torch.as_tensor}
 _ONE_HOT = torch._C._nn.one_hot   # (torch.nn.functional.one_hot)
 
 
@@ -57,22 +58,6 @@ def _one_hot(t, num_classes: int, reads: ReadLog):
             return _ONE_HOT(t, num_classes)   # eager's error
     out = torch.zeros(*t.shape, num_classes, dtype=t.dtype, device=t.device)
     return out.scatter_(-1, t.unsqueeze(-1), 1)
-
-
-def _tensor_of_step_tensors(func, args, kwargs):
-    """``torch.tensor([t1, t2])`` of tensors the step computed (Lightning's ``grad_norm`` does
-    this) reads their values on the host each call; traced as is, the result would be a
-    constant holding this call's values. Built from the tensors instead: each element converted
-    once to the dtype eager's result has (as the host round trip does), stacked, on its device."""
-    with _disable_current_modes():
-        ref = func(*args, **kwargs)  # eager's result: dtype, device, shape
-    leaves = pytree.tree_leaves(args[0])
-    if ref.requires_grad or not all(not isinstance(x, torch.Tensor) or x.dim() == 0 for x in leaves):
-        return func(*args, **kwargs)  # (what eager does; the trace's usual checks apply)
-    dev = next(x.device for x in leaves if _is_traced(x))
-    parts = [x.detach().to(device=dev, dtype=ref.dtype) if isinstance(x, torch.Tensor)
-             else torch.tensor(x, dtype=ref.dtype, device=dev) for x in leaves]
-    return torch.stack(parts).reshape(ref.shape).to(ref.device)
 
 
 class _HostReadMode(TorchFunctionMode):
@@ -133,6 +118,10 @@ class _HostReadMode(TorchFunctionMode):
         if func in _TENSOR_FROM_DATA and args and isinstance(args[0], (list, tuple)) and \
                 any(_is_traced(x) for x in pytree.tree_leaves(args[0])):
             return _tensor_of_step_tensors(func, args, kwargs)
+        if func in _TENSOR_FROM_DATA and args and self.reads is not None:
+            out = _tensor_of_live_floats(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
         if self.reads is not None and args and _is_traced(args[0]):
@@ -330,13 +319,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         folded = self.constants.fold(func, args, kwargs)
         if folded is not NotImplemented:
             return folded
-        if self.constants.written(func, args, kwargs):
-            stack = traceback.extract_stack()
-            self.problems.append(Problem(
-                f"{func} writes in place into a tensor built from constants only (folded into a graph "
-                "constant, which every replay would write again)", user_frame(stack),
-                "make it out of place (base = base + ...), or build the tensor from a step value",
-                library_frame(stack), plain=True))
+        self.constants.check_write(func, args, kwargs, self.problems)
         if func is torch.ops.aten._local_scalar_dense.default and self.batch_sizes and self._reads_guarded(args[0]):
             with _disable_current_modes():
                 return func(*args, **kwargs)   # a value the graph's guard already fixes
