@@ -133,13 +133,18 @@ def _watched_class():
 
 
 _SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in ("BINARY_SUBSCR", "STORE_SUBSCR") if n in dis.opmap)
+# (Python 3.14: a read subscript is BINARY_OP with the NB_SUBSCR argument)
+_NB_SUBSCR = next((i for i, (name, _) in enumerate(getattr(dis, "_nb_ops", ())) if name == "NB_SUBSCR"), None)
 
 
 def _torch_indexing(frame) -> bool:
     """The length is asked while ``frame`` runs a subscript (``t[a]``, ``t[a] = v``): the asker is
     the container's C indexing (torch's sequence walk; numpy, list and dict never ask)."""
-    code = frame.f_code.co_code
-    return 0 <= frame.f_lasti < len(code) and code[frame.f_lasti] in _SUBSCRIPT_OPS
+    code, i = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= i < len(code) - 1:
+        return False
+    return code[i] in _SUBSCRIPT_OPS or (
+        _NB_SUBSCR is not None and code[i] == dis.opmap.get("BINARY_OP") and code[i + 1] == _NB_SUBSCR)
 
 
 def watch(x, pos: int, reads: list):
