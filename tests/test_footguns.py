@@ -70,6 +70,10 @@
     c * (1 - m)``) keeps its tensor object: the graph copies the new values into it (eager binds
     a new tensor each call; the values are eager's). A reference taken before the call sees the
     new values (test_rebound_buffers.py, capture/rebound.py).
+(u) An object the signature keys by identity (an unhashable argument such as a 0-dim numpy
+    array, an object the step reads through a global) is kept alive by the key of each graph
+    captured with it, as long as the step function lives: a freed object's id is reused by the
+    next one, which would match the key and replay a baked value (capture/sigkey.Ident).
 """
 import copy
 import sys
@@ -411,3 +415,24 @@ def test_t_a_rebound_buffer_keeps_its_tensor_object():
         assert torch.equal(c.center, tc.center)
     assert c.center is held and tc.center is not theirs   # (k = 3: a replay)
     assert counts(sg) == (1, 1, 2)
+
+
+def test_u_an_object_keyed_by_identity_lives_as_long_as_its_graph():
+    import gc
+    import weakref
+
+    import numpy as np
+    model = make_model()
+    sg = stepgraph.compile(lambda x, k: model(x).sum() * (int(k) + 1))
+    x = batch(0)[0]
+    refs = []
+    for v in range(3):
+        k = np.array(v)
+        refs.append(weakref.ref(k))
+        sg(x, k)
+        del k
+    gc.collect()
+    assert all(r() is not None for r in refs[1:])   # (the warm-up call's array keys no graph)
+    del sg
+    gc.collect()
+    assert all(r() is None for r in refs)
