@@ -30,7 +30,7 @@ from . import backends, config
 from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream, refuse_uncapturable
 from .captured import CapturedStep, log_recapture, plain_floats
-from .capture import distributed, fsdp
+from .capture import collectives, distributed, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
 from .capture.effects import resolve_bindings
@@ -169,7 +169,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     calls_at = call_sources(guards, args)
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
-                fsdp.tracing(reg, rollback) as fsdp_record:
+                fsdp.tracing(reg, rollback) as fsdp_record, collectives.remapped(reg):
             live = guards.live
             track = guards.tracking(args, kwargs)   # numbers checked only where used
             py_before = guards.py.key(args)
@@ -214,7 +214,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
                                 replayed={id(e.source) for e in tr.append_effects})
     live_outputs(tr, reg, guards.py, args, step.__name__)
     traced.notes += read_side_effects(tr, step.__name__) + warn_notes(tr.call_notes, step.__name__)
-    distributed.refuse_direct_collectives(tr.graph_module)
+    collectives.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
     if tr.array_reads:   # (numpy arrays the step read in Python: keyed by value, arrays.py)
         plan.sig = guards.arrays_were_read(tr.array_reads, plan.sig)

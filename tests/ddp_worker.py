@@ -173,6 +173,68 @@ def scenario_parity(out):
     out["backward_outside"] = {"error": err, "max_diff": max_diff(a, oa, b, ob)}
 
 
+def collectives_step(model, opt, center, world):
+    """Collectives the step calls itself (no DDP): rank 0's offsets broadcast, every rank's
+    features gathered (MoCo/SimCLR negatives), a hand-written gradient all-reduce and DINO's
+    center update (collectives.py traces them as functional collectives)."""
+    def step(x, y, shift):
+        dist.broadcast(shift, src=0)
+        feats = model[0](x + shift)
+        everyone = torch.empty(world * feats.shape[0], feats.shape[1], device=feats.device)
+        dist.all_gather_into_tensor(everyone, feats.detach())
+        parts = [torch.empty_like(feats) for _ in range(world)]
+        dist.all_gather(parts, feats.detach())
+        loss = F.cross_entropy(model[1:](feats), y) + 1e-3 * (feats @ everyone.T).logsumexp(1).mean() \
+            + 1e-3 * (feats * parts[-1]).mean()
+        loss.backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= world
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():
+            c = feats.sum(0, keepdim=True)
+            dist.all_reduce(c, op=dist.ReduceOp.SUM)
+            center.mul_(0.9).add_(c / (len(feats) * world), alpha=0.1)
+        return loss
+    return step
+
+
+def scenario_direct_collectives(out):
+    world = dist.get_world_size()
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).to(DEVICE)
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    oa, ob = (torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (a, b))
+    ca, cb = (torch.zeros(1, 16, device=DEVICE) for _ in range(2))
+    sg, eager = stepgraph.compile(collectives_step(a, oa, ca, world)), collectives_step(b, ob, cb, world)
+    g = torch.Generator().manual_seed(100 + RANK)
+    diffs = []
+    for _ in range(6):
+        x, y = batch_mlp(g)
+        shift = torch.full((1, 8), float(RANK), device=DEVICE)
+        la, lb = sg(x, y, shift.clone()), eager(x, y, shift.clone())
+        diffs.append(abs(la.item() - lb.item()))
+    out["collectives"] = {"max_diff": max(max_diff(a, oa, b, ob), (ca - cb).abs().max().item()),
+                          "loss_diff": max(diffs), "captures": sg.stats.captures, "replays": sg.stats.replays,
+                          "recaptures": sg.stats.recaptures, "graph_has_collective": "all_reduce" in sg.graph.code}
+
+    def async_step(x, y):   # a Work handle in the user's hands: refused at this line
+        loss = F.cross_entropy(a(x), y)
+        loss.backward()
+        work = dist.all_reduce(a[0].weight.grad, async_op=True)
+        work.wait()
+        return loss
+    sg = stepgraph.compile(async_step)
+    err = None
+    for _ in range(3):
+        try:
+            sg(*batch_mlp(g))
+        except stepgraph.CaptureError as e:
+            err = str(e)
+    out["async"] = {"error": err}
+
+
 def scenario_disagree_shapes(out):
     """Rank 1's batches are smaller from the start: both ranks capture, with different shapes."""
     a, oa, _, _ = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))

@@ -65,6 +65,20 @@ def test_ddp_steps_match_eager_ddp_bitwise(tmp_path):
 
 
 @needs_dist
+def test_collectives_the_step_calls_itself_are_captured_and_match_eager(tmp_path):
+    """dist.broadcast / all_gather_into_tensor / all_gather / all_reduce written in the step (no
+    DDP: a hand-written gradient sync, DINO's center, gathered negatives): one graph, bitwise
+    eager on every rank; async_op=True (a Work in the user's hands) is refused at its line."""
+    ranks, _ = launch("direct_collectives", tmp_path)
+    for r, res in enumerate(ranks):
+        got = res["collectives"]
+        assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, got)
+        assert got["captures"] == 1 and got["replays"] == 4 and got["graph_has_collective"], (r, got)
+        err = res["async"]["error"]
+        assert err and "async_op=True" in err and "ddp_worker.py" in err, (r, err)
+
+
+@needs_dist
 def test_ranks_disagreeing_on_shapes_fail_on_every_rank(tmp_path):
     ranks, _ = launch("disagree_shapes", tmp_path)
     for res in ranks:
@@ -136,24 +150,38 @@ def test_find_unused_parameters_is_refused_leaving_eager_state(world_of_one):
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters())), "this call ran as eager"
 
 
-def test_direct_c10d_collective_is_refused_with_the_functional_fix(world_of_one):
-    m = _mlp()
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+def test_direct_collectives_are_traced_and_an_async_one_is_refused(world_of_one):
+    """``dist.all_reduce(p.grad)`` in the step becomes a functional all-reduce (collectives.py):
+    captured, replayed, equal to eager. With async_op=True the Work handle is the user's: refused
+    at the user's line, the call run as eager."""
+    m, m2 = _mlp(), _mlp()
+    m2.load_state_dict(m.state_dict())
+    opt, opt2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
 
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        for p in m.parameters():
-            dist.all_reduce(p.grad)
-        opt.step()
-        opt.zero_grad()
-        return loss
-    sg = stepgraph.compile(step)
-    x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+    def mk(model, o, async_op=False):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            for p in model.parameters():
+                work = dist.all_reduce(p.grad, async_op=async_op)
+                if async_op:
+                    work.wait()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(m, opt)), mk(m2, opt2)
+    for k in range(4):
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters())), k
+    assert (sg.stats.captures, sg.stats.replays) == (1, 2)
+    assert "all_reduce" in sg.graph.code
+    sg = stepgraph.compile(mk(m, opt, async_op=True))
     sg(x, y)
-    with pytest.raises(stepgraph.CaptureError, match="collectives directly") as e:
+    with pytest.raises(stepgraph.CaptureError, match="async_op=True") as e:
         sg(x, y)
-    assert "_functional_collectives.all_reduce" in e.value.fix
+    assert "torch.distributed module" in e.value.fix and "test_distributed.py" in str(e.value)
 
 
 def test_functional_collectives_in_a_user_step_are_captured(world_of_one):

@@ -194,11 +194,13 @@ def tracing(reg):
 
 
 def world(reg) -> tuple[int, int, object] | None:
-    """(rank, world size, process group) when the step holds a DDP or FSDP2 module and a group exists."""
-    if not (reg.ddp or reg.fsdp) or not torch.distributed.is_initialized():
+    """(rank, world size, process group) when the step holds a DDP or FSDP2 module or calls
+    collectives itself, and a group exists."""
+    if not (reg.ddp or reg.fsdp or reg.collective_groups) or not torch.distributed.is_initialized():
         return None
     from .fsdp import process_group
-    pg = reg.ddp[0][1].process_group if reg.ddp else process_group(reg)
+    pg = (reg.ddp[0][1].process_group if reg.ddp else process_group(reg) if reg.fsdp
+          else reg.collective_groups[0])   # (dist.all_reduce in the step: collectives.py)
     return torch.distributed.get_rank(pg), torch.distributed.get_world_size(pg), pg
 
 
@@ -305,35 +307,3 @@ class agree:
                 op="rank agreement", where="the step function",
                 fix="give every rank the same input shapes and the same hyper-parameter and state "
                     "changes at the same call (e.g. DataLoader(drop_last=True))")
-
-
-def refuse_direct_collectives(gm) -> None:
-    """c10d collectives called directly (``dist.all_reduce(t)``) complete through Work objects a
-    trace does not see: replaying them would not synchronise the ranks. DDP's own gradient sync
-    is traced as functional collectives (capture/distributed.py); these are refused."""
-    ops = sorted({str(n.target) for n in gm.graph.nodes
-                  if n.op == "call_function" and getattr(n.target, "namespace", "") == "c10d"})
-    if ops:
-        raise CaptureError(
-            f"the step calls torch.distributed collectives directly ({', '.join(ops)}): those "
-            "complete through Work objects a captured graph cannot replay; this call ran eagerly "
-            "to its end", op=ops[0], where="the step function",
-            fix="use the traceable functional collectives instead (t = torch.distributed."
-                "_functional_collectives.all_reduce(t, 'sum', group)); DistributedDataParallel "
-                "models need nothing: their gradient all-reduce is captured")
-
-
-def direct_collective(func, problems: list) -> None:
-    """While tracing: a c10d collective called directly (``dist.all_reduce(t)``, DINO's
-    ``update_center``) is a problem at the user's line (``refuse_direct_collectives`` would only
-    name the step function)."""
-    if getattr(func, "namespace", "") != "c10d" or any(p.op == str(func) for p in problems):
-        return
-    from .effects import Problem
-    from ..errors import user_frame
-    problems.append(Problem(
-        f"the step calls torch.distributed collectives directly ({func}): they complete through a "
-        "Work objects a captured graph cannot replay", user_frame(),
-        "use the traceable functional collectives instead (t = torch.distributed._functional_collectives"
-        ".all_reduce(t, 'sum', group)); DistributedDataParallel models need nothing: their gradient "
-        "all-reduce is captured", plain=True))

@@ -28,7 +28,7 @@ from .constfold import Constants
 from .steparrays import StepArrays
 from .cpuwork import _argument_to_device, _cpu_work
 from .tensordata import _TENSOR_FROM_DATA, _tensor_of_live_floats, _tensor_of_step_tensors
-from .distributed import direct_collective
+from .collectives import direct_collective
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
 
@@ -338,7 +338,7 @@ class _DispatchCheckMode(TorchDispatchMode):
                 with _disable_current_modes():
                     return func(*args, **kwargs)
         self.arrays.check_write(func, args)   # (into a copy of a numpy argument)
-        direct_collective(func, self.problems)   # (dist.all_reduce(t) in the step: distributed.py)
+        direct_collective(func, self.problems)   # (a collective not remapped: collectives.py)
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
         self.constants.note(func, args, out)

@@ -66,6 +66,7 @@ class StateRegistry(WeakHolding, HookWatching):
     _all: list = field(default_factory=list)           # (None, holder) of every submodule
     _ddp: list = field(default_factory=list)           # (name, holder) of DistributedDataParallel modules
     _fsdp: list = field(default_factory=list)          # (name, holder) of fully_shard (FSDP2) modules
+    collective_groups: list = field(default_factory=list)  # process groups of dist.all_reduce & co. in the step
     _all_plain: list | None = None                     # all_modules when none is held weakly
     # Leaf tensors that require grad, reached by the step's code outside any module or optimizer
     # (makemore's ``parameters = [C, W1, b1, W2, b2]``): parameters too, their .grad a slot.
