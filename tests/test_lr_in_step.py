@@ -137,3 +137,62 @@ def test_an_annealed_loss_coefficient_enters_the_backward_live(how):
         assert torch.equal(got, want), k
         assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), k
     assert (step.stats.captures, step.stats.replays) == (2, 7), step.stats.recaptures
+
+
+def cosine_scheduler(base, final, iters, warmup=0):   # DINO's utils.cosine_scheduler (numpy)
+    import numpy as np
+    warm = np.linspace(0, base, warmup)
+    i = np.arange(iters - warmup)
+    return np.concatenate((warm, final + 0.5 * (base - final) * (1 + np.cos(np.pi * i / len(i)))))
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "sgd-momentum"])
+def test_schedules_held_as_numpy_arrays_are_indexed_live(opt_name):
+    """DINO: ``g['lr'] = lr_schedule[it]``, ``g['weight_decay'] = wd_schedule[it]`` and the
+    teacher's EMA ``m = momentum_schedule[it]`` index numpy arrays of the closure by the
+    iteration. The element is a number computed from the array and the call's ``it`` at each
+    replay (read live once it moved): not one graph per iteration (it recaptured at every call)."""
+    torch.manual_seed(0)
+    student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    teacher = copy.deepcopy(student).requires_grad_(False)
+    twins = copy.deepcopy((student, teacher))
+    lr_schedule = cosine_scheduler(1e-2, 1e-4, 20, warmup=3)
+    wd_schedule = cosine_scheduler(0.04, 0.4, 20)
+    momentum_schedule = cosine_scheduler(0.99, 1.0, 20)
+
+    def make(student, teacher, opt):
+        def step(x, it, epoch):
+            it = 10 * epoch + it
+            for i, g in enumerate(opt.param_groups):
+                g["lr"] = lr_schedule[it]
+                if i == 0:
+                    g["weight_decay"] = wd_schedule[it]
+            loss = (student(x) - teacher(x)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                m = momentum_schedule[it]
+                for q, k in zip(student.parameters(), teacher.parameters()):
+                    k.data.mul_(m).add_((1 - m) * q.detach().data)
+            return loss
+        return step
+    opt, topt = OPTS[opt_name](student.parameters()), OPTS[opt_name](twins[0].parameters())
+    step, eager = stepgraph.compile(make(student, teacher, opt)), make(*twins, topt)
+    for epoch in range(2):
+        for it in range(10):
+            x = torch.randn(6, 8)
+            got, want = step(x, it, epoch), eager(x, it, epoch)
+            assert torch.equal(got, want), (epoch, it)
+            assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"], (epoch, it)
+            assert opt.param_groups[0]["weight_decay"] == topt.param_groups[0]["weight_decay"]
+            for a, b in zip(list(student.parameters()) + list(teacher.parameters()),
+                            list(twins[0].parameters()) + list(twins[1].parameters())):
+                assert torch.equal(a, b), (epoch, it)
+    # warm-up, the capture, one more once the iteration moved: never one per iteration
+    assert step.stats.captures <= 3, step.stats.recaptures
+    # the schedule changes under the graph (a new array in place): read live, as eager
+    lr_schedule[:] = 1e-3
+    x = torch.randn(6, 8)
+    assert torch.equal(step(x, 0, 1), eager(x, 0, 1))
+    assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"] == 1e-3

@@ -23,6 +23,8 @@ from torch import nn
 from .hostscalar import HostFloat, _tracer, current
 from .numchecks import Root
 from .pyvalues import _MISSING
+from . import schedules
+from .schedules import schedule_array
 from .tracked import _PROXIES
 
 _VALUES = (str, bytes, bool, type(None), enum.Enum)
@@ -143,6 +145,8 @@ def kind_of(s, v, args, exclude) -> str | None:
         return "number"
     if record_key(v) is not None:
         return "record"
+    if schedule_array(v) and writable(s, args):
+        return "array"    # (its identity stays in the key: key_of)
     return None
 
 
@@ -152,6 +156,7 @@ class TrackPlan:
     leaves: list = field(default_factory=list)    # Root("leaf", index)
     sources: list = field(default_factory=list)   # Root("source", Source)
     records: list = field(default_factory=list)   # (Source, [Root("attr", (Source, name))])
+    arrays: list = field(default_factory=list)    # Root("source", Source) of numpy schedules (schedules.py)
 
     def roots(self) -> list:
         return self.leaves + self.sources + [r for _, attrs in self.records for r in attrs]
@@ -170,6 +175,8 @@ def plan(sources, leaves, leaf_labels, args, exclude) -> TrackPlan:
         k = kind_of(s, v, args, exclude)
         if k == "number":
             p.sources.append(Root("source", s, s.describe()))
+        elif k == "array":
+            p.arrays.append(Root("source", s, s.describe()))
         elif k == "record" and id(v) not in records:
             records.add(id(v))
             p.records.append((s, [Root("attr", (s, name), f"{s.describe()}.{name}")
@@ -202,6 +209,11 @@ def swap_in(track: TrackPlan, uses, args) -> list:
         for r in track.sources:
             v = r.ref.read(args)
             p = uses.wrap(v, r)
+            write(r.ref, p, args)
+            swapped.append((r, None, v, p))
+        for r in track.arrays:   # (put back by swap_out as the numbers are: ``cur is p``)
+            v = r.ref.read(args)
+            p = schedules.view(v, r, uses)
             write(r.ref, p, args)
             swapped.append((r, None, v, p))
         for s, attrs in track.records:
