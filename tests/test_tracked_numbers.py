@@ -272,3 +272,27 @@ def test_a_counter_on_a_simple_namespace_is_replayed():
         t(k)
         assert ns.n == ns2.n == k + 1
     assert t.stats.replays == 3, t.stats
+
+
+def test_sizes_given_one_by_one_from_a_tracked_number():
+    """``torch.empty(world * x.shape[0], d)`` (a gather buffer), ``x.new_zeros(n, d)``,
+    ``t.expand(n, -1)``: torch's parser takes such sizes only as ints, so the trace crashed on
+    the proxy ("empty() takes 1 positional argument but 2 were given"). They are uses: a new
+    value is a new graph, the same value replays."""
+    world = 2
+
+    def body(m, o, x, y, n):
+        buf = torch.zeros(world * x.shape[0], 4)
+        pad = x.new_zeros(n, 8)
+        bias = torch.ones(1, 4).expand(n * world, -1)
+        out = m(torch.cat([x, pad]))
+        loss = F.cross_entropy(out[:x.shape[0]], y) + buf.sum() + bias.sum() * 1e-3 + torch.randn(n, 1).sum() * 0
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    t = Twin(body)
+    for k, n in enumerate([2, 2, 2, 2, 3, 3]):
+        t(k, n)
+    assert t.step.stats.captures == 2, t.step.stats.recaptures
+    assert any("2 -> 3" in r for r in t.step.stats.recaptures), t.step.stats.recaptures

@@ -14,9 +14,12 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dis
+import functools
 import gc
 import logging
+import operator
 import sys
 import threading
 import types
@@ -28,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from .numchecks import roots_of
 from .hostscalar import HostFloat
+from .patching import patched
 from .tracked import _PROXIES, TrackedFloat, plain
 
 _STATE = threading.local()   # .depth: inside print/logging on this thread; .log: the active UseLog
@@ -329,3 +333,27 @@ def scrub(log) -> None:
         elif isinstance(r, types.CellType):
             if id(r.cell_contents) in ids:
                 r.cell_contents = r.cell_contents._v
+
+
+# ---- sizes given one by one ---------------------------------------------------------------
+# torch's argument parser takes ``torch.zeros(n, d)`` as a size list only when ``n`` is an int:
+# with a proxy there it raises "zeros() takes 1 positional argument but 2 were given" before any
+# torch function mode sees the call (``torch.empty(world * x.shape[0], d)`` in a step crashed
+# the trace). While traced these callables get the proxies' values: a use, as shapes are.
+_SIZED_TORCH = ("empty", "zeros", "ones", "rand", "randn")
+_SIZED_METHODS = ("expand", "new_zeros", "new_ones", "new_empty", "resize_")
+
+
+def _plain_sizes(f, first: int):
+    def call(*args, **kwargs):
+        if len(args) > first and type(args[first]) in _PROXIES:
+            args = args[:first] + tuple(operator.index(a) if type(a) in _PROXIES else a for a in args[first:])
+        return f(*args, **kwargs)
+    return functools.update_wrapper(call, f)
+
+
+@contextlib.contextmanager
+def sized_calls():
+    with patched(torch, {n: _plain_sizes(getattr(torch, n), 0) for n in _SIZED_TORCH}), \
+            patched(torch.Tensor, {n: _plain_sizes(getattr(torch.Tensor, n), 1) for n in _SIZED_METHODS}):
+        yield

@@ -33,7 +33,7 @@ from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rnns import RnnDecomposition
 from . import pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback
-from .sinks import TrackMode, scrub, sinks, unwrap_result
+from .sinks import TrackMode, scrub, sinks, sized_calls, unwrap_result
 from .trackplan import TrackPlan, hyper_effects, swap_in, swap_out
 from .tracked import UseLog
 from .state import Slot, StateRegistry
@@ -155,7 +155,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
-                sinks(uses), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
+                sinks(uses), sized_calls(), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
                 pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
                                   box["sched"], hm.reads), \
                 watching(array_reads) if array_pos else contextlib.nullcontext():
