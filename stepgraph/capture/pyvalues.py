@@ -56,6 +56,11 @@ def guard_value(v):
         return v
     if isinstance(v, torch.Tensor):
         return ("tensor", id(v))
+    if type(v).__name__ == "ndarray" and type(v).__module__ == "numpy":
+        # (its values may be baked into the graph and numpy keeps no version: small arrays are
+        # keyed by their bytes, larger ones by identity -- and refused where read: schedules.py)
+        from .arrays import array_key
+        return array_key(v, read=True)
     if isinstance(v, (torch.device, torch.dtype, torch.Size, torch.layout, torch.memory_format)):
         return ("torch", str(v))
     if isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -74,6 +79,11 @@ def guard_value(v):
 
 
 def _show(g) -> str:
+    if isinstance(g, tuple) and g[:1] == ("ndarray",) and len(g) == 5 and isinstance(g[4], bytes):
+        import numpy as np   # (arrays.array_key of a small array: its values)
+        vals = np.frombuffer(g[4], dtype=g[1]).reshape(g[2]) if g[2] else np.frombuffer(g[4], dtype=g[1])
+        text = np.array2string(vals, threshold=6, edgeitems=2, separator=", ").replace("\n", "")
+        return f"array {g[1]}{list(g[2])} {text[:40]}"
     if isinstance(g, tuple) and g[:1] == ("live tensor",):   # (pyeffects.tensor_key)
         return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
     if g == ("number",):
@@ -158,7 +168,9 @@ class Source:
             # (a new ``clipfracs = []`` each epoch is no new graph: a replay appends to the list
             # found there then, captured.py; nothing else the graph did read it)
             return ("appended list",)
-        return ("object", id(v)) if self.identity_only else guard_value(v)
+        if self.identity_only and type(v).__name__ != "ndarray":   # (arr.mean(): values, not identity)
+            return ("object", id(v))
+        return guard_value(v)
 
     def write(self, value, args=()) -> None:
         """Rebind the value where the code reads it (used to substitute a live float while
@@ -290,6 +302,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 v = s.read(_DUMMY_ARGS)
             except Exception:  # noqa: BLE001
                 continue
+            if p != () and type(v).__module__ == "numpy" and type(v).__name__ != "ndarray" \
+                    and p[-1][0] == "item":
+                continue   # (``cw[0]``: a numpy scalar made at each read; the array is the source)
             if isinstance(v, (types.FunctionType, types.MethodType)):
                 visit(v, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):

@@ -12,6 +12,12 @@ read of the array the graph is keyed by, as before.
 
 The element comes back as a Python float (int for integer arrays) where eager gives a numpy
 scalar of the same value: arithmetic, optimizers and torch take them alike.
+
+Every other read bakes the array's values into the graph, and numpy has no version counter to
+check: an array of up to ``arrays._BY_VALUE_BYTES`` is keyed by its bytes (``pyvalues.guard_value``:
+class weights changed in place between calls are a new graph, they were silently the old ones);
+a larger one read so (in Python, by a torch conversion or as an operand) is refused at the
+user's line, as is a write into the array (a replay would not write it).
 """
 from __future__ import annotations
 
@@ -20,12 +26,31 @@ import sys
 from .numchecks import Op
 from .tracked import TrackedInt, plain
 
-_KINDS = "iuf"   # int, uint, float elements: numbers a proxy can stand for
+_KINDS = "biuf"   # bool, int, uint, float elements (a bool element is handed out plain: a use)
 
 
 def schedule_array(v) -> bool:
     np = sys.modules.get("numpy")
     return np is not None and type(v) is np.ndarray and v.dtype.kind in _KINDS and v.ndim >= 1
+
+
+def _refuse(view, how: str, write: bool = False):
+    from .arrays import _BY_VALUE_BYTES
+    from ..errors import CaptureError, user_frame
+    if view.sg_uses is None or not view.sg_uses.active or (not write and view.nbytes <= _BY_VALUE_BYTES):
+        return   # (a small array is keyed by its bytes: its reads need nothing)
+    label = view.sg_root.label
+    if write:
+        raise CaptureError(
+            f"the step writes into the numpy array {label} ({how}): a replay would not write it",
+            op=how, where=user_frame(),
+            fix=f"change {label} outside the step, or keep the values in a tensor the step updates in place")
+    raise CaptureError(
+        f"the step reads the numpy array {label} ({view.nbytes} bytes) by {how}: a graph would keep "
+        f"the values it had at capture, and an array over {_BY_VALUE_BYTES} bytes is not compared "
+        "at each call (numpy has no version counter)", op=how, where=user_frame(),
+        fix=f"pass {label} to the step as an argument (numpy arguments are fed at each call), or "
+            "make it a tensor once outside the step (torch.from_numpy shares its memory)")
 
 
 def item_at(array, index):
@@ -69,19 +94,79 @@ def _view_class():
                 v = arr[tuple(plain(x) for x in k) if type(k) is tuple else plain(k)]
                 if isinstance(v, np.generic):   # (a scalar element, not a row)
                     return uses.derive(v.item(), Op(item_at, (self.sg_root, e)))
+            _refuse(self, "indexing")
             return arr[k]
 
+        def __setitem__(self, k, v):
+            _refuse(self, "item assignment", write=True)
+            self.view(np.ndarray)[k] = v
+
         def __array_ufunc__(self, ufunc, method, *inputs, **kw):
+            if any(isinstance(x, ScheduleView) for x in kw.get("out", ())):
+                _refuse(self, f"numpy.{ufunc.__name__}(out=...)", write=True)
+            _refuse(self, f"numpy.{ufunc.__name__}")
             inputs = tuple(x.view(np.ndarray) if isinstance(x, ScheduleView) else x for x in inputs)
             return getattr(ufunc, method)(*inputs, **kw)
 
         def __array_function__(self, func, types, args, kwargs):
             import torch.utils._pytree as pytree
+            _refuse(self, f"numpy.{func.__name__}")
             args, kwargs = pytree.tree_map_only(ScheduleView, lambda x: x.view(np.ndarray), (args, kwargs))
             return func(*args, **kwargs)
 
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            # (a torch operand or index: ``t * weights``, ``t[mask]``)
+            import torch.utils._pytree as pytree
+            for x in pytree.tree_leaves((args, kwargs)):
+                if isinstance(x, ScheduleView):
+                    _refuse(x, f"torch {getattr(func, '__name__', func)}")
+            args, kwargs = pytree.tree_map_only(ScheduleView, lambda x: x.view(np.ndarray), (args, kwargs or {}))
+            return func(*args, **kwargs)
+
+        def __iter__(self):
+            _refuse(self, "iteration")
+            return iter(self.view(np.ndarray))
+
+        def item(self, *a):
+            _refuse(self, "item()")
+            return self.view(np.ndarray).item(*a)
+
+        def tolist(self):
+            _refuse(self, "tolist()")
+            return self.view(np.ndarray).tolist()
+
+    def converting(name):   # float(a), int(a), bool(a): ndarray's C number slots
+        def method(self):
+            _refuse(self, f"{name.strip('_')}()")
+            return getattr(self.view(np.ndarray), name)()
+        method.__name__ = name
+        return method
+    for name in ("__float__", "__int__", "__bool__", "__index__", "__complex__"):
+        setattr(ScheduleView, name, converting(name))
+
     _VIEW.append(ScheduleView)
     return ScheduleView
+
+
+def _converting(f):
+    def conv(data, *args, **kwargs):
+        if isinstance(data, _view_class()):
+            _refuse(data, f"torch.{f.__name__}")
+            data = data.view(sys.modules["numpy"].ndarray)
+        return f(data, *args, **kwargs)
+    return conv
+
+
+def array_conversions(track):
+    """While traced (when ``track`` hands the step views): ``torch.from_numpy`` / ``tensor`` / ``as_tensor`` / ``asarray`` of a view
+    (torch reads its memory in C, past every method of the view)."""
+    import contextlib
+    import torch
+    from .patching import patched
+    if track is None or not track.arrays:
+        return contextlib.nullcontext()
+    return patched(torch, {n: _converting(getattr(torch, n)) for n in ("from_numpy", "tensor", "as_tensor", "asarray")})
 
 
 def view(array, root, uses):

@@ -33,6 +33,8 @@ from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rnns import RnnDecomposition
 from . import pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback
+from .datarebind import data_assignments
+from .schedules import array_conversions
 from .sinks import TrackMode, scrub, sinks, sized_calls, unwrap_result
 from .trackplan import TrackPlan, hyper_effects, swap_in, swap_out
 from .tracked import UseLog
@@ -86,6 +88,15 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
             if isinstance(s, torch.Tensor) and s.numel() == 1 and s.device.type == "cpu":
                 ids.add(id(s))
     return ids
+
+
+@contextlib.contextmanager
+def _call_patches(track, reg):
+    """torch callables patched while traced: sizes given one by one (sinks.sized_calls),
+    conversions of the numpy views the step is handed (schedules.array_conversions) and
+    ``t.data = new`` (datarebind.py)."""
+    with sized_calls(), array_conversions(track), data_assignments(reg.name_of):
+        yield
 
 
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
@@ -155,7 +166,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
-                sinks(uses), sized_calls(), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
+                sinks(uses), _call_patches(track, reg), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
                 pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
                                   box["sched"], hm.reads), \
                 watching(array_reads) if array_pos else contextlib.nullcontext():

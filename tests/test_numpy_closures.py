@@ -1,0 +1,104 @@
+"""numpy arrays the step reads from its closure or globals (capture/schedules.py, pyvalues.guard_value).
+A graph bakes the values it reads, and numpy keeps no version counter: class weights changed in
+place between calls were silently the old ones in every replay. A small array is keyed by its
+bytes (a change is a new graph, with its reason); a large one read so is refused at the user's
+line with a fix that works; one only indexed by the iteration (a schedule) is read live."""
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+
+def twins():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    t = copy.deepcopy(m)
+    return m, torch.optim.SGD(m.parameters(), lr=0.1), t, torch.optim.SGD(t.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("read", ["from_numpy", "tensor", "float_of_item", "as_tensor_slice"])
+def test_class_weights_changed_in_place_between_calls(read):
+    cw = np.ones(3, dtype=np.float32)
+    m, o, t, to = twins()
+
+    def mk(model, opt):
+        def step(x, y):
+            if read == "from_numpy":
+                loss = F.cross_entropy(model(x), y, weight=torch.from_numpy(cw))
+            elif read == "tensor":
+                loss = F.cross_entropy(model(x), y, weight=torch.tensor(cw))
+            elif read == "float_of_item":
+                loss = F.cross_entropy(model(x), y) * float(cw[0]) + float(cw[2])
+            else:
+                loss = F.cross_entropy(model(x), y, weight=torch.as_tensor(cw[:3]))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(m, o)), mk(t, to)
+    for k in range(6):
+        cw[:] = [1 + k % 3, 1, 2 + k * k]
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), t.parameters())), k
+    assert any("array float32[3]" in r for r in sg.stats.recaptures), sg.stats.recaptures
+    # unchanged values: the graph for them replays
+    replays = sg.stats.replays
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    assert torch.equal(sg(x, y), eager(x, y)) and sg.stats.replays == replays + 1
+
+
+def test_a_large_array_read_by_the_step_is_refused_with_a_fix_that_works():
+    table = np.ones(4096, dtype=np.float32)
+    m, o, t, to = twins()
+
+    def mk(model, opt, w):
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y, weight=w()[:3])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg = stepgraph.compile(mk(m, o, lambda: torch.from_numpy(table)))
+    eager = mk(t, to, lambda: torch.from_numpy(table))
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    sg(x, y), eager(x, y)
+    with pytest.raises(stepgraph.CaptureError, match="numpy array table") as e:
+        sg(x, y)
+    eager(x, y)
+    assert "test_numpy_closures.py" in str(e.value) and "torch.from_numpy" in e.value.fix
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), t.parameters()))
+    # the fix: a tensor made once outside the step, sharing the array's memory
+    shared = torch.from_numpy(table)
+    sg = stepgraph.compile(mk(m, o, lambda: shared))
+    for k in range(5):
+        table[:3] = [1 + k, 1, 2 + k * k]
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        assert torch.equal(sg(x, y), eager(x, y)), k
+    assert sg.stats.captures == 1
+
+
+def test_a_write_into_a_closure_array_is_refused():
+    seen = np.zeros(3, dtype=np.int64)
+    m, o, *_ = twins()
+
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        seen[0] += 1
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+    sg(x, y)
+    with pytest.raises(stepgraph.CaptureError, match="writes into the numpy array seen"):
+        sg(x, y)
+    assert seen[0] == 2   # the refused call ran as eager
