@@ -309,7 +309,9 @@ class _DispatchCheckMode(TorchDispatchMode):
                     f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
                     "values and backpropagate into a graph that no longer exists",
                     user_frame(stack), "compute it inside the step (pass its inputs as arguments), or "
-                    "detach it before the call if no gradient should flow into it; for a loss built from "
+                    "detach it before the call if no gradient should flow into it (x = x.detach(); and "
+                    "x.requires_grad_() when the step differentiates with respect to it, as a PINN's "
+                    "torch.autograd.grad(u, x) does: x becomes a leaf of its own); for a loss built from "
                     "many earlier forward calls (REINFORCE) capture the forward with "
                     "stepgraph.graph_module(model) instead of the whole step", library_frame(stack), plain=True))
 
