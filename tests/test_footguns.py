@@ -74,6 +74,12 @@
     array, an object the step reads through a global) is kept alive by the key of each graph
     captured with it, as long as the step function lives: a freed object's id is reused by the
     next one, which would match the key and replay a baked value (capture/sigkey.Ident).
+(v) A ``t.data = new`` in the step writes ``new`` into ``t``'s own memory (eager rebinds ``t`` to
+    ``new``'s storage): the values are eager's, but a view of ``t`` taken before the call sees them
+    too, where eager's view keeps the old ones (test_data_assignment.py, capture/datarebind.py).
+    A numpy array over 4096 bytes that a module's forward (not the step's own code) reads is keyed
+    by identity: changed in place, its values stay the graph's (the step's own reads of such an
+    array are refused: test_numpy_closures.py).
 """
 import copy
 import sys
@@ -436,3 +442,23 @@ def test_u_an_object_keyed_by_identity_lives_as_long_as_its_graph():
     del sg
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+def test_v_a_data_assignment_writes_in_place():
+    model = make_model()
+    w = model[0].weight
+
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        w.data = w.data - 0.1 * w.grad
+        w.grad = None
+        return loss
+    sg = stepgraph.compile(step)
+    sg(batch(0)[0])        # the warm-up runs eagerly: w gets a new storage
+    before = w[0]          # a view taken after it
+    for k in range(1, 4):
+        sg(batch(k)[0])
+    assert sg.stats.replays == 2
+    assert before.data_ptr() == w.data_ptr()   # eager: w's storage is a new one each call
+    assert torch.equal(before, w[0])            # eager: the view keeps the values of its call
