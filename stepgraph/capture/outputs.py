@@ -91,9 +91,13 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
              "Python code, so they will not add to it (return the values from the step instead)"
              for s, a, b in zip(py.sources, map(_size, before), map(_size, after)) if s.identity_only
              and a is not None and b is not None and a != b and id(s) not in replayed]
+    return _warned(notes, step_name)
+
+
+def _warned(notes: list, step_name: str) -> list:
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
-        warnings.warn(msg, stacklevel=5)
+        warnings.warn(msg, stacklevel=6)
         log.warning(msg)
     return notes
 
@@ -114,6 +118,14 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
     for s, a, b in zip(py.sources, before, after):
         if a != b and s.from_step and _place(s) not in replayed \
                 and not (scheduled and ".param_groups[" in s.describe()):
+            if _tensor_key(a) or _tensor_key(b):   # (vqvae's new nn.Parameter each step)
+                raise CaptureError(
+                    f"the step rebinds {s.describe()} to another tensor ({_show(a)} -> {_show(b)}); a "
+                    "replay runs no Python code, so it would keep the tensor of this capture\n  this "
+                    "call ran eagerly to its end: your model and optimizer hold the result of this step",
+                    op=f"assignment to {s.describe()}", where=s.where,
+                    fix=f"update {s.describe()} in place instead (with torch.no_grad(): "
+                        f"{s.describe()}.copy_(new), or {s.describe()}.data = new), which a replay repeats")
             raise CaptureError(
                 f"the step changes the Python value {s.describe()} ({_show(a)} -> {_show(b)}); a replay "
                 "runs no Python code, so it would not change it again\n  this call ran eagerly to its "
@@ -121,6 +133,10 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
                 op=f"assignment to {s.describe()}", where=s.where,
                 fix=f"update {s.describe()} outside the step (in the loop around it), or keep it in a "
                     "tensor the step updates in place; pass values that change as arguments")
+
+
+def _tensor_key(k) -> bool:
+    return isinstance(k, tuple) and (k[:1] == ("tensor",) or k[:1] == ("live tensor",))
 
 
 def live_outputs(tr, reg, py, args, step_name: str) -> None:
@@ -158,10 +174,15 @@ def read_side_effects(tr, step_name: str) -> list:
     list, a global): that Python runs only at capture. Warned and returned for explain()."""
     from .hostreads import stored_reads
     log_ = tr.reads
-    if log_ is None:
-        return []
+    printed = list(dict.fromkeys(log_.printed)) if log_ is not None else []
+    # (any other print(): '%.4f' % loss.item() formats in C, past every hook of the read value)
+    plain = [p for p in dict.fromkeys(tr.uses.prints if tr.uses is not None else ()) if p not in printed]
     notes = []
-    printed = list(dict.fromkeys(log_.printed))
+    if plain:
+        notes.append(f"calls print() at {', '.join(plain[:3])}: that runs only at warm-up and capture; "
+                     "replays print nothing (return the values and print them outside the step)")
+    if log_ is None:
+        return _warned(notes, step_name)
     if printed:
         notes.append(f"prints/formats values read from tensors at {', '.join(printed[:3])}: "
                      "that runs only at capture; replays print nothing (return the values and "
@@ -182,8 +203,12 @@ def read_side_effects(tr, step_name: str) -> list:
         notes.append(f"stores values read from tensors (at {', '.join(stored[:3])}) in Python objects "
                      "(a meter, a list, a global): replays run no Python, so they keep this call's "
                      "value; return the values from the step and update those objects outside it")
+    return _warned(notes, step_name)
+
+
+def _warned(notes: list, step_name: str) -> list:
     for n in notes:
         msg = f"stepgraph: {step_name}: {n}"
-        warnings.warn(msg, stacklevel=5)
+        warnings.warn(msg, stacklevel=6)
         log.warning(msg)
     return notes

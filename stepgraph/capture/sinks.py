@@ -131,6 +131,9 @@ def format_target(code, lasti) -> int | None:
     return None
 
 
+_PRINT = builtins.print
+
+
 def _sink(orig):
     def sink(*args, **kwargs):
         log = getattr(_STATE, "log", None)
@@ -138,6 +141,9 @@ def _sink(orig):
             f = sys._getframe(1)
             ins, _ = _instructions(f.f_code)
             log.confirm(f, ins[_at(f.f_code, f.f_lasti)].offset)
+            if orig is _PRINT and not in_sink() and log.active:   # (replays print nothing: outputs.py)
+                from ..errors import user_frame
+                log.prints.append(user_frame())
         _STATE.depth = getattr(_STATE, "depth", 0) + 1
         try:
             return orig(*args, **kwargs)

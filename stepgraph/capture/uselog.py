@@ -47,6 +47,7 @@ class UseLog:
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
+    prints: list = field(default_factory=list)      # sites of print() calls the step made (sinks.py)
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU, for backends that run Python at replay: pipeline.trace's ``lift_numbers``).
