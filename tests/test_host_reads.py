@@ -400,3 +400,67 @@ def test_one_hot_with_num_classes_is_captured_with_its_range_check_as_a_guard():
     for k in range(7, 10):   # the twins still agree, and the graph is replayed again
         t(*batch(k))
     assert t.stats.captures == 1 and t.stats.replays == 7, t.stats
+
+
+def test_moco_queue_pointer_buffer_read_and_written_in_the_step():
+    """MoCo's ``_dequeue_and_enqueue`` without DDP: ``ptr = int(self.queue_ptr)`` of a buffer no op
+    touched yet (it was refused as a host sync), then ``self.queue_ptr[0] = ptr`` (refused as a
+    changed Python value: indexing a tensor makes a new view at each read). Now the read is a
+    value guard -- one graph per pointer position -- and every call equals eager."""
+    import copy
+
+    class Queue(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("queue", torch.zeros(4, 8))
+            self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+        def forward(self, x):
+            ptr = int(self.queue_ptr)
+            k = self.lin(x)
+            loss = k.sum() + self.queue.sum() * 0.1
+            with torch.no_grad():
+                self.queue[:, ptr:ptr + 2] = k.detach().T
+                self.queue_ptr[0] = (ptr + 2) % 8
+            return loss
+    torch.manual_seed(0)
+    a = Queue()
+    b = copy.deepcopy(a)
+    oa, ob = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
+
+    def mk(m, o):
+        def step(x):
+            loss = m(x)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    for i in range(12):
+        x = torch.randn(2, 4)
+        assert torch.equal(sg(x), eager(x)), i
+        assert torch.equal(a.queue, b.queue) and torch.equal(a.queue_ptr, b.queue_ptr), i
+    assert (sg.stats.captures, sg.stats.replays) == (4, 7), sg.stats.recaptures
+    assert all("int() of a int64 tensor" in r for r in sg.stats.recaptures)
+
+
+def test_every_print_in_the_step_is_named_at_capture(recwarn):
+    """``print('%.4f' % loss.item())`` formats in C, past every hook of the read value: replays
+    printed nothing and nothing said so. Any print() of the step is named once, at capture."""
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print("loss = %.4f" % loss.item())
+        return loss
+    for _ in range(4):
+        step(torch.randn(8, 2))
+    msgs = [str(w.message) for w in recwarn if "calls print()" in str(w.message)]
+    assert len(msgs) == 1 and "test_host_reads.py" in msgs[0] and "replays print nothing" in msgs[0], msgs

@@ -124,6 +124,11 @@ class _HostReadMode(TorchFunctionMode):
                 return out
         if func is _T.item and args and (id(args[0]) in self.step_ids or self._new_counter(args[0])):
             return item_node(get_proxy_mode().tracer, args[0])
+        if self.reads is not None and func in _SCALAR_READS and args and isinstance(args[0], torch.Tensor) \
+                and not _is_traced(args[0]) and self.reg is not None and self.reg.name_of(args[0]) is not None:
+            # (``int(self.queue_ptr)`` before any op touched the buffer: MoCo without DDP. Into
+            # the graph first, so the read is a node of it, guarded like any other.)
+            args = (torch.ops.aten.alias.default(args[0]),) + tuple(args[1:])
         if self.reads is not None and args and _is_traced(args[0]):
             if func in _SCALAR_READS and args[0].numel() == 1:
                 return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)

@@ -359,12 +359,12 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
 
 
 def _view_of_parent(s: Source, v, args) -> bool:
-    """``self.weight.T`` / ``.mT`` / ``.data``: an attribute of a tensor that reads as a new
+    """``self.weight.T`` / ``.mT`` / ``.data`` / ``[0]``: an attribute or item of a tensor that reads as a new
     tensor over the same memory at every access. Keyed by identity it would differ at each
     read (a refusal, or a random recapture when CPython reuses the address); it is the parent
     tensor, which the graph reads as state or an argument."""
-    if not (isinstance(v, torch.Tensor) and s.path and s.path[-1][0] == "attr"):
-        return False
+    if not (isinstance(v, torch.Tensor) and s.path and s.path[-1][0] in ("attr", "item")):
+        return False   # (``self.queue_ptr[0]``: indexing makes a new view at each read too)
     parent = Source(s.kind, s.root, s.name, s.path[:-1]).read_or(args)
     if not isinstance(parent, torch.Tensor) or parent.device.type == "meta" or v.device.type == "meta":
         return False
