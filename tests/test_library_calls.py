@@ -192,6 +192,17 @@ def log(data, step=None):   # wandb.log(...), as a module function
     EVENTS.append((dict(data), step))
 
 
+class MetricLogger:   # torchvision references' utils.MetricLogger: it reads the tensors itself
+    def __init__(self):
+        self.meters = collections.defaultdict(AverageMeter)
+
+    def update(self, **kwargs):
+        for k, v in kwargs.items():
+            if isinstance(v, torch.Tensor):
+                v = v.item()
+            self.meters[k].update(v)
+
+
 class Smoother:   # a library object that computes on the tensor it is given
     def __init__(self):
         self.history = collections.deque(maxlen=2)
@@ -241,6 +252,35 @@ def test_a_library_meter_updated_from_a_read_value_is_updated_at_each_replay(lib
             eager(*_batch(k))
     assert vars(meters[0]) == vars(meters[1]) and meters[0].count == 40, (vars(meters[0]), vars(meters[1]))
     assert all(type(v) in (int, float) for v in vars(meters[0]).values())
+    assert sg.stats.replays == 3, sg.stats
+
+
+def test_a_library_logger_that_reads_the_tensors_it_is_given_is_redone(library):
+    """references/detection/engine.py: ``metric_logger.update(loss=losses_reduced, **loss_dict)``
+    with tensors; the logger calls ``.item()`` itself. That read is no computation a replay
+    lacks: the call is redone with the replay's tensors (it was refused as one that computes)."""
+    (m1, o1), (m2, o2) = _pair()
+    loggers = [library.MetricLogger(), library.MetricLogger()]
+
+    def make(m, o, ml):
+        def step(x, y):
+            out = m(x)
+            loss_dict = {"ce": F.cross_entropy(out, y), "l2": out.square().mean()}
+            losses = sum(loss for loss in loss_dict.values())
+            losses.backward()
+            o.step()
+            o.zero_grad()
+            ml.update(loss=losses, **loss_dict)
+            return losses.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, loggers[0])), make(m2, o2, loggers[1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for k in range(5):
+            assert torch.equal(sg(*_batch(k)), eager(*_batch(k))), k
+    for name in ("loss", "ce", "l2"):
+        a, b = vars(loggers[0].meters[name]), vars(loggers[1].meters[name])
+        assert a == b and a["count"] == 5, (name, a, b)
     assert sg.stats.replays == 3, sg.stats
 
 

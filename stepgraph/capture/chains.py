@@ -38,6 +38,28 @@ def _discarded(ins, j) -> bool:
     return False
 
 
+def _ex_statement(ins, j) -> bool:
+    """Is the attribute loaded at ``ins[j]`` the callable of a ``CALL_FUNCTION_EX`` whose result
+    is popped (``metric_logger.update(loss=l, **loss_dict)``: no LOAD_METHOD there)? The call
+    leaves its result where the NULL below the callable was: one below the attribute's depth
+    (an argument of such a call would leave it two below)."""
+    depth = 0
+    for k in range(j + 1, len(ins)):
+        y = ins[k]
+        if y.opname == "CACHE":
+            continue
+        if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
+            return False
+        try:
+            depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        except ValueError:
+            return False
+        if depth < 0:
+            nxt = next((z for z in ins[k + 1:] if z.opname != "CACHE"), None)
+            return y.opname == "CALL_FUNCTION_EX" and depth == -1 and nxt is not None and nxt.opname == "POP_TOP"
+    return False
+
+
 def _extended(ins, i) -> int | None:
     """``lst += [x]`` for the variable loaded at ``ins[i]`` (CleanRL's ``clipfracs += [...]``):
     the index of the store that rebinds it to itself, or None. (An in-place add on a list is
@@ -80,6 +102,9 @@ def _code_chains(code: types.CodeType):
                 if y.opname == "LOAD_METHOD" or (y.opname == "LOAD_ATTR" and str(y.argrepr).startswith("NULL|self")):
                     # ("call", m): a statement whose result the code drops (``pbar.update(1)``)
                     path.append(("call" if _discarded(ins, j) else "method", y.argval))
+                    break
+                if y.opname == "LOAD_ATTR" and _ex_statement(ins, j):
+                    path.append(("call", y.argval))
                     break
                 if y.opname == "LOAD_ATTR":
                     path.append(("attr", y.argval))

@@ -122,6 +122,7 @@ class _Record:
     where: str
     heavy: bool   # it added to the graph or stepped a scheduler
     printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
+    made: tuple = ()      # (start, end) in ReadLog.reads: values it read itself (``v.item()``)
 
 
 @dataclass
@@ -157,10 +158,14 @@ def _tensor_ops_after(last, graph) -> bool:
     meter's ``self.sum += val * n``, adds Python nodes only: a side effect a replay redoes.)"""
     n = last.next
     while n is not graph._root:
-        if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
+                and n.target is not _READ:   # (``v.item()`` inside: redone on the replay's output)
             return True
         n = n.next
     return False
+
+
+_READ = torch.ops.aten._local_scalar_dense.default
 
 
 def _plain_attributes(obj) -> None:
@@ -185,6 +190,7 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
         def call(*a, **kw):
             last, k0 = tracer.graph._root.prev, len(sched_steps)
             p0 = len(reads.printed) if reads is not None else 0
+            q0 = len(reads.reads) if reads is not None else 0
             leaves, spec = pytree.tree_flatten((a, kw))
             if all(_kind(v, tracer) is not None for v in leaves):
                 # A call redone at each replay gets plain values, as eager's: what it keeps (a
@@ -195,7 +201,8 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
             out = orig(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
-            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, (p0, p1)))
+            q1 = len(reads.reads) if reads is not None else 0
+            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, (p0, p1), (q0, q1)))
             return out
         return call
 
@@ -237,7 +244,7 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     inside = {i for r in log.records for i in range(*r.printed)}
     formats = [f for f in (reads.formats if reads is not None else ()) if f[0] not in inside]
     printed_lines = {p.split(" (")[0] for i, p in enumerate(printed) if i not in inside}
-    redone = set()
+    redone, made = set(), set()
     # A param-group entry passed as is (``lr=optimizer.param_groups[0]["lr"]``) is read again
     # when the call is redone: a scheduler stepped in the step (redone first) changes it.
     entries = {id(v): (g, k) for _, opt in reg.optimizers for g in opt.param_groups
@@ -281,9 +288,12 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
             continue
         effects.append(CallEffect(r.source, r.method, spec, out, r.where))
         _plain_attributes(r.source.read_or(()))
+        made.update(range(*r.made))
         redone.update(range(*r.printed))
         redone.update(used)
     printed[:] = [p for i, p in enumerate(printed) if i not in redone]
+    if made:   # (what a redone call read and kept is read again by the call: no stored read)
+        reads.reads[:] = [f for i, f in enumerate(reads.reads) if i not in made]
     notes = [f"calls {r.source.describe()}.{r.method}() at {r.where} with values a replay cannot "
              "recompute (an object, or a string formatted from a read value): that call runs only "
              "at capture" for r in skipped if r.where.split(" (")[0] not in printed_lines]
