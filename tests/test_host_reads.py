@@ -464,3 +464,31 @@ def test_every_print_in_the_step_is_named_at_capture(recwarn):
         step(torch.randn(8, 2))
     msgs = [str(w.message) for w in recwarn if "calls print()" in str(w.message)]
     assert len(msgs) == 1 and "test_host_reads.py" in msgs[0] and "replays print nothing" in msgs[0], msgs
+
+
+def test_percent_formatting_of_a_tensor_for_a_print_is_no_value_guard():
+    """RealNVP prints ``'loss = %.3f' % loss`` every few iterations inside the step: ``%``
+    converts the tensor with float() from C, which was a value guard -- a recapture at every
+    printing call, then eager. It is formatting, as ``f'{loss:.3f}'`` is: one graph per branch."""
+    import contextlib
+    import io
+    model = nn.Linear(2, 1)
+    twin = copy.deepcopy(model)
+    opt, topt = torch.optim.Adam(model.parameters(), lr=1e-2), torch.optim.Adam(twin.parameters(), lr=1e-2)
+
+    def mk(m, o):
+        def step(x, t):
+            loss = m(x).pow(2).mean()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            if t % 2 == 0:
+                print('iter %s:' % t, 'loss = %.3f' % loss)
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(model, opt)), mk(twin, topt)
+    with contextlib.redirect_stdout(io.StringIO()):
+        for t in range(12):
+            x = torch.randn(8, 2)
+            assert torch.equal(sg(x, t), eager(x, t)), t
+    assert (sg.stats.captures, sg.stats.replays) == (2, 9), sg.stats.recaptures

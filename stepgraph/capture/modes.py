@@ -42,6 +42,23 @@ _PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 _ONE_HOT = torch._C._nn.one_hot   # (torch.nn.functional.one_hot)
 
 
+def _percent_format() -> bool:
+    """Is the innermost user frame at a ``%`` operation (``str % tensor`` converts the tensor
+    with ``float()`` from C; ``number % tensor`` is a tensor op, never ``float()``)?"""
+    import os
+    import sys
+    from ..errors import _SKIP_PREFIXES
+    f = sys._getframe(2)
+    while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(_SKIP_PREFIXES)
+                             or f.f_code.co_filename.startswith("<")):
+        f = f.f_back
+    if f is None or f.f_lasti < 0:
+        return False
+    import dis
+    at = next((i for i in dis.get_instructions(f.f_code) if i.offset == f.f_lasti), None)
+    return at is not None and (at.opname == "BINARY_MODULO" or (at.opname == "BINARY_OP" and at.argrepr == "%"))
+
+
 def _one_hot(t, num_classes: int, reads: ReadLog):
     """``F.one_hot(t, num_classes)`` of a CPU tensor: ATen checks the class values on the host
     (``t.min().item() >= 0``, ``num_classes > t.max().item()``) before its ``zeros`` +
@@ -130,6 +147,12 @@ class _HostReadMode(TorchFunctionMode):
             # the graph first, so the read is a node of it, guarded like any other.)
             args = (torch.ops.aten.alias.default(args[0]),) + tuple(args[1:])
         if self.reads is not None and args and _is_traced(args[0]):
+            if func is _T.__float__ and _percent_format():
+                # ``'loss = %.3f' % loss`` (RealNVP's print): formatting, as f'{loss:.3f}' is --
+                # it was a value guard, a recapture at every printing call
+                self.reads.printed.append(user_frame())
+                with _disable_current_modes():
+                    return func(*args, **kwargs)
             if func in _SCALAR_READS and args[0].numel() == 1:
                 return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)
             if func in _PRINTS:  # printing a tensor: logging, it runs only at capture
