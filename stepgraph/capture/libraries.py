@@ -105,7 +105,9 @@ def library_fix(inside: str, fix: str) -> str:
     for marker, known in _LIBRARY_FIXES:
         if marker in inside:
             return known
-    return f"{fix} (the read is inside {inside}: if you cannot change that code, call it outside the step)"
+    return (f"{fix} (the read is inside {inside}: if you cannot change that code, call it outside "
+            "the step, or capture the submodules around it instead of the whole step: "
+            "model.backbone = stepgraph.graph_module(model.backbone))")
 
 
 @contextlib.contextmanager
