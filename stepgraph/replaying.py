@@ -42,10 +42,18 @@ class ReplayPaths:
             miss = m if e is newest or miss is None else miss
         if len(self._order) >= self.max_captures:
             chains[0].gave_up = True
+            hint = ("Return the value from the step and decide outside it, or raise max_captures "
+                    "if it takes few values")
+            if "int() of a" in str(miss) or "item() of a" in str(miss):
+                # (MoCo's ``ptr = int(self.queue_ptr)``, then ``queue[:, ptr:ptr + n] = keys.T``)
+                hint = ("If it only positions a write or a read (a ring buffer's pointer), keep it "
+                        "a tensor: idx = (ptr_tensor + torch.arange(n)) % size; "
+                        "queue.index_copy_(dim, idx, keys); ptr_tensor.add_(n).remainder_(size). "
+                        "Otherwise return the value from the step and decide outside it, or raise "
+                        "max_captures if it takes few values")
             msg = (f"stepgraph: {self.__name__}: a value the graphs depend on keeps changing ({miss}); "
                    f"max_captures={self.max_captures} graphs are kept, so calls with it run eagerly "
-                   "from now on. Return the value from the step and decide outside it, or raise "
-                   "max_captures if it takes few values")
+                   f"from now on. {hint}")
             warnings.warn(msg, stacklevel=3)
             log.warning(msg)
             self.stats.took(Branch.EAGER)

@@ -492,3 +492,56 @@ def test_percent_formatting_of_a_tensor_for_a_print_is_no_value_guard():
             x = torch.randn(8, 2)
             assert torch.equal(sg(x, t), eager(x, t)), t
     assert (sg.stats.captures, sg.stats.replays) == (2, 9), sg.stats.recaptures
+
+
+@pytest.mark.parametrize("form", ["slice", "index_copy"])
+def test_a_ring_buffer_pointer_names_the_tensor_fix_that_works(form):
+    """A pointer read with int() that positions a write takes one graph per value (MoCo's queue:
+    K / batch positions). Past max_captures the warning names the tensor form, which is one graph."""
+    import copy
+
+    class Queue(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("queue", torch.zeros(4, 16))
+            self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+        def forward(self, x):
+            k = self.lin(x)
+            loss = k.sum() + self.queue.sum() * 0.1
+            with torch.no_grad():
+                if form == "slice":
+                    ptr = int(self.queue_ptr)
+                    self.queue[:, ptr:ptr + 2] = k.detach().T
+                    self.queue_ptr[0] = (ptr + 2) % 16
+                else:
+                    idx = (self.queue_ptr + torch.arange(2)) % 16
+                    self.queue.index_copy_(1, idx, k.detach().T)
+                    self.queue_ptr.add_(2).remainder_(16)
+            return loss
+    torch.manual_seed(0)
+    a = Queue()
+    b = copy.deepcopy(a)
+    oa, ob = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
+
+    def mk(m, o):
+        def step(x):
+            loss = m(x)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa), max_captures=3), mk(b, ob)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for i in range(10):
+            x = torch.randn(2, 4)
+            assert torch.equal(sg(x), eager(x)), i
+            assert torch.equal(a.queue, b.queue) and torch.equal(a.queue_ptr, b.queue_ptr), i
+    if form == "slice":
+        msg = next(str(m.message) for m in w if "keeps changing" in str(m.message))
+        assert "index_copy_" in msg and "ptr_tensor.add_" in msg, msg
+    else:
+        assert (sg.stats.captures, sg.stats.replays) == (1, 8), sg.stats.recaptures
