@@ -20,6 +20,11 @@ KNOWN = {
     # first recapture's warning and the max_captures one say what to change (build the
     # tensors outside the step), and past max_captures the step runs eagerly, warned.
     "dqn": (harness.RECAPTURES, "next_state"),
+    # MoCo's queue: ``ptr = int(self.queue_ptr)`` positions the write of the keys
+    # (``queue[:, ptr:ptr + batch_size] = keys.T``), a graph per position (K / batch of them);
+    # past max_captures the warning names the tensor form (index_copy_), which is one graph
+    # (tests/test_host_reads.py).
+    "moco_v2": (harness.RECAPTURES, "queue_ptr"),
 }
 
 
