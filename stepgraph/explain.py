@@ -81,7 +81,8 @@ def explain(self) -> str:
             kinds = sorted({str(n.target).split(".")[1] for n in colls})
             lines.append(f"    collectives in the graph: {len(colls)} ({', '.join(kinds)}; DDP gradient "
                          "buckets and buffer broadcasts, FSDP2 parameter all-gathers and gradient "
-                         "reduce-scatters); ranks agree in the store before each capture")
+                         "reduce-scatters, the step's own dist.all_reduce & co.); ranks agree in the "
+                         "store before each capture")
         resizes = sum(1 for n in e.graph.graph.nodes if n.op == "call_function"
                       and str(n.target) == "inductor.resize_storage_bytes_.default")
         if resizes:
