@@ -17,7 +17,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
-from .capture import distributed
+from .capture import collectives, distributed
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
@@ -147,8 +147,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                     prestart()  # the compile process starts up while warm-up and tracing run
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
-                with discover_stepping_optimizers(self._reg):  # e.g. optimizers stepped from hooks
-                    out = self._eager(args, kwargs)
+                with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
+                    out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
                 return out
             if adopted and self.warmup and self._order and len(self._order) < self.max_captures:

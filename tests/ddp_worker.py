@@ -235,6 +235,34 @@ def scenario_direct_collectives(out):
     out["async"] = {"error": err}
 
 
+def scenario_direct_disagree(out):
+    """A step that all-reduces its gradients itself (no DDP), rank 1's batches smaller from the
+    start: the warm-up saw the collective, so the ranks meet before the first capture and both
+    refuse (the graphs would differ)."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4).to(DEVICE)
+    o = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        for p in m.parameters():
+            dist.all_reduce(p.grad)
+        o.step()
+        o.zero_grad()
+        return loss
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(RANK)
+    t0 = time.time()
+    try:
+        for _ in range(3):
+            sg(*batch_mlp(g, 8 if RANK == 0 else 6))
+        out["error"] = None
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.time() - t0
+
+
 def scenario_disagree_shapes(out):
     """Rank 1's batches are smaller from the start: both ranks capture, with different shapes."""
     a, oa, _, _ = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))

@@ -79,6 +79,14 @@ def test_collectives_the_step_calls_itself_are_captured_and_match_eager(tmp_path
 
 
 @needs_dist
+def test_ranks_of_a_step_with_its_own_collectives_agree_before_the_first_capture(tmp_path):
+    ranks, _ = launch("direct_disagree", tmp_path)
+    for res in ranks:
+        assert res["error"] and res["error"].startswith("CaptureError: ranks disagree"), res
+        assert res["seconds"] < 10
+
+
+@needs_dist
 def test_ranks_disagreeing_on_shapes_fail_on_every_rank(tmp_path):
     ranks, _ = launch("disagree_shapes", tmp_path)
     for res in ranks:

@@ -113,6 +113,40 @@ def remapped(reg):
                 reg.collective_groups.append(g)
 
 
+@contextlib.contextmanager
+def watching(reg):
+    """Around the eager warm-up: the process groups of the collectives the step calls, so that
+    the ranks agree before its first capture too (``distributed.agree``)."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        yield
+        return
+    from torch.distributed import distributed_c10d as c10d
+    seen: list = []
+
+    def noting(name, f):
+        at = _GROUP_ARG[name]
+
+        def call(*args, **kwargs):
+            group = kwargs.get("group", args[at] if len(args) > at else None)
+            seen.append(group if group is not None else dist.group.WORLD)
+            return f(*args, **kwargs)
+        return call
+    replacements = {name: noting(name, getattr(dist, name)) for name in _GROUP_ARG}
+    try:
+        with patched(dist, replacements), patched(c10d, replacements):
+            yield
+    finally:
+        for g in seen:
+            if all(g is not h for h in reg.collective_groups):
+                reg.collective_groups.append(g)
+
+
+# (position of ``group`` in each function's signature)
+_GROUP_ARG = {"all_reduce": 2, "all_gather_into_tensor": 2, "reduce_scatter_tensor": 3, "all_gather": 2,
+              "broadcast": 2}
+
+
 def refuse_direct_collectives(gm) -> None:
     """c10d ops left in the graph (a collective ``remapped`` could not route, reached some other
     way than ``direct_collective`` saw): refused, naming the step function."""
