@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -191,3 +192,25 @@ def log_recapture(step, reason: str, seconds: float) -> None:
         len(step._order), step.max_captures, seconds, reason,
         f"; if it keeps recapturing: {hint}" if hint else "",
         "" if level == logging.INFO else " [later recaptures of this kind are logged at INFO]")
+
+
+STATE_WARMUPS = 2   # (an optimizer whose state keeps growing is captured after these)
+
+
+def optimizer_states(reg) -> int:
+    return sum(len(opt.state) for _, opt in reg.optimizers)
+
+
+def warmed_up(step, result):
+    """The traced call created optimizer state: the first ``optimizer.step()`` after warm-up
+    calls that did not step (gradient accumulation, MAE's ``update_grad=(i + 1) % accum == 0``).
+    Its graph, keyed by the state before, would never replay (each later call missed it with
+    "optimizer.state: entries 0 -> N"): this call was the state's warm-up, its traced result is
+    the call's; the next call with that state captures."""
+    step.stats.new_state_warmups += 1
+    step.stats.eager_calls += 1
+    step.stats.branches[Branch.CAPTURE] -= 1
+    step.stats.took(Branch.WARMUP)
+    step._last = step._last_quick = None   # (the state changed: the quick key is recomputed)
+    logging.getLogger("stepgraph").info("stepgraph: %s: this call created optimizer state; it counts as a warm-up", step.__name__)
+    return plain_floats(result)

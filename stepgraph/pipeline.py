@@ -29,7 +29,7 @@ import torch
 from . import backends, config
 from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream, refuse_uncapturable
-from .captured import CapturedStep, log_recapture, plain_floats
+from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
 from .capture import collectives, distributed, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
@@ -108,8 +108,11 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
     plan = plan_capture(step, sig, args, kwargs, reason)
     adapt_optimizers(step, plan, args, kwargs)
     done = _Done()
+    states = optimizer_states(step._reg)
     try:
         traced = trace(step, plan, args, kwargs, done)
+        if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
+            return warmed_up(step, traced.trace.result)
         clean(step, plan, traced, args)
         lowered = lower(step, plan, traced)
     except BaseException as e:

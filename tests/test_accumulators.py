@@ -463,3 +463,33 @@ def test_a_rollout_rebound_to_a_view_each_iteration_is_an_input_not_a_new_graph(
             assert torch.equal(sg(idx), b["step"](idx))
     assert _same_params(m, m2)
     assert sg.stats.captures == 1 and sg.stats.replays == 10, sg.stats
+
+
+def test_a_first_optimizer_step_after_warm_up_counts_as_its_warm_up():
+    """MAE's ``update_grad=(i + 1) % accum_iter == 0``: the warm-up call does not step, so the
+    first update's trace creates the optimizer state. Its graph, keyed by no state, could never
+    replay: each later path missed it once ("optimizer.state: entries 0 -> 2"). That call counts
+    as the state's warm-up: two graphs (accumulate, update), every call equal to eager."""
+    import copy
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    twin = copy.deepcopy(model)
+    opt, topt = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.optim.AdamW(twin.parameters(), lr=1e-3)
+
+    def mk(m, o):
+        def step(x, i):
+            loss = m(x).square().mean() / 2
+            loss.backward()
+            if (i + 1) % 2 == 0:
+                o.step()
+                o.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(model, opt)), mk(twin, topt)
+    for i in range(8):
+        x = torch.randn(4, 8)
+        assert torch.equal(sg(x, i), eager(x, i)), i
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), i
+    s = sg.stats
+    assert (s.eager_calls, s.new_state_warmups, s.captures, s.replays) == (2, 1, 2, 4), s
+    assert not any("optimizer.state" in r or "opt.state" in r for r in s.recaptures), s.recaptures
