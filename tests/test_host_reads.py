@@ -545,3 +545,34 @@ def test_a_ring_buffer_pointer_names_the_tensor_fix_that_works(form):
         assert "index_copy_" in msg and "ptr_tensor.add_" in msg, msg
     else:
         assert (sg.stats.captures, sg.stats.replays) == (1, 8), sg.stats.recaptures
+
+
+def test_a_clock_read_in_the_step_is_named_at_capture(recwarn):
+    """pytorch/examples imagenet: ``data_time.update(time.time() - end)`` inside the step. A replay
+    runs no Python: what the step computes from the clock is the capture's value at every replay
+    (stale, then negative durations), which nothing said. Named once, at capture."""
+    import time
+
+    class Meter:
+        def __init__(self):
+            self.val = 0.0
+
+        def update(self, v):
+            self.val = v
+    meter = Meter()
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    end = time.time()
+
+    @stepgraph.compile
+    def step(x):
+        meter.update(time.time() - end)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    for _ in range(4):
+        step(torch.randn(8, 2))
+    msgs = [str(w.message) for w in recwarn if "reads the clock" in str(w.message)]
+    assert len(msgs) == 1 and "test_host_reads.py" in msgs[0] and "time.time() - end" in msgs[0], msgs

@@ -178,6 +178,11 @@ def read_side_effects(tr, step_name: str) -> list:
     # (any other print(): '%.4f' % loss.item() formats in C, past every hook of the read value)
     plain = [p for p in dict.fromkeys(tr.uses.prints if tr.uses is not None else ()) if p not in printed]
     notes = []
+    clocks = list(dict.fromkeys(tr.uses.clocks if tr.uses is not None else ()))
+    if clocks:
+        notes.append(f"reads the clock at {', '.join(clocks[:3])}: a replay runs no Python, so what "
+                     "the step computes from it (a duration, a rate) is this capture's value at every "
+                     "replay; time the call outside the step")
     if plain:
         notes.append(f"calls print() at {', '.join(plain[:3])}: that runs only at warm-up and capture; "
                      "replays print nothing (return the values and print them outside the step)")

@@ -20,6 +20,7 @@ import functools
 import gc
 import logging
 import operator
+import os
 import sys
 import threading
 import types
@@ -153,6 +154,29 @@ def _sink(orig):
     return sink
 
 
+_CLOCKS = ("time", "perf_counter", "monotonic", "time_ns", "perf_counter_ns", "monotonic_ns")
+
+
+def _clock(orig, log):
+    """``time.time()`` called by the step's own code: its value is this capture's at every replay
+    (an imagenet loop's ``data_time.update(time.time() - end)`` went stale, then negative):
+    named at capture (outputs.read_side_effects). Library code's clocks (a log record's time)
+    are not the step's values."""
+    def clock():
+        f = sys._getframe(1)
+        if log.active and not os.path.abspath(f.f_code.co_filename).startswith(_skip_prefixes()):
+            from ..errors import user_frame
+            log.clocks.append(user_frame())
+        return orig()
+    clock.__wrapped__ = orig
+    return clock
+
+
+def _skip_prefixes():
+    from ..errors import _SKIP_PREFIXES
+    return _SKIP_PREFIXES
+
+
 _LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
 
 
@@ -163,10 +187,14 @@ class sinks:
         self.log = log
 
     def __enter__(self):
-        self.saved = [(builtins, "print", builtins.print)]
+        import time
+        self.saved = [(time, name, getattr(time, name)) for name in _CLOCKS]
+        for owner, name, orig in self.saved:
+            setattr(owner, name, _clock(orig, self.log))
+        self.saved += [(builtins, "print", builtins.print)]
         self.saved += [(owner, name, getattr(owner, name)) for owner in (logging.Logger, logging)
                        for name in _LOG_METHODS if hasattr(owner, name)]
-        for owner, name, orig in self.saved:
+        for owner, name, orig in self.saved[len(_CLOCKS):]:
             setattr(owner, name, _sink(orig))
         self.outer, _STATE.log = getattr(_STATE, "log", None), self.log
         return self

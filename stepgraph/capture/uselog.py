@@ -48,6 +48,7 @@ class UseLog:
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
     prints: list = field(default_factory=list)      # sites of print() calls the step made (sinks.py)
+    clocks: list = field(default_factory=list)      # sites of time.time() & co. in the step's code (sinks.py)
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU, for backends that run Python at replay: pipeline.trace's ``lift_numbers``).
