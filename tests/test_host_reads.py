@@ -576,3 +576,40 @@ def test_a_clock_read_in_the_step_is_named_at_capture(recwarn):
         step(torch.randn(8, 2))
     msgs = [str(w.message) for w in recwarn if "reads the clock" in str(w.message)]
     assert len(msgs) == 1 and "test_host_reads.py" in msgs[0] and "time.time() - end" in msgs[0], msgs
+
+
+def test_packed_batch_sizes_behind_dropout_are_no_random_read():
+    """bentrevett's sentiment LSTM: ``pack_padded_sequence(dropout(embedded), lengths)``. The packed
+    batch sizes come from the lengths argument; the walk back from their guard went through the
+    embeddings into dropout's draw and refused the step as reading a random value."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.rnn, self.fc, self.drop = nn.Embedding(10, 4), nn.LSTM(4, 3), nn.Linear(3, 1), nn.Dropout(0.5)
+
+        def forward(self, text, lengths):
+            packed = nn.utils.rnn.pack_padded_sequence(self.drop(self.emb(text)), lengths)
+            _, (h, _) = self.rnn(packed)
+            return self.fc(h[-1]).squeeze(1)
+    torch.manual_seed(0)
+    a = Net()
+    b = copy.deepcopy(a)
+    oa, ob = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
+
+    def mk(m, o):
+        def step(text, lengths, y):
+            loss = F.binary_cross_entropy_with_logits(m(text, lengths), y)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    lengths = torch.tensor([5, 4, 2])
+    for k in range(5):
+        text, y = torch.randint(0, 10, (5, 3)), torch.rand(3)
+        torch.manual_seed(100 + k)
+        got = sg(text, lengths, y)
+        torch.manual_seed(100 + k)
+        assert torch.equal(got, eager(text, lengths, y)), k
+    assert (sg.stats.captures, sg.stats.replays) == (1, 3), sg.stats

@@ -31,8 +31,6 @@ from .hostscalar import (HostFloat, _carried, _plain, _tracked, _tracer, current
                          substitute)
 
 
-
-
 @dataclass
 class ReadLog:
     """What the trace saw of host reads: guards (site, what, value) and reported uses."""
@@ -319,6 +317,21 @@ def _value_inputs(guard) -> list:
     return picked if picked else list(op.all_input_nodes)
 
 
+def _integer(node) -> bool:
+    return isinstance(v := node.meta.get("val"), torch.Tensor) and not (v.dtype.is_floating_point or v.dtype.is_complex)
+
+
+def _integer_inputs(a, via_int: bool) -> list:
+    """An integer value comes from its op's integer inputs when it has any (packed batch sizes
+    from the lengths, not from the embeddings behind dropout); an argmax of floats from those."""
+    if not (via_int or _integer(a)):
+        return [(x, False) for x in a.all_input_nodes]
+    if a.target is operator.getitem:   # (an integer output of a multi-output op)
+        return [(x, True) for x in a.all_input_nodes]
+    ints = [x for x in a.all_input_nodes if _integer(x)]
+    return [(x, True) for x in ints] if ints else [(x, False) for x in a.all_input_nodes]
+
+
 def _tensor_shape():
     return tensor_shape
 
@@ -334,15 +347,15 @@ def random_guards(gm) -> list:
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
             continue
-        seen, todo, draw = set(), _value_inputs(n), None
+        seen, todo, draw = set(), [(a, False) for a in _value_inputs(n)], None
         while todo and draw is None:
-            a = todo.pop()
+            a, via_int = todo.pop()
             if a in seen:
                 continue
             seen.add(a)
             if _draws(a):
                 draw = a.target
-            todo.extend(a.all_input_nodes)
+            todo.extend(_integer_inputs(a, via_int))
         if draw is None:
             continue
         site, what = n.args[2], n.args[3]
