@@ -303,3 +303,28 @@ def test_a_zero_dim_array_converted_to_a_number_is_keyed_by_value(conv):
     feed = [np.array(1), np.array(0), np.array(1), np.array(3), np.array(0), np.array(1)]
     stats = _run(make, lambda rng, i: (feed[i].copy(),))
     assert stats.captures >= 2, stats
+
+
+def test_a_numpy_copy_read_in_a_python_loop_and_dropped_is_refused():
+    """minimalRL's PPO: ``delta = delta.detach().numpy()``, a Python loop over ``delta[::-1]`` (GAE),
+    then ``torch.tensor(advantage_lst)``. The array dies with the step's frame: it was skipped,
+    and every replay trained on the capture call's advantages."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+    def step(x):
+        delta = model(x).detach().numpy()
+        adv = []
+        for d in delta[::-1]:
+            adv.append([float(d[0])])
+        adv.reverse()
+        loss = (model(x) * torch.tensor(adv)).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    sg = stepgraph.compile(step)
+    sg(torch.randn(5, 4))
+    with pytest.raises(stepgraph.CaptureError, match=r"numpy\(\) of a value the step computes: its values are used"):
+        sg(torch.randn(5, 4))

@@ -70,7 +70,7 @@ class StepArrays:
     """The arrays one trace handed out (weakly: one still alive after the step is kept somewhere)."""
 
     def __init__(self):
-        self.made: list = []   # (weakref to the array, the user's frame of the .numpy() call)
+        self.made: list = []   # (weakref to the array, the user's frame of the .numpy() call, its reads)
 
     def note_torch_use(self, func, args, kwargs) -> None:
         """A torch function given one (``torch.from_numpy(L)``, ``t[L]``): reads its values."""
@@ -84,7 +84,9 @@ class StepArrays:
         from ..errors import user_frame
         a = values.view(_step_array_class())
         a.sg_tensor, a.sg_reads = t, []
-        self.made.append((weakref.ref(a), user_frame(traceback.extract_stack())))
+        # (its reads are kept: an array local to the step is gone when the step returns, and
+        # minimalRL's GAE read one in a Python loop that way: the replays reused its values)
+        self.made.append((weakref.ref(a), user_frame(traceback.extract_stack()), a.sg_reads))
         return a
 
     def problems(self, out) -> list:
@@ -94,12 +96,12 @@ class StepArrays:
         leaves = pytree.tree_leaves(out)
         mine = {id(c) for c in _containers(out)} | {id(leaves)}
         found = []
-        for ref, where in self.made:
+        for ref, where, reads in self.made:
             a = ref()
-            if a is None:
+            if reads:
+                found.append((where, f"its values are used in the step ({reads[0]})"))
+            elif a is None:
                 continue
-            if a.sg_reads:
-                found.append((where, f"its values are used in the step ({a.sg_reads[0]})"))
             elif not any(v is a for v in leaves):
                 found.append((where, "it is kept outside what the step returns"))
             elif any(id(r) not in mine and not _internal(r, out) for r in gc.get_referrers(a)):
