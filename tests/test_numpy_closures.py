@@ -102,3 +102,35 @@ def test_a_write_into_a_closure_array_is_refused():
     with pytest.raises(stepgraph.CaptureError, match="writes into the numpy array seen"):
         sg(x, y)
     assert seen[0] == 2   # the refused call ran as eager
+
+
+def test_a_list_of_numpy_observations_refilled_between_calls():
+    """minimalRL's PPO keeps its rollout in ``self.data`` (numpy observations) and builds the batch
+    in the step with ``torch.tensor(self.data)``. The list was keyed by identity and length: a
+    list emptied and refilled outside the step replayed the first batch, silently."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.data = []
+            self.fc = nn.Linear(4, 1)
+
+        def step(self, opt):
+            x = torch.tensor(np.array(self.data), dtype=torch.float)
+            loss = (self.fc(x) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+    torch.manual_seed(0)
+    a = M()
+    b = copy.deepcopy(a)
+    oa, ob = (torch.optim.Adam(m.fc.parameters(), lr=1e-2) for m in (a, b))
+    sg = stepgraph.compile(lambda: a.step(oa))
+    rng = np.random.default_rng(0)
+    for k in range(5):
+        obs = [rng.standard_normal(4).astype(np.float32) for _ in range(3)]
+        del a.data[:], b.data[:]
+        a.data.extend(obs)
+        b.data.extend(obs)
+        assert torch.equal(sg(), b.step(ob)), k
+    assert any("holding numpy arrays" in r for r in sg.stats.recaptures), sg.stats.recaptures

@@ -73,12 +73,28 @@ def guard_value(v):
             return ("dict", tuple(v.items()))
         except TypeError:
             pass
+    if isinstance(v, (list, tuple)) and 0 < len(v) <= _MAX_ITEMS and _small_arrays(v):
+        # (minimalRL PPO's rollout, ``self.data``: numpy observations that ``torch.tensor(list)``
+        # turns into the batch: keyed by identity and length, a refilled list replayed the old one)
+        from .arrays import array_key
+        return (type(v).__name__, tuple(array_key(x, read=True) if type(x).__name__ == "ndarray" else
+                                        guard_value(x) for x in v))
     if isinstance(v, (list, dict, set)):
         return ("object", Ident(v), len(v))
     return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
 
 
+def _small_arrays(v) -> bool:
+    """Numbers and small numpy arrays only, with one array at least (keyed by value, bytes)."""
+    arrays = [x for x in v if type(x).__name__ == "ndarray" and type(x).__module__ == "numpy"]
+    return bool(arrays) and sum(a.nbytes for a in arrays) <= 65536 and \
+        all(isinstance(x, _SCALARS) or any(x is a for a in arrays) for x in v)
+
+
 def _show(g) -> str:
+    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple") and any(
+            isinstance(x, tuple) and x[:1] == ("ndarray",) for x in g[1]):
+        return f"a {g[0]} of {len(g[1])} holding numpy arrays, values #{hash(g) & 0xffff:04x}"
     if isinstance(g, tuple) and g[:1] == ("ndarray",) and len(g) == 5 and isinstance(g[4], bytes):
         import numpy as np   # (arrays.array_key of a small array: its values)
         vals = np.frombuffer(g[4], dtype=g[1]).reshape(g[2]) if g[2] else np.frombuffer(g[4], dtype=g[1])
