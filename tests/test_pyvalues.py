@@ -505,3 +505,39 @@ def test_a_tensor_made_from_a_live_float_stays_live(form):
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     assert f.stats.captures <= 2, f.stats.recaptures
+
+
+GAE_GAMMA = 0.98
+
+
+def test_a_live_global_float_meeting_a_numpy_scalar_is_guarded_by_value():
+    """minimalRL's GAE: ``gamma * lmbda * advantage + delta_t[0]`` with ``delta_t[0]`` a
+    numpy.float32. The global read live refused numpy's operand (a TypeError mid-trace, no
+    CaptureError); now numpy's arithmetic runs on its value, guarded as float() guards it."""
+    import numpy as np
+    global GAE_GAMMA
+    half = np.float32(0.5)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 1)
+    t = copy.deepcopy(m)
+
+    def mk(model):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+
+        def step(x):
+            adv = GAE_GAMMA * 0.95 * 1.0 + half
+            loss = (model(x) * float(adv)).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(mk(m)), mk(t)
+    try:
+        for i in range(6):
+            GAE_GAMMA = 0.98 - 0.1 * (i // 2)
+            x = torch.randn(3, 4)
+            assert torch.equal(sg(x), eager(x)), i
+    finally:
+        GAE_GAMMA = 0.98
+    assert sg.stats.captures == 3 and all("GAE_GAMMA" in r for r in sg.stats.recaptures), sg.stats.recaptures

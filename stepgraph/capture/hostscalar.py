@@ -81,6 +81,13 @@ def node_arg(x, tracer):
 def _binary(op, swap=False):
     def method(self, other):
         if not _tracked(other) and (not isinstance(other, (int, float)) or isinstance(other, bool)):
+            if type(other).__module__ == "numpy" and getattr(other, "shape", None) == () \
+                    and current(self, _tracer()):
+                # ``gamma * lmbda * advantage + delta_t[0]`` (a numpy.float32: minimalRL's GAE):
+                # numpy's own arithmetic, on this float's value guarded as float() guards it
+                plain = float(self)
+                use_carried(self)
+                return op(other, plain) if swap else op(plain, other)
             return NotImplemented
         a, b = (other, self) if swap else (self, other)
         tracer = _tracer()
