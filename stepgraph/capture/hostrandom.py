@@ -151,7 +151,8 @@ def host_random_watch(problems: list, named=lambda t: False):
                        "that code outside the step" if lib else
                        "draw them in the loop outside the step and pass the result (the batch, the "
                        "indices, the decision) as arguments; or draw with torch inside the step "
-                       "(torch.randint / torch.rand / torch.randperm), which the graph replays")
+                       "(torch.randint / torch.rand / torch.randperm), which the graph replays; a "
+                       "coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")
                 _once(problems, "host random", lambda: Problem(
                     f"the step draws host random numbers with {label}.{name}(): a replay runs no "
                     "Python code, so it would reuse this call's draw at every step (the same batch, "

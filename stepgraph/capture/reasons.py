@@ -170,6 +170,10 @@ def recapture_hint(reason: str) -> str:
     m = re.match(_ARG + r" (?P<t>\w+) object at 0x[0-9a-f]+ -> (?P=t) object at", reason)
     if m:
         name = m["arg"] or m["kw"]
+        if m["t"] in ("Module", "Linear", "Sequential", "Layer") or m["t"].endswith(("Net", "Model", "Layer")):
+            # (forward-forward's layers passed one by one to one compiled method)
+            return (f"a new model {name} is new state, a graph of its own each: compile one step per "
+                    "model (stepgraph.compile(layer.train_step) for each), or raise max_captures")
         return (f"a {m['t']} argument is keyed by identity (a graph cannot guard its contents), so "
                 f"each new one is a new graph: pass a tensor instead (e.g. torch.as_tensor({name}))")
     m = re.match(_ARG + r" numpy array .*(?:\(values read in the step\)|object at 0x[0-9a-f]+)$", reason)
