@@ -193,7 +193,8 @@ def recapture_hint(reason: str) -> str:
                 "sequences, as nn.EmbeddingBag's input with offsets), and each shape is a graph of its "
                 f"own: pad {name} to one of a few fixed lengths before the call (padding the model "
                 "ignores: padding_idx, an extra bag whose output is dropped, ignore_index), or "
-                "DataLoader(drop_last=True) when only the last batch is smaller")
+                "DataLoader(drop_last=True) when only the last batch is smaller; when it takes only a "
+                "few shapes (a char-RNN's name lengths), raise max_captures to their number")
     m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
     if m:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
