@@ -402,42 +402,53 @@ def test_one_hot_with_num_classes_is_captured_with_its_range_check_as_a_guard():
     assert t.stats.captures == 1 and t.stats.replays == 7, t.stats
 
 
+class _Queue(nn.Module):
+    """MoCo's key queue: ``ptr = int(self.queue_ptr)`` positions the write of each batch's keys
+    (``form="slice"``, as moco/builder.py), or the write stays a tensor (``"index_copy"``)."""
+
+    def __init__(self, size, form):
+        super().__init__()
+        self.size, self.form = size, form
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("queue", torch.zeros(4, size))
+        self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
+
+    def forward(self, x):
+        k = self.lin(x)
+        loss = k.sum() + self.queue.sum() * 0.1
+        with torch.no_grad():
+            if self.form == "slice":
+                ptr = int(self.queue_ptr)
+                self.queue[:, ptr:ptr + 2] = k.detach().T
+                self.queue_ptr[0] = (ptr + 2) % self.size
+            else:
+                idx = (self.queue_ptr + torch.arange(2)) % self.size
+                self.queue.index_copy_(1, idx, k.detach().T)
+                self.queue_ptr.add_(2).remainder_(self.size)
+        return loss
+
+
+def _queue_step(m, o):
+    def step(x):
+        loss = m(x)
+        o.zero_grad()
+        loss.backward()
+        o.step()
+        return loss
+    return step
+
+
 def test_moco_queue_pointer_buffer_read_and_written_in_the_step():
     """MoCo's ``_dequeue_and_enqueue`` without DDP: ``ptr = int(self.queue_ptr)`` of a buffer no op
     touched yet (it was refused as a host sync), then ``self.queue_ptr[0] = ptr`` (refused as a
     changed Python value: indexing a tensor makes a new view at each read). Now the read is a
     value guard -- one graph per pointer position -- and every call equals eager."""
     import copy
-
-    class Queue(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-            self.register_buffer("queue", torch.zeros(4, 8))
-            self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
-
-        def forward(self, x):
-            ptr = int(self.queue_ptr)
-            k = self.lin(x)
-            loss = k.sum() + self.queue.sum() * 0.1
-            with torch.no_grad():
-                self.queue[:, ptr:ptr + 2] = k.detach().T
-                self.queue_ptr[0] = (ptr + 2) % 8
-            return loss
     torch.manual_seed(0)
-    a = Queue()
+    a = _Queue(8, "slice")
     b = copy.deepcopy(a)
     oa, ob = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
-
-    def mk(m, o):
-        def step(x):
-            loss = m(x)
-            o.zero_grad()
-            loss.backward()
-            o.step()
-            return loss
-        return step
-    sg, eager = stepgraph.compile(mk(a, oa)), mk(b, ob)
+    sg, eager = stepgraph.compile(_queue_step(a, oa)), _queue_step(b, ob)
     for i in range(12):
         x = torch.randn(2, 4)
         assert torch.equal(sg(x), eager(x)), i
@@ -499,41 +510,11 @@ def test_a_ring_buffer_pointer_names_the_tensor_fix_that_works(form):
     """A pointer read with int() that positions a write takes one graph per value (MoCo's queue:
     K / batch positions). Past max_captures the warning names the tensor form, which is one graph."""
     import copy
-
-    class Queue(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-            self.register_buffer("queue", torch.zeros(4, 16))
-            self.register_buffer("queue_ptr", torch.zeros(1, dtype=torch.long))
-
-        def forward(self, x):
-            k = self.lin(x)
-            loss = k.sum() + self.queue.sum() * 0.1
-            with torch.no_grad():
-                if form == "slice":
-                    ptr = int(self.queue_ptr)
-                    self.queue[:, ptr:ptr + 2] = k.detach().T
-                    self.queue_ptr[0] = (ptr + 2) % 16
-                else:
-                    idx = (self.queue_ptr + torch.arange(2)) % 16
-                    self.queue.index_copy_(1, idx, k.detach().T)
-                    self.queue_ptr.add_(2).remainder_(16)
-            return loss
     torch.manual_seed(0)
-    a = Queue()
+    a = _Queue(16, form)
     b = copy.deepcopy(a)
     oa, ob = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (a, b))
-
-    def mk(m, o):
-        def step(x):
-            loss = m(x)
-            o.zero_grad()
-            loss.backward()
-            o.step()
-            return loss
-        return step
-    sg, eager = stepgraph.compile(mk(a, oa), max_captures=3), mk(b, ob)
+    sg, eager = stepgraph.compile(_queue_step(a, oa), max_captures=3), _queue_step(b, ob)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         for i in range(10):

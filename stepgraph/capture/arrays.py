@@ -119,17 +119,25 @@ def _watched_class():
             self._read("tobytes()")
             return self.view(np.ndarray).tobytes(*a, **k)
 
-    def converting(name):   # float(a), int(a), bool(a), range(a): ndarray's C number slots
+    number_slots(WatchedArray, lambda a, how: a._read(how))
+
+    _WATCHED.append(WatchedArray)
+    return WatchedArray
+
+
+def number_slots(cls, read) -> None:
+    """``float(a)``, ``int(a)``, ``bool(a)``, ``range(a)`` of a watching ndarray view: numpy's C
+    number slots, each reported as ``read(view, how)`` first (arrays here, schedules.py)."""
+    import numpy as np
+
+    def converting(name):
         def method(self):
-            self._read(f"{name.strip('_')}()")
+            read(self, f"{name.strip('_')}()")
             return getattr(self.view(np.ndarray), name)()
         method.__name__ = name
         return method
     for name in ("__float__", "__int__", "__bool__", "__index__", "__complex__"):
-        setattr(WatchedArray, name, converting(name))
-
-    _WATCHED.append(WatchedArray)
-    return WatchedArray
+        setattr(cls, name, converting(name))
 
 
 _SUBSCRIPT_OPS = frozenset(dis.opmap[n] for n in ("BINARY_SUBSCR", "STORE_SUBSCR") if n in dis.opmap)

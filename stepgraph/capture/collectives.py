@@ -97,13 +97,21 @@ def _remapped(seen: list) -> dict:
 def remapped(reg):
     """Around one trace: torch.distributed's collectives as functional collectives (module doc);
     the process groups they used are added to ``reg.collective_groups``."""
+    seen: list = []
+    with _patching(reg, _remapped, seen):
+        yield
+
+
+@contextlib.contextmanager
+def _patching(reg, replacements_for, seen: list):
+    """torch.distributed's functions replaced by ``replacements_for(seen)`` while inside (when a
+    process group exists); the groups they used (``seen``) are added to ``reg.collective_groups``."""
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized()):
         yield
         return
     from torch.distributed import distributed_c10d as c10d
-    seen: list = []
-    replacements = _remapped(seen)
+    replacements = replacements_for(seen)
     try:
         with patched(dist, replacements), patched(c10d, replacements):
             yield
@@ -117,12 +125,14 @@ def remapped(reg):
 def watching(reg):
     """Around the eager warm-up: the process groups of the collectives the step calls, so that
     the ranks agree before its first capture too (``distributed.agree``)."""
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()):
-        yield
-        return
-    from torch.distributed import distributed_c10d as c10d
     seen: list = []
+    with _patching(reg, _noting, seen):
+        yield
+
+
+def _noting(seen: list) -> dict:
+    """The torch.distributed functions, each noting the group it is given in ``seen``."""
+    import torch.distributed as dist
 
     def noting(name, f):
         at = _GROUP_ARG[name]
@@ -132,14 +142,7 @@ def watching(reg):
             seen.append(group if group is not None else dist.group.WORLD)
             return f(*args, **kwargs)
         return call
-    replacements = {name: noting(name, getattr(dist, name)) for name in _GROUP_ARG}
-    try:
-        with patched(dist, replacements), patched(c10d, replacements):
-            yield
-    finally:
-        for g in seen:
-            if all(g is not h for h in reg.collective_groups):
-                reg.collective_groups.append(g)
+    return {name: noting(name, getattr(dist, name)) for name in _GROUP_ARG}
 
 
 # (position of ``group`` in each function's signature)

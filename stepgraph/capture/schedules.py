@@ -136,14 +136,8 @@ def _view_class():
             _refuse(self, "tolist()")
             return self.view(np.ndarray).tolist()
 
-    def converting(name):   # float(a), int(a), bool(a): ndarray's C number slots
-        def method(self):
-            _refuse(self, f"{name.strip('_')}()")
-            return getattr(self.view(np.ndarray), name)()
-        method.__name__ = name
-        return method
-    for name in ("__float__", "__int__", "__bool__", "__index__", "__complex__"):
-        setattr(ScheduleView, name, converting(name))
+    from .arrays import number_slots
+    number_slots(ScheduleView, _refuse)
 
     _VIEW.append(ScheduleView)
     return ScheduleView
