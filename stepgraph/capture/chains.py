@@ -19,22 +19,34 @@ def _chains(top: types.CodeType):
         yield from _code_chains(code)
 
 
-def _discarded(ins, j) -> bool:
-    """Is the method loaded at ``ins[j]`` called as a statement (its result popped)? Follows the
-    stack depth to the call that consumes the method; a jump on the way: not known, no."""
+def _walk(ins, j):
+    """``(index, instruction, stack depth)`` after each instruction following ``ins[j]``, the
+    depth counted from just after it; stops at a jump (where the stack goes is not known)."""
     depth = 0
-    for y in ins[j + 1:]:
+    for k in range(j + 1, len(ins)):
+        y = ins[k]
         if y.opname == "CACHE":
             continue
         if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
-            return False
+            return
         try:
             depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
         except ValueError:
-            return False
+            return
+        yield k, y, depth
+
+
+def _popped(ins, k) -> bool:
+    nxt = next((z for z in ins[k + 1:] if z.opname != "CACHE"), None)
+    return nxt is not None and nxt.opname == "POP_TOP"
+
+
+def _discarded(ins, j) -> bool:
+    """Is the method loaded at ``ins[j]`` called as a statement (its result popped)? Follows the
+    stack depth to the call that consumes the method; a jump on the way: not known, no."""
+    for k, y, depth in _walk(ins, j):
         if y.opname.startswith("CALL") and depth < 0:
-            nxt = next((z for z in ins[ins.index(y) + 1:] if z.opname != "CACHE"), None)
-            return nxt is not None and nxt.opname == "POP_TOP"
+            return _popped(ins, k)
     return False
 
 
@@ -43,20 +55,9 @@ def _ex_statement(ins, j) -> bool:
     is popped (``metric_logger.update(loss=l, **loss_dict)``: no LOAD_METHOD there)? The call
     leaves its result where the NULL below the callable was: one below the attribute's depth
     (an argument of such a call would leave it two below)."""
-    depth = 0
-    for k in range(j + 1, len(ins)):
-        y = ins[k]
-        if y.opname == "CACHE":
-            continue
-        if y.opname.startswith(("JUMP", "POP_JUMP", "FOR_ITER", "RETURN", "SEND", "YIELD")):
-            return False
-        try:
-            depth += dis.stack_effect(y.opcode, y.arg if y.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
-        except ValueError:
-            return False
+    for k, y, depth in _walk(ins, j):
         if depth < 0:
-            nxt = next((z for z in ins[k + 1:] if z.opname != "CACHE"), None)
-            return y.opname == "CALL_FUNCTION_EX" and depth == -1 and nxt is not None and nxt.opname == "POP_TOP"
+            return y.opname == "CALL_FUNCTION_EX" and depth == -1 and _popped(ins, k)
     return False
 
 
