@@ -26,7 +26,9 @@ state (a global ``lr``, a list of rewards) starts identical in the eager and the
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import json
 import math
 import os
 import random
@@ -421,6 +423,31 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     return res
 
 
+def _isolated(chosen: list, a) -> list:
+    """Each client in ``python -m clients NAME --result-json F``, ``a.jobs`` at a time."""
+    import subprocess
+    import sys
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(n):
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "r.json")
+            cmd = [sys.executable, "-m", "clients", n, "--device", a.device, "--steps", str(a.steps),
+                   "--backend", a.backend, "--result-json", out] + (["--amp", a.amp] if a.amp else [])
+            proc = subprocess.run(cmd, cwd=os.path.dirname(HERE), capture_output=True, text=True)
+            if os.path.exists(out):
+                with open(out) as f:
+                    r = Result(**json.load(f))
+            else:
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+                r = Result(n, UNCLEAR, f"the process died (exit {proc.returncode}): {tail[0][:200]}")
+        print(r.row(), flush=True)
+        return r
+    with ThreadPoolExecutor(a.jobs) as pool:
+        return list(pool.map(one, chosen))
+
+
 def main(argv=None) -> int:
     import argparse
     p = argparse.ArgumentParser(prog="python -m clients", description=__doc__.splitlines()[0])
@@ -430,14 +457,23 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--backend", default="auto")
     p.add_argument("--out", default=None, help="write the table as markdown here")
+    p.add_argument("--jobs", type=int, default=0,
+                   help="run each client in a process of its own, this many at once (a crash is one "
+                        "row, not the run; speed ratios are then measured on a shared machine)")
+    p.add_argument("--result-json", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     chosen = a.names or names()
     unknown = [n for n in chosen if n not in names()]
     if unknown:
         p.error(f"unknown client(s) {unknown}; known: {names()}")
-    rows = []
     print(f"{'client':<28} {'status':<14} {'speed':>7}  {'max rel':>9}  detail", flush=True)
-    for n in chosen:
+    if a.result_json:       # (one client, in a process of its own: --jobs)
+        r = run_client(chosen[0], steps=a.steps, device=a.device, amp=a.amp, backend=a.backend)
+        with open(a.result_json, "w") as f:
+            json.dump(dataclasses.asdict(r), f, default=str)
+        return 0
+    rows = _isolated(chosen, a) if a.jobs else []
+    for n in [] if a.jobs else chosen:
         r = run_client(n, steps=a.steps, device=a.device, amp=a.amp, backend=a.backend)
         rows.append(r)
         print(r.row(), flush=True)

@@ -10,12 +10,22 @@ export STEPGRAPH_TEST_CUDA=1 PYTHONPATH=.
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())" | tee "$OUT/device.txt"
 # The GPU tests (the CPU-only files skip on a GPU run or repeat the CI's work).
 GPU_TESTS="tests/test_cuda.py tests/test_cuda_loops.py tests/test_cuda_sdpa.py tests/test_cuda_live.py
- tests/test_cuda_segments.py tests/test_cuda_accumulators.py tests/test_cuda_fsdp2.py tests/test_cuda_rnn.py tests/test_pyvalues.py tests/test_host_reads.py tests/test_inductor.py tests/test_inductor_verify.py
+ tests/test_cuda_segments.py tests/test_cuda_accumulators.py tests/test_cuda_collectives.py tests/test_cuda_rnn.py
+ tests/test_api.py tests/test_footguns.py tests/test_pyvalues.py tests/test_host_reads.py tests/test_inductor.py tests/test_inductor_verify.py
  tests/test_partial.py tests/test_partial_hooks.py tests/test_inductor_segments.py tests/test_cuda_moved_args.py
  tests/test_library_calls.py tests/test_numpy_args.py tests/test_host_prologue.py tests/test_cleanrl_idioms.py
  tests/test_constant_folding.py tests/test_to_host_outputs.py"
+# Files that time or size themselves run alone, after the rest (which share the GPU, one file per
+# pytest-xdist worker: JOBS=1 runs them one by one).
+SERIAL_TESTS="tests/test_cuda_fsdp2.py"
 if [ "${TESTS_ON:-1}" = 1 ]; then
-  python3 -m pytest -q ${TESTS:-$GPU_TESTS} -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest.txt" | tail -n 40
+  # -v streams one line per test (xdist reports failures only at the end); a test that hangs
+  # fails after TEST_TIMEOUT s instead of eating the command's limit (pytest-timeout).
+  PAR=""; [ "${JOBS:-6}" -gt 1 ] && python3 -c "import xdist" 2>/dev/null && PAR="-n ${JOBS:-6} --dist loadfile -p no:benchmark"
+  python3 -c "import pytest_timeout" 2>/dev/null && PAR="$PAR --timeout ${TEST_TIMEOUT:-180}"
+  timeout -s INT "${TESTS_LIMIT:-3000}" python3 -m pytest -v ${TESTS:-$GPU_TESTS} $PAR -p no:cacheprovider -rfEs --tb=short --durations=15 2>&1 \
+    | tee "$OUT/pytest.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -n 60
+  [ -z "${TESTS:-}" ] && [ "${SERIAL:-1}" = 1 ] && python3 -m pytest -q -s $SERIAL_TESTS -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest_serial.txt" | tail -n 20
 fi
 if [ "${CORPUS:-1}" = 1 ]; then
   python3 -m clients --device cuda 2>&1 | tee "$OUT/corpus_cuda_fp32.txt" | tail -n 30

@@ -28,7 +28,8 @@ import torch
 
 from . import backends, config
 from .backends import Backend, CompileRequest, Runner
-from .backends.cudagraph import capture_stream, refuse_uncapturable
+from .backends.cudagraph import capture_stream
+from .backends.refusals import refuse_uncapturable
 from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
 from .capture import collectives, distributed, fsdp
 from .capture.arrays import as_input, input_array

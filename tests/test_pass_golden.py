@@ -272,6 +272,61 @@ def test_to_device_scalars_sgd_on_a_sparse_grad_multiplies_then_adds():
     assert torch.equal(p, torch.ones(3).add_(sparse, alpha=-0.5))
 
 
+def test_to_device_scalars_foreach_add_with_a_live_alpha_stays_a_foreach_op():
+    """``torch._foreach_add_(params, grads, alpha=-lr)`` (SGD's and RMSprop's foreach form on
+    CUDA): the operands are lists of nodes, which the sparse check above once took for sparse
+    tensors -- an ``aten.mul`` of a list, which failed every live-lr replay (H200)."""
+    group = {"lr": 0.1}
+
+    def f(p1, p2, g1, g2):
+        torch._foreach_add_([p1, p2], [g1, g2], alpha=-0.1)
+        return (p1, p2)
+    gm = make_fx(f)(*(torch.ones(3) for _ in range(4)))
+    g = gm.graph
+    with g.inserting_before(next(n for n in g.nodes if n.op != "placeholder")):
+        lr = g.call_function(group_reader(group, "lr"), ())
+        neg = g.call_function(operator.neg, (lr,))
+    lr.meta["host_value"], neg.meta["host_value"] = 0.1, -0.1
+    for n in g.nodes:
+        if "_foreach_add" in str(n.target):
+            n.update_kwarg("alpha", neg)
+    gm.recompile()
+    ds = to_device_scalars(gm, "cpu")
+    assert "aten.mul.Tensor" not in gm.code and "addcmul" in gm.code, gm.code
+    group["lr"] = 0.5
+    p1, p2, g1, g2 = torch.ones(3), torch.ones(3), torch.full((3,), 2.0), torch.full((3,), 4.0)
+    gm(p1, p2, g1, g2, ds.pack())
+    assert torch.equal(p1, torch.zeros(3)) and torch.equal(p2, torch.full((3,), -1.0))
+
+
+def test_to_device_scalars_a_rewritten_foreach_result_feeds_the_next_rewrite():
+    """SGD's nesterov step after its weight decay, both live: ``g = _foreach_add(grads, params,
+    alpha=wd)`` becomes one addcmul per element, then ``_foreach_add_(g, bufs, alpha=momentum)``
+    reads those new nodes, which must carry their values (H200: an ``aten.mul`` of a list)."""
+    group = {"weight_decay": 0.01, "momentum": 0.9}
+
+    def f(p1, p2, g1, g2, b1, b2):
+        d = torch._foreach_add([g1, g2], [p1, p2], alpha=0.01)
+        torch._foreach_add_(d, [b1, b2], alpha=0.9)
+        return tuple(d)
+    gm = make_fx(f)(*(torch.ones(3) for _ in range(6)))
+    g = gm.graph
+    with g.inserting_before(next(n for n in g.nodes if n.op != "placeholder")):
+        wd = g.call_function(group_reader(group, "weight_decay"), ())
+        mom = g.call_function(group_reader(group, "momentum"), ())
+    wd.meta["host_value"], mom.meta["host_value"] = 0.01, 0.9
+    adds = [n for n in g.nodes if "_foreach_add" in str(n.target)]
+    adds[0].update_kwarg("alpha", wd)
+    adds[1].update_kwarg("alpha", mom)
+    gm.recompile()
+    ds = to_device_scalars(gm, "cpu")
+    assert "aten.mul.Tensor" not in gm.code, gm.code
+    group["weight_decay"], group["momentum"] = 0.5, 0.25
+    ones = [torch.ones(3) for _ in range(6)]
+    out = gm(*ones, ds.pack())
+    assert all(torch.equal(o, torch.full((3,), 1.5 + 0.25)) for o in out), out
+
+
 def test_bake_host_floats_replaces_a_reader_and_what_is_computed_from_it_by_traced_values():
     gm = _sgd_with_live_floats({"lr": 0.1, "momentum": 0.9})
     lr = next(n for n in gm.graph.nodes if n.name == "param_group_lr")

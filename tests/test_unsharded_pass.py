@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import fx
 
-from stepgraph.backends.cudagraph import refuse_uncapturable
+from stepgraph.backends.refusals import refuse_uncapturable
 from stepgraph.errors import NeedsReplay
 from stepgraph.passes.analysis import RESIZE_STORAGE
 from stepgraph.passes.unsharded import peak_unsharded_bytes, storages_to_temporaries

@@ -17,6 +17,7 @@ from .. import config
 from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
 from . import Backend, CompileRequest
 from .replay import generate, without_grad
+from .refusals import refuse_uncapturable
 from .runner import Runner
 
 log = logging.getLogger("stepgraph")
@@ -124,91 +125,10 @@ def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
             "(with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)")
 
 
-def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
-    """Refuse what a CUDA graph would silently get wrong: host scalars and several GPUs.
-    (CPU tensor work: capture/cpuwork.py:_cpu_work.) ``inputs``: a sparse one shows in no node value
-    (pygcn's adjacency matrix reached the static-buffer copy: "copy_() between dense and sparse")."""
-    devices = set()
-    if any(isinstance(x, torch.Tensor) and x.layout != torch.strided for x in inputs):
-        problems_out.append("sparse")
-    for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is torch.ops.aten._local_scalar_dense.default:
-            problems_out.append("host-scalar")
-        if n.op == "call_function" and getattr(n.target, "__name__", "") == "tensor_shape" \
-                and "dynamic-shape" not in problems_out:
-            problems_out.append("dynamic-shape")   # (capture/trace.py: a data-dependent shape, guarded)
-        val = n.meta.get("val")
-        for v in val if isinstance(val, (list, tuple)) else [val]:
-            if isinstance(v, torch.Tensor) and v.device.type == "cuda":
-                devices.add(v.device.index)
-                if v.layout != torch.strided and "sparse" not in problems_out:
-                    problems_out.append("sparse")
-    if len(devices) > 1:
-        problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
-
-
 def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileRequest):
     refuse_uncapturable(gm, request.host_scalar_ops, request.rng_state_calls, example_inputs)
     _, fn = generate(gm)
     return record(fn, example_inputs, request)
-
-
-def _drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
-    """Checkpointing saves/restores the RNG state even when the region draws no random numbers;
-    with no random op in the graph those calls change nothing and can go. True if dropped."""
-    from ..markers import RNG_STATE_FUNCS
-    nodes = list(gm.graph.nodes)
-    if any(isinstance(n.target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in n.target.tags
-           for n in nodes if n.op == "call_function"):
-        return False
-    for n in reversed(nodes):
-        if n.op == "call_function" and n.target in RNG_STATE_FUNCS and not n.users:
-            gm.graph.erase_node(n)
-    gm.recompile()
-    return not any(n.op == "call_function" and n.target in RNG_STATE_FUNCS for n in gm.graph.nodes)
-
-
-def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops=0, rng_state_calls=0, inputs=()) -> None:
-    if rng_state_calls and not _drop_idle_rng_state_calls(gm):
-        raise NeedsReplay(
-            "the step saves and restores the RNG state on the host (activation checkpointing with "
-            "preserve_rng_state=True, or fork_rng): a CUDA graph cannot replay that",
-            op="torch.get_rng_state/set_rng_state", where="torch.utils.checkpoint / torch.random.fork_rng",
-            fix="use backend='replay' (backend='auto' does so), or checkpoint regions without dropout "
-                "with preserve_rng_state=False")
-    from ..passes.analysis import RESIZE_STORAGE
-    if any(n.target is RESIZE_STORAGE for n in gm.graph.nodes):
-        raise NeedsReplay(
-            "the step frees and allocates storages (FSDP2's unsharded parameters): a CUDA graph "
-            "cannot record that", op="inductor.resize_storage_bytes_", where="FSDP2's hooks",
-            fix="use backend='replay' (backend='auto' does so)")
-    problems: list = []
-    check_graph(gm, problems, inputs)
-    if "dynamic-shape" in problems:
-        raise NeedsReplay(
-            "the step has an op whose output shape depends on tensor values (nonzero, a boolean "
-            "mask, unique): it syncs with the host to allocate, which a CUDA graph cannot record",
-            op="data-dependent shape", where="the step",
-            fix="use backend='replay' (backend='auto' does so), or keep shapes static (torch.where, "
-                "multiplying by a mask)")
-    if "sparse" in problems:
-        raise NeedsReplay(
-            "the step computes with sparse CUDA tensors: cuSPARSE's kernels synchronise with the host "
-            "and cannot be recorded into a CUDA graph", op="sparse tensor op", where="the step",
-            fix="use backend='replay' (backend='auto' does so), or a dense adjacency matrix")
-    if "host-scalar" in problems or host_scalar_ops:
-        raise NeedsHostScalars(
-            "the step cannot be recorded as a CUDA graph: an optimizer reads its step counter on "
-            "the host every step (PyTorch has no capturable form of it, e.g. Adagrad)",
-            op="aten._local_scalar_dense", where="the optimizer's step()",
-            fix="use backend='replay' (or backend='auto', which does so), or an optimizer with "
-                "capturable=True such as Adam/AdamW/RMSprop/SGD")
-    if problems:
-        raise CaptureError(f"the step cannot be recorded as a CUDA graph: {problems[0]}",
-                           op=problems[0], where="the step function",
-                           fix="keep every tensor of the step on one GPU (move CPU tensors to the "
-                               "device before the step, return values instead of reading them), "
-                               "or use backend='replay'")
 
 
 def repair_generators() -> None:

@@ -26,7 +26,8 @@ from torch import fx
 from ..passes.alpha import fold_alpha
 from . import Backend, CompileRequest
 from .background import BackgroundCompile, FusedWhenReady, can_background
-from .cudagraph import make_capturable, record, record_after_first_call, refuse_uncapturable
+from .cudagraph import make_capturable, record, record_after_first_call
+from .refusals import refuse_uncapturable
 from .replay import compile_replay, generate, without_grad
 from .runner import Runner
 

@@ -34,8 +34,8 @@ from ..errors import NeedsReplay
 from . import CompileRequest
 from .hostops import (READ as _READ, is_shape_read, materialiser, needs_host, shape_from_data, static_like,
                       sync_point, timed, writes_first_arg)
-from .cudagraph import (_drop_idle_rng_state_calls, capture_graph, check_graph, moved_state_check,
-                        persistent_copies, refuse_uncapturable, share_pool)
+from .cudagraph import capture_graph, moved_state_check, persistent_copies, share_pool
+from .refusals import drop_idle_rng_state_calls, check_graph, refuse_uncapturable
 from .replay import generate
 from .runner import Runner
 
@@ -203,7 +203,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
         refuse_uncapturable(gm, inputs=example_inputs)  # (raises its NeedsReplay)
     if host_scalar_ops:  # (an optimizer's host step counter: no capturable form)
         refuse_uncapturable(fx.GraphModule(gm, fx.Graph()), host_scalar_ops)
-    if rng_state_calls and not _drop_idle_rng_state_calls(gm):
+    if rng_state_calls and not drop_idle_rng_state_calls(gm):
         raise NeedsReplay("the step saves and restores the RNG state on the host", op="torch.get_rng_state",
                           where="torch.utils.checkpoint / torch.random.fork_rng", fix="use backend='replay'")
     items, host = split(gm)

@@ -43,6 +43,12 @@ def _cpu_work(func, args, kwargs, out) -> str | None:
         return None  # torch.tensor(...) constants: fixed values, fine to bake
     if func in _ATTENTION_RNG_OPS:
         return None
+    if func is torch.ops.aten._to_copy.default and args and isinstance(args[0], torch.Tensor) \
+            and args[0].device.type != "cpu":
+        # a device value copied to the host (``loss.detach().cpu()``): the torch-function mode
+        # noted it, and tohost.py moves it out of the graph or refuses it at its line. Counted
+        # as host work it made every such CUDA step replay-only (H200: NeedsHostScalars).
+        return None
     # Empty CPU tensors hold no data (torch.utils.checkpoint allocates such placeholders).
     cpu = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor) and o.device.type == "cpu"
            and o.numel() > 0]

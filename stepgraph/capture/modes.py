@@ -253,7 +253,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
         self.problems = problems
         self.cuda_step = cuda_step
-        self.host_scalar_ops = 0
+        self.host_scalar_ops: tuple = ()   # "op at file:line" of each (the refusal names the first)
         self.known = known if known is not None else set()
         self.foreign_seen: set = set()
         self.batch_sizes: list = []   # packed batch sizes guarded by value: reading them is safe
@@ -382,7 +382,10 @@ class _DispatchCheckMode(TorchDispatchMode):
             and not self.constants.device_index(func, args, kwargs) \
             and not self._host_op(func, args, kwargs, out) else None
         if work == "scalar":
-            self.host_scalar_ops += 1  # e.g. Adagrad's CPU step counter: fine for 'replay' only
+            # e.g. Adagrad's CPU step counter: fine for 'replay' only
+            stack = traceback.extract_stack()
+            lib = library_frame(stack)
+            self.host_scalar_ops += (f"{func} at {user_frame(stack)}" + (f" (in {lib})" if lib else ""),)
         elif work == "tensor":
             stack = traceback.extract_stack()
             self.problems.append(Problem(

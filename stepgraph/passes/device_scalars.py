@@ -86,6 +86,16 @@ def _val(n):
     return v
 
 
+def _strided(a) -> bool:
+    """A dense operand: a node whose value is a strided tensor, or a foreach list of them (the
+    list itself has no value: 2d0eeb7 took every foreach list for sparse, and its add for a mul
+    of a list, which failed every live-lr SGD/RMSprop/Adadelta replay on the H200)."""
+    if isinstance(a, (list, tuple)):
+        return all(_strided(x) for x in a)
+    v = _val(a)
+    return isinstance(v, torch.Tensor) and v.layout == torch.strided
+
+
 def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) -> None:
     """Replace ``n`` (an op taking a host node as a Scalar) by its tensor form; ``scalar(x, dtype)``
     is the graph node of host node ``x`` as a 0-dim tensor. ``dry``: only check it is known."""
@@ -116,7 +126,7 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) ->
         alpha = s(kw["alpha"])
         if base.endswith("sub"):
             alpha = call(aten.neg.default, (alpha,))
-        if any(not isinstance(_val(a), torch.Tensor) or _val(a).layout != torch.strided for a in args):
+        if not all(_strided(a) for a in args):
             # (a sparse grad, nn.EmbeddingBag(sparse=True), which make_fx leaves without "val":
             # no sparse addcmul; its add rounds the product before the sum anyway)
             n.args, n.kwargs = (args[0], call(aten.mul.Tensor, (args[1], alpha))), {}
@@ -193,14 +203,18 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) ->
 def _per_element(g: fx.Graph, n: fx.Node, make, *lists, foreach: bool) -> None:
     """Replace ``n`` by ``make(*items)`` (a foreach op: one node per element of its lists, its
     ``getitem`` users rewired; an in-place one returns its first list)."""
+    # (each new node keeps the value it replaces: a later rewrite reads it -- _strided took a
+    # foreach list of such nodes for sparse, SGD's nesterov step after its weight decay, H200)
     if not foreach:
         new = make(*lists)
+        new.meta.setdefault("val", n.meta.get("val"))
         n.replace_all_uses_with(new)
         g.erase_node(n)
         return
     outs = [make(*items) for items in zip(*lists)]
     for u in list(n.users):
         if u.op == "call_function" and u.target is operator.getitem:
+            outs[u.args[1]].meta.setdefault("val", u.meta.get("val"))
             u.replace_all_uses_with(outs[u.args[1]])
             g.erase_node(u)
     if n.users:
