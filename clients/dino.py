@@ -59,7 +59,8 @@ def _crops(g, n):
 def main(sg, steps=8, device="cpu", amp=None):
     own_group = not dist.is_initialized()
     if own_group:   # (utils.init_distributed_mode: a one-process group)
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp(prefix='dino_pg_')}",
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",   # (the program's backend on GPUs)
+                                init_method=f"file://{tempfile.mktemp(prefix='dino_pg_')}",
                                 world_size=1, rank=0)
     try:
         _train(sg, steps, device, amp)

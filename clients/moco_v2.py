@@ -276,7 +276,8 @@ def accuracy(output, target, topk=(1,)):
 def main(sg, steps=8, device="cpu", amp=None):
     own_group = not dist.is_initialized()
     if own_group:   # (main_worker: dist.init_process_group; here one process)
-        dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp(prefix='moco_pg_')}",
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",   # (the program's backend on GPUs)
+                                init_method=f"file://{tempfile.mktemp(prefix='moco_pg_')}",
                                 world_size=1, rank=0)
     try:
         _main_worker(sg, steps, device)

@@ -64,12 +64,25 @@ class GuardMiss(Exception):
         self.site, self.what, self.expected, self.actual = site, what, expected, actual
 
 
+def library_file(filename: str) -> bool:
+    """torch's, stepgraph's, the stdlib's or an installed package's file: not the user's code.
+    (Whether ``<string>``-like names are user code is each caller's call: a notebook's cell is.)"""
+    return os.path.abspath(filename).startswith(_SKIP_PREFIXES)
+
+
+def user_code_frame(f):
+    """The innermost live frame from ``f`` outward in the user's own file, or None: the one walk
+    the live-frame checks share (``'%.3f' % loss``, a clock the step calls)."""
+    while f is not None and (library_file(f.f_code.co_filename) or f.f_code.co_filename.startswith("<")):
+        f = f.f_back
+    return f
+
+
 def user_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
     """``file:line (code)`` of the innermost frame outside torch, stepgraph and the stdlib."""
     stack = stack if stack is not None else traceback.extract_stack()
     for fr in reversed(stack):
-        fn = os.path.abspath(fr.filename)
-        if fn.startswith(_SKIP_PREFIXES) or fr.filename.startswith("<"):
+        if library_file(fr.filename) or fr.filename.startswith("<"):
             continue
         code = f" ({fr.line.strip()})" if fr.line else ""
         return f"{fr.filename}:{fr.lineno}{code}"
@@ -83,8 +96,7 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
     stack = stack if stack is not None else traceback.extract_stack()
     user = None
     for i in range(len(stack) - 1, -1, -1):
-        fn = os.path.abspath(stack[i].filename)
-        if not fn.startswith(_SKIP_PREFIXES) and not stack[i].filename.startswith("<"):
+        if not library_file(stack[i].filename) and not stack[i].filename.startswith("<"):
             user = i
             break
     if user is None:
@@ -105,4 +117,4 @@ def library_module(v) -> bool:
     if not isinstance(v, types.ModuleType):
         return False
     f = getattr(v, "__file__", None)
-    return f is None or os.path.abspath(f).startswith(_SKIP_PREFIXES)
+    return f is None or library_file(f)

@@ -30,6 +30,31 @@ def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
                     problems_out.append("sparse")
     if len(devices) > 1:
         problems_out.append(f"tensors on several GPUs ({sorted(devices)}) in one step")
+    host_backend = _host_collective(gm)
+    if host_backend is not None:
+        problems_out.append(host_backend)
+
+
+def _host_collective(gm: fx.GraphModule) -> str | None:
+    """A collective on CUDA tensors over a process group whose backend stages through the host
+    (gloo: it copies to CPU and waits): recorded into a CUDA graph it crashed the process (MoCo
+    v2's all_gather on a gloo group, H200: SIGSEGV). Returns the problem, or None."""
+    import torch.distributed as dist
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or getattr(n.target, "namespace", "") != "_c10d_functional" \
+                or "wait" in str(n.target):
+            continue
+        val = n.meta.get("val")
+        if not (isinstance(val, torch.Tensor) and val.device.type == "cuda"):
+            continue
+        name = next((a for a in reversed(n.args) if isinstance(a, str)), None)
+        try:
+            backend = str(dist.get_backend(dist.distributed_c10d._resolve_process_group(name)))
+        except Exception:   # (an unknown group: not ours to judge)
+            continue
+        if backend not in ("nccl", "xccl"):
+            return f"host-collective:{backend}:{n.target}"
+    return None
 
 
 def drop_idle_rng_state_calls(gm: fx.GraphModule) -> bool:
@@ -90,6 +115,15 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops=(), rng_state_calls=
             op="aten._local_scalar_dense", where="the optimizer's step()",
             fix="use backend='replay' (or backend='auto', which does so), or an optimizer with "
                 "capturable=True such as Adam/AdamW/RMSprop/SGD")
+    host = next((p for p in problems if p.startswith("host-collective:")), None)
+    if host is not None:
+        _, backend, op = host.split(":", 2)
+        raise NeedsReplay(
+            f"the step runs {op} on CUDA tensors over a {backend} process group, which copies them "
+            "to the host and waits there: a CUDA graph cannot record that", op=op,
+            where=f"the {backend} process group",
+            fix="init_process_group('nccl') for CUDA tensors (as torchrun scripts do), or use "
+                "backend='replay' (backend='auto' does so)")
     if problems:
         raise CaptureError(f"the step cannot be recorded as a CUDA graph: {problems[0]}",
                            op=problems[0], where="the step function",

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import gc
 import inspect
-import os
 import types
 import weakref
 
 import torch
 from torch import nn
 
-from ..errors import _SKIP_PREFIXES
+from ..errors import library_file
 
 
 def _users_class(cls) -> bool:
@@ -40,7 +39,7 @@ def _users_class(cls) -> bool:
         return False
     if f.startswith("<"):
         return not f.startswith(("<frozen", "<stepgraph"))   # (a notebook's, exec'd code)
-    return not os.path.abspath(f).startswith(_SKIP_PREFIXES)
+    return not library_file(f)
 
 
 _KINDS: dict = {}   # type -> may own attributes written back

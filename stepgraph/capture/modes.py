@@ -45,13 +45,9 @@ _ONE_HOT = torch._C._nn.one_hot   # (torch.nn.functional.one_hot)
 def _percent_format() -> bool:
     """Is the innermost user frame at a ``%`` operation (``str % tensor`` converts the tensor
     with ``float()`` from C; ``number % tensor`` is a tensor op, never ``float()``)?"""
-    import os
     import sys
-    from ..errors import _SKIP_PREFIXES
-    f = sys._getframe(2)
-    while f is not None and (os.path.abspath(f.f_code.co_filename).startswith(_SKIP_PREFIXES)
-                             or f.f_code.co_filename.startswith("<")):
-        f = f.f_back
+    from ..errors import user_code_frame
+    f = user_code_frame(sys._getframe(2))
     if f is None or f.f_lasti < 0:
         return False
     import dis

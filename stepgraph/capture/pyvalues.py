@@ -23,7 +23,6 @@ parameters (besides a bound method's ``self``) are keyed like ``self``.
 from __future__ import annotations
 
 import dis
-import os
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import _SKIP_PREFIXES, library_module
+from ..errors import library_file, library_module
 from .chains import _all_code, _chains
 from .arrays import input_array
 from .sigkey import Ident
@@ -43,9 +42,8 @@ _MAX_ITEMS = 256       # containers of scalars up to this size are guarded by va
 
 
 def _user_code(code: types.CodeType) -> bool:
-    f = os.path.abspath(code.co_filename)
     # Code typed into a notebook or exec'd ("<string>", "<ipython-input-...>") is user code.
-    return not f.startswith(_SKIP_PREFIXES) and not code.co_filename.startswith(("<frozen", "<stepgraph"))
+    return not library_file(code.co_filename) and not code.co_filename.startswith(("<frozen", "<stepgraph"))
 
 
 def guard_value(v):

@@ -20,7 +20,6 @@ import functools
 import gc
 import logging
 import operator
-import os
 import sys
 import threading
 import types
@@ -163,18 +162,12 @@ def _clock(orig, log):
     named at capture (outputs.read_side_effects). Library code's clocks (a log record's time)
     are not the step's values."""
     def clock():
-        f = sys._getframe(1)
-        if log.active and not os.path.abspath(f.f_code.co_filename).startswith(_skip_prefixes()):
-            from ..errors import user_frame
+        from ..errors import library_file, user_frame
+        if log.active and not library_file(sys._getframe(1).f_code.co_filename):
             log.clocks.append(user_frame())
         return orig()
     clock.__wrapped__ = orig
     return clock
-
-
-def _skip_prefixes():
-    from ..errors import _SKIP_PREFIXES
-    return _SKIP_PREFIXES
 
 
 _LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
