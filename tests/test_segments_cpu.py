@@ -334,3 +334,39 @@ def test_nonzero_unique_and_masked_select_run_between_segments(emulated_cudagrap
     ops = {str(p.what.split()[0]) for p in sg.captures[0].run.syncs}
     assert {"aten.masked_select.default", "aten.nonzero.default"} <= ops, ops
     assert any("unique" in op for op in ops), ops
+
+
+def test_collectives_in_a_step_cut_into_segments_go_to_the_replay_backend(emulated_cudagraph, tmp_path):
+    """A step with collectives and a host read: recorded as NCCL segments it left eager's results
+    (MoCo v2, DINO on the H200), so the segmented backend refuses it (NeedsReplay: 'auto' runs
+    it on replay) and the refused call is eager's."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        m, m2, o, o2 = _pair()
+
+        def make(model, opt):
+            def step(x, y):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                if loss.item() > 0:        # a host read: segments
+                    opt.step()
+                opt.zero_grad()
+                return loss
+            return step
+        sg, eager = stepgraph.compile(make(m, o), backend="cudagraph"), make(m2, o2)
+        g = torch.Generator().manual_seed(0)
+        err = None
+        for _ in range(3):
+            x, y = torch.randn(4, 8, generator=g), torch.randint(0, 2, (4,), generator=g)
+            eager(x, y)
+            try:
+                sg(x, y)
+            except stepgraph.errors.NeedsReplay as e:   # (backend='auto' takes replay on it)
+                err = str(e)
+        assert err is not None and "segments are not recorded" in err, err
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+    finally:
+        dist.destroy_process_group()

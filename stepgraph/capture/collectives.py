@@ -44,8 +44,19 @@ def _remapped(seen: list) -> dict:
     orig = {name: getattr(dist, name) for name in
             ("all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather", "broadcast")}
 
-    def group_of(group):
+    def group_of(group, tensor=None, what=""):
         group = group if group is not None else dist.group.WORLD
+        if tensor is not None and tensor.device.type == "cuda" and "nccl" not in str(dist.get_backend(group)):
+            # gloo stages CUDA tensors through the host: its functional form's wait killed the
+            # process while tracing (MoCo v2 on a gloo group, H200: SIGSEGV), and no CUDA graph
+            # could hold it anyway. Refused here, before it runs; the call runs eagerly.
+            from ..errors import CaptureError, user_frame
+            raise CaptureError(
+                f"the step calls dist.{what} on CUDA tensors over a {dist.get_backend(group)} process "
+                "group, which stepgraph cannot trace (it copies them to the host and waits)",
+                op=f"torch.distributed.{what}", where=user_frame(),
+                fix="create the process group with the NCCL backend for CUDA tensors "
+                    "(dist.init_process_group('nccl'), as torchrun scripts do)")
         if all(g is not group for g in seen):
             seen.append(group)
         return group
@@ -54,33 +65,33 @@ def _remapped(seen: list) -> dict:
         name = _op_name(op)
         if async_op or name is None:
             return orig["all_reduce"](tensor, op, group, async_op)
-        fcol.all_reduce_inplace(tensor, name, group_of(group))
+        fcol.all_reduce_inplace(tensor, name, group_of(group, tensor, "all_reduce"))
         return None
 
     def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False):
         if async_op:
             return orig["all_gather_into_tensor"](output_tensor, input_tensor, group, async_op)
-        fcol.all_gather_tensor_inplace(output_tensor, input_tensor, group_of(group))
+        fcol.all_gather_tensor_inplace(output_tensor, input_tensor, group_of(group, input_tensor, "all_gather_into_tensor"))
         return None
 
     def reduce_scatter_tensor(output, input, op=dist.ReduceOp.SUM, group=None, async_op=False):
         name = _op_name(op)
         if async_op or name is None:
             return orig["reduce_scatter_tensor"](output, input, op, group, async_op)
-        fcol.reduce_scatter_tensor_inplace(output, input, name, group_of(group))
+        fcol.reduce_scatter_tensor_inplace(output, input, name, group_of(group, input, "reduce_scatter_tensor"))
         return None
 
     def all_gather(tensor_list, tensor, group=None, async_op=False):
         even = all(t.shape == tensor.shape for t in tensor_list)
         if async_op or not even or tensor.dim() == 0:
             return orig["all_gather"](tensor_list, tensor, group, async_op)
-        fcol.all_gather_inplace(tensor_list, tensor, group_of(group))
+        fcol.all_gather_inplace(tensor_list, tensor, group_of(group, tensor, "all_gather"))
         return None
 
     def broadcast(tensor, src=None, group=None, async_op=False, group_src=None):
         if async_op:
             return orig["broadcast"](tensor, src, group, async_op, group_src)
-        g = group_of(group)
+        g = group_of(group, tensor, "broadcast")
         root = group_src if group_src is not None else dist.get_group_rank(g, src)
         tensor.copy_(fcol.broadcast(tensor, root, g))
         return None
