@@ -153,7 +153,12 @@ class GraphedModule(nn.Module):
         refused = undeferrable(self.module)
         if refused:
             return self._keep_eager(sig, f"backward hooks inside it ({', '.join(refused[:4])}) would see traced gradients")
+        before = _tensor_attributes(self.module)
         entry, box = _build(self, sig, state, backend, devs)
+        stored = _restore_tensor_attributes(self.module, before)
+        if stored:   # (neural style's ContentLoss: ``self.loss = F.mse_loss(...)`` in forward)
+            return self._keep_eager(sig, f"its forward stores tensors on module attributes ({', '.join(stored[:4])}), "
+                                         "which a replay would not set (they would hold the trace's placeholders)", hooks=False)
         if box["tensor_hooks"]:
             return self._keep_eager(sig, f"its forward registers tensor hooks (at {box['tensor_hooks'][0]}), which "
                                          "the traced backward would call with placeholder gradients")
@@ -174,18 +179,40 @@ class GraphedModule(nn.Module):
             log.info("stepgraph: recapture graph_module(%s): %s", self.name, reason)
         return out if entry.hook_calls else entry(sig.leaves)
 
-    def _keep_eager(self, sig, why, out=_NO_OUTPUT):
+    def _keep_eager(self, sig, why, out=_NO_OUTPUT, hooks=True):
         """Calls with this signature run the module eagerly (its hooks as usual), warned once."""
         self.eager_keys[sig.key] = why
-        _warn(f"stepgraph.graph_module({self.name}) runs eagerly for this signature: {why}; graphed, they would "
-              "run only while tracing, on placeholder tensors. Hooks that only look (return None) on forward "
-              "passes run after every replay; register others on the graphed module itself, or graph a "
-              "submodule without them", 5)
+        _warn(f"stepgraph.graph_module({self.name}) runs eagerly for this signature: {why}" + (
+              "; graphed, they would run only while tracing, on placeholder tensors. Hooks that only look "
+              "(return None) on forward passes run after every replay; register others on the graphed "
+              "module itself, or graph a submodule without them" if hooks else
+              "; return such tensors from forward instead, or graph a submodule without them"), 5)
         if out is _NO_OUTPUT:
             self.stats.eager_calls += 1
             a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
             out = self._orig(*a, **kw)
         return out
+
+
+def _tensor_attributes(module) -> dict:
+    """Each submodule's plain attributes that hold tensors (not parameters or buffers)."""
+    return {(name, k): v for name, m in module.named_modules() for k, v in vars(m).items()
+            if isinstance(v, torch.Tensor)}
+
+
+def _restore_tensor_attributes(module, before: dict) -> list:
+    """After the fake trace: put back what a forward stored on its module (a FakeTensor otherwise,
+    found by no one: ``cl.loss.item()`` gave the symbol ``zuf0``), and name those attributes."""
+    changed = []
+    for name, m in module.named_modules():
+        for k, v in list(vars(m).items()):
+            if isinstance(v, torch.Tensor) and before.get((name, k)) is not v:
+                changed.append(f"{name + '.' if name else ''}{k}")
+                if (name, k) in before:
+                    setattr(m, k, before[(name, k)])
+                else:
+                    delattr(m, k)
+    return changed
 
 
 def _build(wrapper: GraphedModule, sig, state, backend, devs):

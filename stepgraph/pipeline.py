@@ -42,6 +42,7 @@ from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.pycalls import call_sources, reads_of, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
+from .capture.libstate import library_scalars, refuse_library_changes
 from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
                               refuse_slot_stores, warn_appends)
 from .capture.rollback import Rollback
@@ -87,6 +88,7 @@ class Traced:
     n_user: int = 0                             # tensor outputs the user gets
     notes: list = field(default_factory=list)   # what runs only at capture (for explain())
     generators: list = field(default_factory=list)  # host random generators the step reads, with their states
+    library_state: list = field(default_factory=list)  # plain attributes of library objects it reads (libstate.py)
 
 
 @dataclass
@@ -181,7 +183,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
             traced = Traced(trace=None, frozen=frozen, ddp_records=ddp_records, fsdp_record=fsdp_record,
                             py_before=py_before,
                             sizes_before=container_slots(guards.py, args),
-                            generators=generator_states(guards.py, args))
+                            generators=generator_states(guards.py, args),
+                            library_state=library_scalars(guards.py, args, redone=calls_at))
             traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
@@ -205,6 +208,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     graph passes (cleanup, number checks, host-read guards, grad bindings, summary)."""
     tr, guards, reg = traced.trace, step._guards, step._reg
     raise_problems(tr.problems + generator_draws(traced.generators))
+    refuse_library_changes(traced.library_state)
     if traced.fsdp_record is not None:
         traced.fsdp_record.raise_problems()
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),

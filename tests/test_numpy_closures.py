@@ -134,3 +134,34 @@ def test_a_list_of_numpy_observations_refilled_between_calls():
         b.data.extend(obs)
         assert torch.equal(sg(), b.step(ob)), k
     assert any("holding numpy arrays" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+def test_a_numpy_scalar_compared_with_a_live_closure_float():
+    """spinningup's PPO update: ``kl = mpi_avg(pi_info['kl'])`` is a numpy float32 and
+    ``if kl > 1.5 * target_kl: break`` compares it with a closure float stepgraph reads live:
+    a TypeError inside the trace before (float and numpy both declined the comparison)."""
+    import numpy as np
+
+    def make(target_kl):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        def update(x):
+            for _ in range(3):
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                kl = np.float32(loss.item())
+                if kl > 1.5 * target_kl:
+                    break
+                loss.backward()
+                opt.step()
+            return loss.detach()
+        return model, update
+    (m1, eager), (m2, upd) = make(0.5), make(0.5)
+    sg = stepgraph.compile(upd)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(5):
+        x = torch.randn(16, 4, generator=g) * 0.3
+        assert torch.equal(sg(x), eager(x))
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))

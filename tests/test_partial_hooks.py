@@ -154,3 +154,30 @@ def test_tensor_hook_registered_in_forward_keeps_the_module_eager_warned():
         _drive((g, twin))
     _no_fakes(m.grads)
     assert len(m.grads) == 6 and all(torch.equal(a, b) for a, b in zip(m.grads, twin.grads))
+
+
+def test_a_forward_that_stores_a_tensor_on_its_module_runs_eagerly_warned():
+    """Neural style's ContentLoss keeps ``self.loss = F.mse_loss(...)`` in forward; traced on fake
+    tensors, the graphed module left a FakeTensor there (``cl.loss.item()`` gave ``zuf0``)."""
+    import warnings
+
+    class ContentLoss(torch.nn.Module):
+        def __init__(self, target):
+            super().__init__()
+            self.target = target.detach()
+
+        def forward(self, x):
+            self.loss = torch.nn.functional.mse_loss(x, self.target)
+            return x
+    torch.manual_seed(0)
+    body = torch.nn.Sequential(torch.nn.Linear(4, 4), ContentLoss(torch.randn(2, 4)))
+    g = stepgraph.graph_module(body)
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        losses = []
+        for _ in range(3):
+            g(x).sum().backward()
+            losses.append(body[1].loss)
+    assert all(type(t) is torch.Tensor and t.item() == losses[0].item() for t in losses), losses
+    assert any("stores tensors on module attributes (1.loss)" in str(w.message) for w in caught)

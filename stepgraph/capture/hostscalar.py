@@ -295,6 +295,11 @@ def _recording(name):
     op = getattr(float, f"__{name}__")
 
     def method(self, *a):
+        # (a numpy scalar on the other side -- spinningup's ``kl > 1.5 * target_kl`` with kl from
+        # mpi_avg -- as a Python number: float's own comparison returns NotImplemented for it,
+        # and so does numpy's for a float subclass, a TypeError the user never wrote)
+        a = tuple(x.item() if type(x).__module__ == "numpy" and hasattr(x, "item") and getattr(x, "ndim", 1) == 0
+                  else x for x in a)
         if self.counter and current(self, _tracer()):   # a hyper combined with a step counter
             return guard_decision(self, name, a)
         preds = getattr(self.baked, "predicates", None)

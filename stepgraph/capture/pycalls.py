@@ -267,6 +267,9 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                 if isinstance(v, list):
                     out.append(("fmt", [x if isinstance(x, str) else _hole(*x) for x in v]))
                     continue
+            if type(v) is str and reads is not None and reads.reads and _percent_formatted(v, r.where):
+                out = None   # ('%6f' % loss.item(): C reads the float, past every hook -- stale)
+                break
             kind = _kind(v, tracer)
             if kind is None:
                 out = None
@@ -298,6 +301,26 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
              "recompute (an object, or a string formatted from a read value): that call runs only "
              "at capture" for r in skipped if r.where.split(" (")[0] not in printed_lines]
     return effects, list(dict.fromkeys(notes))
+
+
+def _percent_formatted(text: str, where: str) -> bool:
+    """Was ``text`` (not a literal of the line) made by ``'...' % value`` on the call's line?
+    ``'%6f' % x`` reads a float subclass's value in C, past the hooks an f-string goes through,
+    so a redone call would show the capture's number at every replay (tqdm's
+    ``set_postfix({"Loss": "%6f" % loss})`` in pytorch/examples' ViT): not redone, warned."""
+    import ast
+    import linecache
+    path, _, rest = where.partition(":")
+    lineno = rest.split(" ", 1)[0]
+    code = linecache.getline(path, int(lineno)).strip() if lineno.isdigit() else ""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return "%" in code and text not in code
+    mods = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+            and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)]
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    return bool(mods) and text not in literals
 
 
 def _hole(node, spec: str):
