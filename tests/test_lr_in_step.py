@@ -196,3 +196,46 @@ def test_schedules_held_as_numpy_arrays_are_indexed_live(opt_name):
     x = torch.randn(6, 8)
     assert torch.equal(step(x, 0, 1), eager(x, 0, 1))
     assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"] == 1e-3
+
+
+def test_a_scheduler_lambda_reading_a_module_attribute_the_forward_reads():
+    """The Annotated Transformer: ``LambdaLR(opt, lambda step: rate(step, model.src_embed[0].d_model,
+    ...))`` stepped in the step, ``d_model`` also read by the forward (a tracked number there):
+    the capture's lr was written back after every replay, over the scheduler's."""
+    import math
+
+    class Embeddings(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lut, self.d_model = torch.nn.Embedding(11, 32), 32
+
+        def forward(self, x):
+            return self.lut(x) * math.sqrt(self.d_model)
+
+    def rate(step, model_size, warmup=400):
+        step = max(step, 1)
+        return model_size ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+    def make():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(Embeddings(), torch.nn.Linear(32, 11))
+        opt = torch.optim.Adam(model.parameters(), lr=0.5, betas=(0.9, 0.98), eps=1e-9)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: rate(s, model[0].d_model))
+
+        def step(src, tgt):
+            loss = torch.nn.functional.cross_entropy(model(src), tgt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            return loss.detach()
+        return model, opt, step
+    (m1, o1, eager), (m2, o2, f) = make(), make()
+    sg = stepgraph.compile(f)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(8):
+        src, tgt = torch.randint(0, 11, (8,), generator=g), torch.randint(0, 11, (8,), generator=g)
+        assert torch.equal(sg(src, tgt), eager(src, tgt))
+        assert o2.param_groups[0]["lr"] == o1.param_groups[0]["lr"]
+    assert sg.stats.replays >= 5, sg.stats
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))

@@ -319,6 +319,11 @@ def hyper_effects(reg, assigned=(), scheduled=()) -> list:
         src = Source("object", group, name, (("item", k),))
         effects.append(NumberEffect(Root("source", src, src.describe()), None, v))
     for src, v in group_entries(reg, lambda v: type(v) in _PROXIES):
-        effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
+        # (an LR scheduler stepped in the step set it: the scheduler, run again after each
+        # replay, sets the next value -- its lambda read a tracked module attribute, the
+        # Annotated Transformer's ``rate(step, model.src_embed[0].d_model, ...)``, and this
+        # effect wrote the capture's lr back over it at every replay)
+        if not any(x is v for _, _, x in scheduled):
+            effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
         src.write(v._v)
     return effects
