@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 from .backends.runner import Runner
 from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
+from .capture import argtree
 from .capture.arrays import as_input
 from .capture.numchecks import checks_hold, evaluate, roots_of, set_call
 from .errors import StepGraphError
@@ -97,7 +98,7 @@ class CapturedStep:
         effects = self.trace.number_effects
         if not effects:
             return
-        leaves = pytree.tree_leaves((args, kwargs))
+        leaves = argtree.leaves(args, kwargs)
         memo: dict = dict(self.last_reads)   # host reads the effects use: this replay's values
         values = [e.value(leaves, args, memo) for e in effects]
         for e, v in zip(effects, values):
@@ -105,7 +106,7 @@ class CapturedStep:
 
     def replay_args(self, args, kwargs):
         """Replay for a call whose quick key matched: same structure as the captured call."""
-        leaves = list(args) if self.flat_args else pytree.tree_leaves((args, kwargs))
+        leaves = list(args) if self.flat_args else argtree.leaves(args, kwargs)
         return self.replay(leaves, self.tensor_pos, args)
 
     def replay(self, leaves, tensor_pos, args=()) -> object:

@@ -208,7 +208,8 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     graph passes (cleanup, number checks, host-read guards, grad bindings, summary)."""
     tr, guards, reg = traced.trace, step._guards, step._reg
     raise_problems(tr.problems + generator_draws(traced.generators))
-    refuse_library_changes(traced.library_state)
+    refuse_library_changes(traced.library_state, redone=[e.source for e in tr.call_effects],
+                           replayed=[e.source for e in tr.number_effects + tr.source_effects])
     if traced.fsdp_record is not None:
         traced.fsdp_record.raise_problems()
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),

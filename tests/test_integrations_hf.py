@@ -317,3 +317,44 @@ def test_import_does_not_need_transformers():
             "assert 'transformers' not in sys.modules and 'accelerate' not in sys.modules")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_accumulate_inside_a_plainly_compiled_step_is_refused_naming_the_counter():
+    """accelerate's gradient_accumulation.py with the body of ``with accelerator.accumulate(model):``
+    compiled by plain stepgraph.compile: the counter (``accelerator.step``) and
+    ``sync_gradients`` change in accelerate's code, and replays kept the capture's: with 3
+    accumulation steps the optimizer never stepped again, silently. Refused (capture/libstate.py),
+    naming the attribute and accelerate_step; the refused call ran eagerly."""
+    import pytest as _pytest
+    accelerate = _pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+    import stepgraph as sgm
+
+    def run(compiled):
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        acc = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=3)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model, opt = acc.prepare(model, opt)
+
+        def train_step(x, y):
+            with acc.accumulate(model):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                acc.backward(loss)
+                opt.step()
+                opt.zero_grad()
+            return loss.detach()
+        f = sgm.compile(train_step) if compiled else train_step
+        g = torch.Generator().manual_seed(1)
+        err = None
+        for _ in range(2):
+            try:
+                f(torch.randn(4, 4, generator=g), torch.randn(4, 2, generator=g))
+            except sgm.CaptureError as e:
+                err = str(e)
+        return model.weight.detach().clone(), acc.step, err
+    (we, se, _), (ws, ss, err) = run(False), run(True)
+    assert err is not None and "accelerator." in err and "accelerate_step" in err, err
+    assert torch.equal(we, ws) and se == ss

@@ -217,12 +217,10 @@ def library(tmp_path, monkeypatch):
     """A module that is library code to stepgraph (under its skipped prefixes), as timm is."""
     import importlib
     import sys
-    import stepgraph.capture.pyvalues as pv
     import stepgraph.errors as errors
     (tmp_path / "fakelib_meters.py").write_text(_LIBRARY)
     prefixes = errors._SKIP_PREFIXES + (str(tmp_path),)
     monkeypatch.setattr(errors, "_SKIP_PREFIXES", prefixes)
-    monkeypatch.setattr(pv, "_SKIP_PREFIXES", prefixes)
     monkeypatch.syspath_prepend(str(tmp_path))
     yield importlib.import_module("fakelib_meters")
     sys.modules.pop("fakelib_meters", None)

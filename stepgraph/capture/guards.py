@@ -22,6 +22,7 @@ from .state import StateRegistry
 from .watch import registration_epoch
 from .reasons import Reasons, leaf_names
 from .livekeys import LiveKeys
+from . import argtree
 from .arrays import array_key, input_array
 
 _STATE_TYPES = (torch.nn.Module, torch.optim.Optimizer)
@@ -118,7 +119,7 @@ class Guards(Reasons, LiveKeys):
 
     def tracking(self, args, kwargs) -> TrackPlan:
         """The numbers a capture of this call tracks (trackplan.py)."""
-        leaves = pytree.tree_leaves((args, kwargs))
+        leaves = argtree.leaves(args, kwargs)
         labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
         return plan(self.py.sources, leaves, labels, args, self.live | self.keyed)
 
@@ -167,7 +168,7 @@ class Guards(Reasons, LiveKeys):
         requires = tuple(p.requires_grad for _, p in reg.params)
         if requires != reg.requires_grad:   # a layer frozen/unfrozen: grad_params follow it
             reg.refresh_names()
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves, spec = argtree.flatten(args, kwargs)   # (batch objects opened)
         # (numpy arrays are graph inputs too: arrays.py)
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) or input_array(x)]
         inputs = self._inputs(leaves)

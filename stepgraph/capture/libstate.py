@@ -7,8 +7,8 @@ at the capture's value and one graph replayed forever: with 3 accumulation steps
 never stepped again (accelerate's gradient_accumulation.py example, silently wrong). The step's
 own code is checked by pyvalues/outputs (``refuse_python_side_effects``); this covers objects of
 library classes the step's code reads (a global ``accelerator``, ``self.trainer``) and the
-library objects they hold, two levels deep: their plain attributes (numbers, booleans, strings,
-None) before the call and after it. What stepgraph itself replays is left out: LR schedulers
+library objects they hold, two levels deep: their numbers and booleans (counters and flags that
+decide; a string such as a tqdm bar's description is display) before the call and after it. What stepgraph itself replays is left out: LR schedulers
 (their ``step()`` is redone), optimizers, modules (their state is slots), and objects whose
 methods the step calls as statements (pycalls.py redoes those calls after each replay).
 """
@@ -22,6 +22,7 @@ from torch import nn
 from ..errors import CaptureError, library_file
 
 _PLAIN = (bool, int, float, str, type(None))
+_DECIDING = (bool, int, float)   # counters and flags; a string (tqdm's desc) is display
 _DEPTH = 2
 
 
@@ -34,8 +35,8 @@ def _library_object(v) -> bool:
     if isinstance(v, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
         return False
     mod = getattr(t, "__module__", "") or ""
-    if mod in ("builtins", "__main__"):
-        return False
+    if mod in ("builtins", "__main__", "types", "argparse", "collections", "functools"):
+        return False   # (a SimpleNamespace, an argparse Namespace: the user's data, pyvalues' part)
     import sys
     m = sys.modules.get(mod)
     f = getattr(m, "__file__", None)
@@ -46,6 +47,13 @@ def library_scalars(py, args, redone=()) -> list:
     """Before the call: ``(describe, owner, name, value)`` of each plain attribute of the library
     objects the step's code reads (``py.sources``), but not of ``redone`` sources' objects."""
     skip = {id(s.read_or(args)) for s in redone}
+    # (attributes the step's own code names -- ``self.trainer.global_step += 1`` -- are pyvalues'
+    # and trackplan's: guarded or replayed there)
+    named = set()
+    for s in py.sources:
+        if s.path and s.path[-1][0] == "attr":
+            owner = type(s)(s.kind, s.root, s.name, s.path[:-1]).read_or(args)
+            named.add((id(owner), s.path[-1][1]))
     out, seen = [], set()
 
     def visit(v, label, depth):
@@ -57,7 +65,7 @@ def library_scalars(py, args, redone=()) -> list:
         except TypeError:
             return
         for k, x in items:
-            if isinstance(x, _PLAIN):
+            if isinstance(x, _DECIDING) and (id(v), k) not in named:
                 out.append((f"{label}.{k}", v, k, x))
             elif depth < _DEPTH:
                 visit(x, f"{label}.{k}", depth + 1)
@@ -69,9 +77,17 @@ def library_scalars(py, args, redone=()) -> list:
     return out
 
 
-def refuse_library_changes(before: list) -> None:
-    """After the call: raise for the first attribute of ``library_scalars`` that changed."""
+def refuse_library_changes(before: list, redone=(), replayed=()) -> None:
+    """After the call: raise for the first attribute of ``library_scalars`` that changed, but not
+    of an object whose calls a replay redoes (``redone``: pycalls.CallEffect sources, found while
+    tracing -- a logger's ``update(**tensors)``) or that a replay writes itself (``replayed``: the
+    sources of number and source effects -- ``meter.update(loss.item(), n)``'s sum and count)."""
+    # (a record's number effect is written through its dict: ``meter``'s, for ``meter.count``)
+    names = [s.describe() for s in list(redone) + list(replayed) if hasattr(s, "describe")]
+    prefixes, exact = tuple(f"{n}." for n in names), set(names)
     for label, owner, name, value in before:
+        if (prefixes and label.startswith(prefixes)) or label in exact:
+            continue
         now = getattr(owner, name, value)
         if now != value and not (isinstance(now, float) and now != now and value != value):
             lib = type(owner).__module__.split(".")[0]

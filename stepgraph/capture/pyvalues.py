@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..errors import library_file, library_module
+from .argtree import opened
 from .chains import _all_code, _chains
 from .arrays import input_array
 from .sigkey import Ident
@@ -288,7 +289,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 elif depth == 0 and idx < code.co_argcount:
                     root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
                     if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS) \
-                            or input_array(root):
+                            or input_array(root) or opened(root):
                         continue  # keyed by the argument guard (pytree leaves and values; arrays.py)
                     src = Source("arg", idx, name, path, where)
                 else:

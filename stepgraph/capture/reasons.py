@@ -141,7 +141,8 @@ def _describe_leaf(x) -> str:
 def leaf_names(params: list[str], args, kwargs) -> list[str]:
     """A readable name per flattened input leaf: ``arg 0 (x)``, ``arg 1 (batch)['ids']``."""
     out = []
-    for path, _ in pytree.tree_flatten_with_path((args, kwargs))[0]:
+    from .argtree import flatten_with_path
+    for path, _ in flatten_with_path(args, kwargs)[0]:
         if not path:
             out.append("input")
             continue

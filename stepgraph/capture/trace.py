@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
+from . import argtree
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
 from .hostreads import ReadLog, math_patches, random_guards
@@ -114,7 +115,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     (read live into the ops they feed on every device: uselog.UseLog.moving); ``lift_numbers``:
     read every tracked number fed to a tensor op live (default: on the CPU; a backend that runs
     no Python at replay, Inductor's, says no)."""
-    leaves, in_spec = pytree.tree_flatten((args, kwargs))
+    leaves, in_spec = argtree.flatten(args, kwargs)
     # (numpy arrays are graph inputs too, the step getting a watching view: arrays.py)
     array_pos = [i for i, x in enumerate(leaves) if input_array(x)]
     tensor_pos = sorted([i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)] + array_pos)

@@ -1,0 +1,58 @@
+"""Batch objects passed to the step (capture/argtree.py): Hugging Face's BatchEncoding (every
+tokenizer's and data collator's output), a dataclass and a plain batch class are opened into
+their tensors like a dict: a new batch object each call replays the same graph (each was a new
+graph per call, then eager past max_captures), and the results stay eager's."""
+import copy
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stepgraph
+
+
+@dataclasses.dataclass
+class DataBatch:
+    src: torch.Tensor
+    tgt: torch.Tensor
+
+
+class PlainBatch:   # the Annotated Transformer's Batch: tensors (and a count) as attributes
+    def __init__(self, src, tgt):
+        self.src, self.tgt = src, tgt
+        self.ntokens = (tgt != 0).sum()
+
+
+def _hf(src, tgt):
+    transformers = pytest.importorskip("transformers")
+    return transformers.BatchEncoding({"src": src, "tgt": tgt})
+
+
+MAKERS = {"BatchEncoding": _hf, "dataclass": DataBatch, "plain class": PlainBatch}
+
+
+@pytest.mark.parametrize("kind", list(MAKERS))
+def test_a_new_batch_object_each_call_replays_one_graph(kind):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 16), torch.nn.Linear(16, 11))
+    twin = copy.deepcopy(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin)]
+
+    def make(m, opt):
+        def step(batch):
+            src = batch["src"] if kind == "BatchEncoding" else batch.src
+            tgt = batch["tgt"] if kind == "BatchEncoding" else batch.tgt
+            loss = F.cross_entropy(m(src).flatten(0, 1), tgt.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(model, opts[0])), make(twin, opts[1])
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        src, tgt = torch.randint(0, 11, (4, 5), generator=g), torch.randint(0, 11, (4, 5), generator=g)
+        assert torch.equal(sg(MAKERS[kind](src, tgt)), eager(MAKERS[kind](src, tgt)))
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, (sg.stats, sg.stats.recaptures)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
