@@ -380,6 +380,17 @@ def random_guards(gm) -> list:
                 "log_alpha.exp().detach() instead of log_alpha.exp().item()): the graph computes "
                 "a tensor at every replay", plain=True))
             continue
+        if str(what).startswith("float() of a value read"):
+            # (``float(total_loss / (t + 1))`` for a progress bar, total_loss from loss.item()
+            # behind dropout: already a Python float, kept live without float(); pytorch/examples' ViT)
+            out.append(Problem(
+                f"the step calls float() on a value read from a tensor after a random draw ({draw} "
+                "feeds it): float() hands Python a plain copy the graph cannot follow, and it differs "
+                "at every call", site,
+                "drop the float(): a value from .item() is a Python float already, and stepgraph "
+                "recomputes it at every replay where the step uses it (f-strings, set_postfix)",
+                plain=True))
+            continue
         out.append(Problem(
             f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
             "every call, so no graph captured for one value could be replayed", site,
