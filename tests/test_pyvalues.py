@@ -541,3 +541,31 @@ def test_a_live_global_float_meeting_a_numpy_scalar_is_guarded_by_value():
     finally:
         GAE_GAMMA = 0.98
     assert sg.stats.captures == 3 and all("GAE_GAMMA" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+def test_a_stateless_module_made_anew_at_each_call_is_keyed_by_its_settings():
+    """``step(model, opt, nn.CrossEntropyLoss(), x, y)``: each new loss module was new state (a
+    warm-up, then a capture): the step never replayed, with no warning. A module holding no
+    tensors is keyed by its class and settings; another setting is another graph, named."""
+    import copy
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def step(model, opt, crit, x, y):
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(0)
+    for k in range(6):
+        x, y = torch.randn(5, 4, generator=g), torch.randint(0, 3, (5,), generator=g)
+        smooth = 0.1 if k == 5 else 0.0
+        a = sg(m, o, nn.CrossEntropyLoss(label_smoothing=smooth), x, y)
+        assert torch.equal(a, step(m2, o2, nn.CrossEntropyLoss(label_smoothing=smooth), x, y))
+    assert sg.stats.captures == 2 and sg.stats.replays == 3, sg.stats
+    assert "label_smoothing=0.1" in sg.stats.recaptures[0]
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))

@@ -18,7 +18,7 @@ from .pyvalues import _MISSING, PyValues, find_sources
 from .pyeffects import live_tensor, state_free, tensor_key
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Ident, Signature, SignatureKey, TensorMeta
-from .state import StateRegistry
+from .state import StateRegistry, stateless_config
 from .watch import registration_epoch
 from .reasons import Reasons, leaf_names
 from .livekeys import LiveKeys
@@ -58,6 +58,10 @@ def _leaf_value(v):
         return tensor_meta(v)
     if number(v):
         return ("number",)  # its value and type: checked per graph, where used (tracked.py)
+    if isinstance(v, torch.nn.Module):
+        config = stateless_config(v)
+        if config is not None:
+            return ("stateless module", config)
     if isinstance(v, _STATE_TYPES):
         # By identity, without holding it: a dropped model frees its graphs (runtime._prune)
         # before another object can reuse its id.
@@ -69,6 +73,14 @@ def _leaf_value(v):
         return ("value", type(v), v)
     except TypeError:
         return ("object", type(v), Ident(v))
+
+
+def _quick_state(a):
+    """A state object by identity; a module holding no tensors by its settings (a new
+    ``nn.CrossEntropyLoss()`` per call can take the freed one's id: by id, a call with other
+    settings replayed the old graph)."""
+    config = stateless_config(a)
+    return id(a) if config is None else config
 
 
 def _spec_key(spec):
@@ -145,7 +157,7 @@ class Guards(Reasons, LiveKeys):
         ins = tuple((type(a), a.dtype, a.device, a.shape, a.stride(), a.requires_grad and a.is_leaf,
                      a.requires_grad and a.is_leaf and a.grad is None)
                     if isinstance(a, torch.Tensor) else array_key(a, i in self.arrays_read) if input_array(a)
-                    else (type(a), None if number(a) else id(a) if isinstance(a, _STATE_TYPES) else a)
+                    else (type(a), None if number(a) else _quick_state(a) if isinstance(a, _STATE_TYPES) else a)
                     for i, a in enumerate(args))
         return (
             ins,

@@ -193,7 +193,34 @@ def _walk_function(fn, found: dict, depth: int = 0) -> None:
             _consider(name, val, found, depth)
 
 
+def stateless_config(m) -> tuple | None:
+    """A module holding no tensors (``nn.CrossEntropyLoss()``, ``nn.ReLU()``), made anew at each
+    call (``loss = step(model, nn.CrossEntropyLoss(), x, y)``): its configuration, which is all
+    a graph depends on; None for a module with parameters, buffers or tensor attributes, or an
+    attribute with no value to compare. Such a module is no state: keyed by this, not identity
+    (each new one was a warm-up and a capture: the step never replayed, with no warning)."""
+    if not isinstance(m, nn.Module):
+        return None
+    out = []
+    for name, sub in m.named_modules():
+        if sub._parameters or any(b is not None for b in sub._buffers.values()):
+            return None
+        items = []
+        for k, v in vars(sub).items():
+            if k.startswith("_") and k not in ("_reduction",):
+                continue
+            if not isinstance(v, (bool, int, float, str, type(None))):
+                if k == "training":
+                    continue
+                return None
+            items.append((k, v))
+        out.append((name, type(sub), sub.training, tuple(sorted(items))))
+    return tuple(out)
+
+
 def _consider(name: str, obj, found: dict, depth: int) -> None:
+    if isinstance(obj, nn.Module) and stateless_config(obj) is not None:
+        return   # (no state: keyed by its configuration, guards._leaf_value)
     if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
         found.setdefault(id(obj), (name, obj))
         if isinstance(obj, nn.Module) and depth <= 1:
