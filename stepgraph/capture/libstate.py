@@ -44,7 +44,7 @@ def _library_object(v) -> bool:
 
 
 def library_scalars(py, args, redone=()) -> list:
-    """Before the call: ``(describe, owner, name, value)`` of each plain attribute of the library
+    """Before the call: ``(describe, owner, name, value, where the step reads the object)`` of each plain attribute of the library
     objects the step's code reads (``py.sources``), but not of ``redone`` sources' objects."""
     skip = {id(s.read_or(args)) for s in redone}
     # (attributes the step's own code names -- ``self.trainer.global_step += 1`` -- are pyvalues'
@@ -56,7 +56,7 @@ def library_scalars(py, args, redone=()) -> list:
             named.add((id(owner), s.path[-1][1]))
     out, seen = [], set()
 
-    def visit(v, label, depth):
+    def visit(v, label, depth, where):
         if id(v) in seen or id(v) in skip or not _library_object(v):
             return
         seen.add(id(v))
@@ -66,14 +66,14 @@ def library_scalars(py, args, redone=()) -> list:
             return
         for k, x in items:
             if isinstance(x, _DECIDING) and (id(v), k) not in named:
-                out.append((f"{label}.{k}", v, k, x))
+                out.append((f"{label}.{k}", v, k, x, where))
             elif depth < _DEPTH:
-                visit(x, f"{label}.{k}", depth + 1)
+                visit(x, f"{label}.{k}", depth + 1, where)
     for s in py.sources:
         if s.from_step:
             v = s.read_or(args)
             if v is not None:
-                visit(v, s.describe(), 1)
+                visit(v, s.describe(), 1, s.where)
     return out
 
 
@@ -85,7 +85,7 @@ def refuse_library_changes(before: list, redone=(), replayed=()) -> None:
     # (a record's number effect is written through its dict: ``meter``'s, for ``meter.count``)
     names = [s.describe() for s in list(redone) + list(replayed) if hasattr(s, "describe")]
     prefixes, exact = tuple(f"{n}." for n in names), set(names)
-    for label, owner, name, value in before:
+    for label, owner, name, value, where in before:
         if (prefixes and label.startswith(prefixes)) or label in exact:
             continue
         now = getattr(owner, name, value)
@@ -99,4 +99,4 @@ def refuse_library_changes(before: list, redone=(), replayed=()) -> None:
                 f"the step changes {label} ({value!r} -> {now!r}) inside {lib}'s code; a replay runs no "
                 "Python code, so it would keep this capture's value (and every decision made on it)\n"
                 "  this call ran eagerly to its end: your model and optimizer hold the result of this step",
-                op=f"{type(owner).__name__}.{name}", where=f"{lib}'s code, called from the step", fix=fix)
+                op=f"{type(owner).__name__}.{name}", where=where or f"{lib}'s code, called from the step", fix=fix)
