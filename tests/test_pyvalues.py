@@ -569,3 +569,30 @@ def test_a_stateless_module_made_anew_at_each_call_is_keyed_by_its_settings():
     assert sg.stats.captures == 2 and sg.stats.replays == 3, sg.stats
     assert "label_smoothing=0.1" in sg.stats.recaptures[0]
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_a_step_that_returns_its_model_replays_and_returns_the_same_model():
+    """davidmrau's mixture-of-experts example ends its train step with ``return model``: refused
+    as an object holding computed tensors (its parameters are the graph's inputs). A model or
+    optimizer returned as is is the same object at every replay."""
+    import copy
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        def train(x):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return model, loss.detach()
+        return train
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    for k in range(5):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(k))
+        (ma, la), (_, lb) = sg(x), eager(x)
+        assert ma is m and torch.equal(la, lb)
+    assert sg.stats.replays == 3, sg.stats
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))

@@ -8,6 +8,7 @@ import weakref
 
 import torch
 import torch.utils._pytree as pytree
+from torch import nn
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
@@ -256,6 +257,11 @@ def _opaque_outputs(out_leaves) -> str | None:
         d = getattr(v, "__dict__", None)
         return isinstance(d, dict) and any(holds(x, depth + 1) for x in list(d.values())[:256])
     for v in out_leaves:
+        # (a model or optimizer returned as is -- davidmrau's MoE example ends ``return model`` --
+        # is the same object at every replay; its tensors are state, attributes it stores are
+        # written back by attrstores.py)
+        if isinstance(v, (nn.Module, torch.optim.Optimizer)):
+            continue
         if not isinstance(v, torch.Tensor) and not is_step_array(v) and holds(v):
             return type(v).__name__
     return None
