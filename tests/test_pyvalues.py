@@ -596,3 +596,32 @@ def test_a_step_that_returns_its_model_replays_and_returns_the_same_model():
         assert ma is m and torch.equal(la, lb)
     assert sg.stats.replays == 3, sg.stats
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_an_optimizer_subclass_that_never_ran_optimizer_init_is_no_state():
+    """The Annotated Transformer's eval epoch passes ``DummyOptimizer()`` (an Optimizer subclass
+    with ``param_groups = [{"lr": 0}]`` and no state) where training passes Adam: a bare
+    KeyError: 'params' from the registry before."""
+    class DummyOptimizer(torch.optim.Optimizer):
+        def __init__(self):
+            self.param_groups = [{"lr": 0}]
+
+        def step(self):
+            return None
+
+        def zero_grad(self, set_to_none=False):
+            return None
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+
+    def run_batch(x, optimizer):
+        loss = m(x).pow(2).sum()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(run_batch)
+    dummy = DummyOptimizer()
+    for k in range(4):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(k))
+        assert torch.equal(sg(x, dummy), m(x).pow(2).sum().detach())
+    assert sg.stats.replays == 2, sg.stats

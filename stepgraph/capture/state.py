@@ -270,7 +270,11 @@ def _found_to_registry(found: dict, reg: "StateRegistry", weak=()) -> bool:
     # Drop modules that are submodules of another found module: their tensors get the longer name.
     sub_ids = {id(s) for _, m in mods for s in list(m.modules())[1:]} | inside
     new_mods = [(n, m) for n, m in mods if id(m) not in sub_ids]
-    new_opts = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer) and id(o) not in have]
+    # (an Optimizer subclass that never ran Optimizer.__init__ -- the Annotated Transformer's
+    # DummyOptimizer for its eval epoch, ``param_groups = [{"lr": 0}]`` -- updates nothing:
+    # not state; its param groups crashed the registry with KeyError 'params')
+    new_opts = [(n, o) for n, o in found.values() if isinstance(o, torch.optim.Optimizer) and id(o) not in have
+                and hasattr(o, "state") and all("params" in g for g in getattr(o, "param_groups", [{}]))]
     loose = {id(t) for _, t in reg.loose}
     new_loose = [(n, t) for n, t in found.values() if isinstance(t, torch.Tensor) and id(t) not in loose]
     if not new_mods and not new_opts and not new_loose:
