@@ -35,6 +35,16 @@ def world_of_one(tmp_path):
     dist.destroy_process_group()
 
 
+@pytest.fixture
+def nccl_world_of_one(tmp_path):
+    """A one-process NCCL group on GPU 0 (the CUDA tests of FSDP2 and of the step's own collectives)."""
+    import torch.distributed as dist
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def tensor_class_untouched():
     """No test leaves an attribute on torch.Tensor that was not there: a Python ``__getitem__``

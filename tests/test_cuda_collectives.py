@@ -22,14 +22,6 @@ import stepgraph
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture
-def nccl_world_of_one(tmp_path):
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def collectives_step(model, opt, center):
     def step(x, y, shift):
         dist.broadcast(shift, src=0)

@@ -15,20 +15,11 @@ import warnings
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import stepgraph
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 SIZE = dict(layers=6, d=384, heads=6, vocab=512, seq=128, sdpa=False)
-
-
-@pytest.fixture
-def nccl_world_of_one(tmp_path):
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _run(step, batches):
