@@ -355,3 +355,36 @@ def test_a_library_module_function_called_in_the_step_is_called_at_each_replay(l
         o2.param_groups[0]["lr"] *= 0.5
     assert got == lib.EVENTS and len(got) == 5, (got, lib.EVENTS)
     assert sg.stats.replays == 3, sg.stats
+
+
+def test_a_checkpoint_saved_in_the_step_is_saved_again_at_each_replay(tmp_path):
+    """Early stopping inside the step: ``if loss.item() < best_loss: best_loss = loss.item();
+    torch.save(model.state_dict(), path)``. torch.save ran only at capture (torch's functions
+    are never redone), so the checkpoint on disk was the capture's, silently."""
+    import copy
+    torch.manual_seed(0)
+    m1 = nn.Linear(4, 2)
+    m2 = copy.deepcopy(m1)
+    o1, o2 = torch.optim.Adam(m1.parameters(), 1e-2), torch.optim.Adam(m2.parameters(), 1e-2)
+    def make(m, o, name):
+        best_loss = float("inf")
+
+        def step(x, y):
+            nonlocal best_loss
+            loss = F.mse_loss(m(x), y)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            if loss.item() < best_loss:
+                best_loss = loss.item()
+                torch.save(m.state_dict(), tmp_path / f"{name}.pt")
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, "sg")), make(m2, o2, "eager")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        x, y = torch.randn(8, 4, generator=g), torch.randn(8, 2, generator=g)
+        assert torch.equal(sg(x, y), eager(x, y))
+    a, b = torch.load(tmp_path / "sg.pt"), torch.load(tmp_path / "eager.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert sg.stats.replays >= 5, sg.stats

@@ -61,6 +61,11 @@ def _ex_statement(ins, j) -> bool:
     return False
 
 
+def _last_attr(ins, j) -> bool:
+    nxt = next((z for z in ins[j + 1:] if z.opname != "CACHE"), None)
+    return nxt is None or nxt.opname != "LOAD_ATTR"
+
+
 def _extended(ins, i) -> int | None:
     """``lst += [x]`` for the variable loaded at ``ins[i]`` (CleanRL's ``clipfracs += [...]``):
     the index of the store that rebinds it to itself, or None. (An in-place add on a list is
@@ -106,6 +111,11 @@ def _code_chains(code: types.CodeType):
                     break
                 if y.opname == "LOAD_ATTR" and _ex_statement(ins, j):
                     path.append(("call", y.argval))
+                    break
+                if y.opname == "LOAD_ATTR" and str(x.argrepr).startswith("NULL + ") and _last_attr(ins, j):
+                    # (3.11: ``torch.save(...)`` after a ``global`` store is LOAD_GLOBAL NULL + torch;
+                    # LOAD_ATTR save -- the same stack as LOAD_METHOD, so the same test)
+                    path.append(("call" if _discarded(ins, j) else "method", y.argval))
                     break
                 if y.opname == "LOAD_ATTR":
                     path.append(("attr", y.argval))

@@ -26,6 +26,7 @@ only at capture: a tqdm bar froze after two steps and a logger logged once, sile
 from __future__ import annotations
 
 import contextlib
+import os
 import types
 from dataclasses import dataclass, field
 
@@ -40,6 +41,10 @@ from .tracked import _PROXIES
 
 _FRAMEWORKS = ("torch", "stepgraph", "numpy", "random", "builtins", "collections", "functools", "threading",
                "multiprocessing", "concurrent", "queue", "asyncio")
+# Checkpoint writes of the frameworks, redone after each replay with that replay's values (an
+# early-stopping ``torch.save(model.state_dict(), path)`` in the step ran only at capture: the
+# checkpoint on disk was the capture's, silently).
+_SAVES = {("torch", "save"), ("numpy", "save"), ("numpy", "savez")}
 _STATEFUL = (torch.Tensor, nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler,
              torch.amp.GradScaler)
 _CONSTANTS = (bool, int, float, str, bytes, type(None))
@@ -84,8 +89,8 @@ def library_calls(src, name: str, args, found: dict) -> None:
     """``logging.info(...)``, ``wandb.log(...)``: a statement calling a function of a library
     module (not torch's, numpy's, random's: ``src`` reads the module) is a call a replay redoes."""
     mod = src.read_or(args)
-    if not isinstance(mod, types.ModuleType) or mod.__name__.split(".")[0] in _FRAMEWORKS \
-            or not callable(getattr(mod, name, None)):
+    if not isinstance(mod, types.ModuleType) or not callable(getattr(mod, name, None)) \
+            or (mod.__name__.split(".")[0] in _FRAMEWORKS and (mod.__name__, name) not in _SAVES):
         return
     key = ("module", id(mod))
     s = found.setdefault(key, src)
@@ -145,7 +150,7 @@ def _kind(v, tracer) -> str | None:
         return "tensor" if _is_traced(v) else None
     if isinstance(v, float) and current(v, tracer):
         return "read"
-    return "const" if type(v) in _CONSTANTS else None
+    return "const" if type(v) in _CONSTANTS or isinstance(v, os.PathLike) else None
 
 
 def _plain_leaf(v):
@@ -260,7 +265,7 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         leaves, spec = pytree.tree_flatten((r.args, r.kwargs))
         line = r.where.split(" (")[0]
         mine = [f for f in formats if printed[f[0]].split(" (")[0] == line]   # (formatted on its line)
-        out = []
+        out, pending = [], []
         for v in leaves:
             if type(v) is str and mine:
                 v, mine = _template(v, mine)
@@ -276,9 +281,9 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                 break
             if kind == "number":   # (``epoch``: computed again from the call, tracked.py)
                 out.append(("number", v._e))
-            elif kind == "tensor":
-                graph_outs.append(v)
-                out.append(("out", SourceEffect(None, "tensor", len(graph_outs) - 1)))
+            elif kind == "tensor":   # (a graph output only if the call is kept: pending)
+                pending.append(v)
+                out.append(("out", SourceEffect(None, "tensor", len(graph_outs) + len(pending) - 1)))
             elif kind == "read":
                 out.append(("out", SourceEffect(None, "read", node=v.node)))
             elif isinstance(v, float) and id(v) in entries:
@@ -289,6 +294,9 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         if out is None or mine or line in printed_lines and not used:
             skipped.append(r)   # (a formatted read: outputs.read_side_effects warns)
             continue
+        # (its tensors become graph outputs now: appended for a call then dropped, they shifted
+        # every output after them -- a checkpoint call given a Path bound a weight as its own grad)
+        graph_outs.extend(pending)
         effects.append(CallEffect(r.source, r.method, spec, out, r.where))
         _plain_attributes(r.source.read_or(()))
         made.update(range(*r.made))
