@@ -388,3 +388,37 @@ def test_a_checkpoint_saved_in_the_step_is_saved_again_at_each_replay(tmp_path):
     a, b = torch.load(tmp_path / "sg.pt"), torch.load(tmp_path / "eager.pt")
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert sg.stats.replays >= 5, sg.stats
+
+
+def test_tensorboard_add_scalar_in_the_step_is_redone_not_recaptured():
+    """``writer.add_scalar("loss", loss.item(), step)`` with torch.utils.tensorboard's
+    SummaryWriter: a torch object, so never redone; its float() of the read value was a value
+    guard, a recapture at every call (5 captures, 0 replays in 6). Here a stand-in of its class
+    (module torch.utils.tensorboard.writer), and the real one where tensorboard is installed."""
+    class Writer:
+        def __init__(self):
+            self.scalars = []
+
+        def add_scalar(self, tag, value, global_step=None):
+            self.scalars.append((tag, float(value), global_step))
+    Writer.__module__ = "torch.utils.tensorboard.writer"
+    (m1, o1), (m2, o2) = _pair()
+    writers = [Writer(), Writer()]
+
+    def make(m, o, writer):
+        state = {"step": 0}
+
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            writer.add_scalar("train/loss", loss.item(), state["step"])
+            state["step"] += 1
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, writers[0])), make(m2, o2, writers[1])
+    for k in range(6):
+        assert torch.equal(sg(*_batch(k)), eager(*_batch(k)))
+    assert writers[0].scalars == writers[1].scalars
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, (sg.stats, sg.stats.recaptures[:2])

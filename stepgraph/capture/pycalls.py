@@ -72,7 +72,11 @@ def replayable_callee(obj, method: str) -> bool:
     if isinstance(obj, _STATEFUL + _CONSTANTS + (list, dict, set, tuple, types.ModuleType, type)):
         return False
     t = type(obj)
-    if (getattr(t, "__module__", "") or "").split(".")[0] in _FRAMEWORKS or not hasattr(obj, "__dict__"):
+    mod = getattr(t, "__module__", "") or ""
+    # (TensorBoard's SummaryWriter is torch's but a logger: ``writer.add_scalar("loss",
+    # loss.item(), step)`` in the step float()-ed the read value -- a recapture at every call)
+    if (mod.split(".")[0] in _FRAMEWORKS and not mod.startswith("torch.utils.tensorboard")) \
+            or not hasattr(obj, "__dict__"):
         return False
     f = getattr(t, method, None)
     if f is None:
