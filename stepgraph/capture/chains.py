@@ -153,3 +153,17 @@ def _all_code(code):
     for c in code.co_consts:
         if isinstance(c, types.CodeType):
             yield from _all_code(c)
+
+
+def statement_calls(code: types.CodeType, name: str) -> bool:
+    """Does ``code`` (or code nested in it) call the global ``name`` as a statement (``print(...)``
+    with its result dropped)? 3.11/3.12 load it as ``LOAD_GLOBAL NULL + name``: the stack of a
+    method load, so ``_discarded`` answers."""
+    for c in _all_code(code):
+        ins = list(dis.get_instructions(c))
+        for i, x in enumerate(ins):
+            if x.opname == "LOAD_GLOBAL" and x.argval == name and str(x.argrepr).startswith("NULL + ") \
+                    and _last_attr(ins, i) and _discarded(ins, i):
+                return True
+    return False
+

@@ -176,7 +176,10 @@ def read_side_effects(tr, step_name: str) -> list:
     log_ = tr.reads
     printed = list(dict.fromkeys(log_.printed)) if log_ is not None else []
     # (any other print(): '%.4f' % loss.item() formats in C, past every hook of the read value)
-    plain = [p for p in dict.fromkeys(tr.uses.prints if tr.uses is not None else ()) if p not in printed]
+    # (a print redone after each replay, pycalls.py, is no print that runs only at capture)
+    redone = {c.where.split(" (")[0] for c in tr.call_effects if c.method == "print"}
+    plain = [p for p in dict.fromkeys(tr.uses.prints if tr.uses is not None else ())
+             if p not in printed and p.split(" (")[0] not in redone]
     notes = []
     clocks = list(dict.fromkeys(tr.uses.clocks if tr.uses is not None else ()))
     if clocks:

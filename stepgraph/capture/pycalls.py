@@ -25,6 +25,7 @@ only at capture: a tqdm bar froze after two steps and a logger logged once, sile
 """
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import types
@@ -130,6 +131,7 @@ class _Record:
     kwargs: dict
     where: str
     heavy: bool   # it added to the graph or stepped a scheduler
+    numbers: bool = False   # print/logging formatted a tracked number into its text (not redone)
     printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
     made: tuple = ()      # (start, end) in ReadLog.reads: values it read itself (``v.item()``)
 
@@ -197,6 +199,8 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
         orig = getattr(obj, name)
 
         def call(*a, **kw):
+            if obj is builtins and not _from_user_code():
+                return orig(*a, **kw)   # (a library's own print: not the step's, not redone)
             last, k0 = tracer.graph._root.prev, len(sched_steps)
             p0 = len(reads.printed) if reads is not None else 0
             q0 = len(reads.reads) if reads is not None else 0
@@ -207,12 +211,14 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                 pa, pkw = pytree.tree_unflatten([_plain_leaf(v) for v in leaves], spec)
             else:
                 pa, pkw = a, kw
+            numbers = _formats_numbers()
             out = orig(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
-            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, (p0, p1), (q0, q1)))
+            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1)))
             return out
+        call.__wrapped__ = orig
         return call
 
     done = set()
@@ -241,6 +247,39 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                     delattr(obj, name)
 
 
+def _formats_numbers() -> bool:
+    """Did the print/logging call being made format a tracked number into its text before it
+    (``print(f"step {i} loss {loss.item():.4f}")``, the sink confirmed it: sinks.py)? Its text
+    holds this call's number, so a redo would print it again: not redone (warned)."""
+    import os
+    import sys
+    from . import sinks
+    log = getattr(sinks._STATE, "log", None)
+    if log is None or not log.pending:
+        return False
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    f = sys._getframe(2)
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(here):
+        f = f.f_back
+    if f is None:
+        return False
+    ins, _ = sinks._instructions(f.f_code)
+    off = ins[sinks._at(f.f_code, f.f_lasti)].offset
+    return any(p[0] is f and p[1] == off and p[5] for p in log.pending)
+
+
+def _from_user_code() -> bool:
+    """Is the innermost frame outside stepgraph (its print patch wraps this one) the user's?"""
+    import os
+    import sys
+    from ..errors import library_file
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    f = sys._getframe(2)
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(here):
+        f = f.f_back
+    return f is not None and not library_file(f.f_code.co_filename)
+
+
 def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: list):
     """After the step ran (inside the trace): the calls a replay redoes, and notes on those it
     cannot (their site, for the warning). What a redone call formats inside (tqdm's
@@ -259,6 +298,9 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     entries = {id(v): (g, k) for _, opt in reg.optimizers for g in opt.param_groups
                for k, v in g.items() if isinstance(v, float)}
     for r in log.records:
+        if r.numbers or (r.heavy and r.source.read_or(()) is builtins):
+            skipped.append(r)   # (a print that computed on tensors: printed at capture only, warned)
+            continue
         if r.heavy:
             problems.append(Problem(
                 f"the step calls {r.source.describe()}.{r.method}(), a library method that computes "
@@ -306,6 +348,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         made.update(range(*r.made))
         redone.update(range(*r.printed))
         redone.update(used)
+    for r in log.records:   # (their arguments hold this call's read values: not "stored" ones)
+        r.args, r.kwargs = (), {}
     printed[:] = [p for i, p in enumerate(printed) if i not in redone]
     if made:   # (what a redone call read and kept is read again by the call: no stored read)
         reads.reads[:] = [f for i, f in enumerate(reads.reads) if i not in made]

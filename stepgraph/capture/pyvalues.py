@@ -22,6 +22,8 @@ parameters (besides a bound method's ``self``) are keyed like ``self``.
 """
 from __future__ import annotations
 
+import builtins
+
 import dis
 import types
 import weakref
@@ -32,7 +34,7 @@ from torch import nn
 
 from ..errors import library_file, library_module
 from .argtree import opened
-from .chains import _all_code, _chains
+from .chains import _all_code, _chains, statement_calls
 from .arrays import input_array
 from .sigkey import Ident
 
@@ -269,6 +271,12 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         stored = {x.argval for c in _all_code(code) for x in dis.get_instructions(c)
                   if x.opname in ("STORE_FAST", "DELETE_FAST")}
+        if statement_calls(code, "print") and func.__globals__.get("print", builtins.print) is builtins.print:
+            # (``print(f"loss {loss.item():.4f}")`` in the step: redone after each replay with that
+            # replay's values, pycalls.py; it printed only at capture)
+            s = modules_called.setdefault(("module", id(builtins)),
+                                          Source("object", builtins, "builtins", (), code.co_filename))
+            s.calls_only, s.methods = True, tuple(dict.fromkeys(s.methods + ("print",)))
         for op, name, path, line in _chains(code):
             where = f"{code.co_filename}:{line}"
             if op == "LOAD_GLOBAL":

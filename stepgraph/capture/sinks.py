@@ -141,7 +141,8 @@ def _sink(orig):
             f = sys._getframe(1)
             ins, _ = _instructions(f.f_code)
             log.confirm(f, ins[_at(f.f_code, f.f_lasti)].offset)
-            if orig is _PRINT and not in_sink() and log.active:   # (replays print nothing: outputs.py)
+            if getattr(orig, "__wrapped__", orig) is _PRINT and not in_sink() and log.active:
+                # (named at capture unless a replay redoes it: outputs.read_side_effects)
                 from ..errors import user_frame
                 log.prints.append(user_frame())
         _STATE.depth = getattr(_STATE, "depth", 0) + 1

@@ -167,9 +167,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
                 box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
-                sinks(uses), _call_patches(track, reg), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
                 pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
                                   box["sched"], hm.reads), \
+                sinks(uses), _call_patches(track, reg), TrackMode(uses), RnnDecomposition(problems, user_frame, box["dm"].guard_batch_sizes), \
                 watching(array_reads) if array_pos else contextlib.nullcontext():
             try:
                 swapped = swap_in(track, uses, a) if track else []
