@@ -36,6 +36,8 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from .effects import Problem, _is_traced
+from .callframes import formats_numbers as _formats_numbers, from_user_code as _from_user_code, \
+    percent_formatted as _percent_formatted
 from .hostscalar import current
 from .numchecks import roots_of
 from .tracked import _PROXIES
@@ -247,39 +249,6 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                     delattr(obj, name)
 
 
-def _formats_numbers() -> bool:
-    """Did the print/logging call being made format a tracked number into its text before it
-    (``print(f"step {i} loss {loss.item():.4f}")``, the sink confirmed it: sinks.py)? Its text
-    holds this call's number, so a redo would print it again: not redone (warned)."""
-    import os
-    import sys
-    from . import sinks
-    log = getattr(sinks._STATE, "log", None)
-    if log is None or not log.pending:
-        return False
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    f = sys._getframe(2)
-    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(here):
-        f = f.f_back
-    if f is None:
-        return False
-    ins, _ = sinks._instructions(f.f_code)
-    off = ins[sinks._at(f.f_code, f.f_lasti)].offset
-    return any(p[0] is f and p[1] == off and p[5] for p in log.pending)
-
-
-def _from_user_code() -> bool:
-    """Is the innermost frame outside stepgraph (its print patch wraps this one) the user's?"""
-    import os
-    import sys
-    from ..errors import library_file
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    f = sys._getframe(2)
-    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(here):
-        f = f.f_back
-    return f is not None and not library_file(f.f_code.co_filename)
-
-
 def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: list):
     """After the step ran (inside the trace): the calls a replay redoes, and notes on those it
     cannot (their site, for the warning). What a redone call formats inside (tqdm's
@@ -357,26 +326,6 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
              "recompute (an object, or a string formatted from a read value): that call runs only "
              "at capture" for r in skipped if r.where.split(" (")[0] not in printed_lines]
     return effects, list(dict.fromkeys(notes))
-
-
-def _percent_formatted(text: str, where: str) -> bool:
-    """Was ``text`` (not a literal of the line) made by ``'...' % value`` on the call's line?
-    ``'%6f' % x`` reads a float subclass's value in C, past the hooks an f-string goes through,
-    so a redone call would show the capture's number at every replay (tqdm's
-    ``set_postfix({"Loss": "%6f" % loss})`` in pytorch/examples' ViT): not redone, warned."""
-    import ast
-    import linecache
-    path, _, rest = where.partition(":")
-    lineno = rest.split(" ", 1)[0]
-    code = linecache.getline(path, int(lineno)).strip() if lineno.isdigit() else ""
-    try:
-        tree = ast.parse(code)
-    except SyntaxError:
-        return "%" in code and text not in code
-    mods = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
-            and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)]
-    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
-    return bool(mods) and text not in literals
 
 
 def _hole(node, spec: str):

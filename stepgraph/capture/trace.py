@@ -26,7 +26,8 @@ from ..errors import CaptureError, user_frame
 from . import argtree
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
-from .hostreads import ReadLog, math_patches, random_guards
+from .hostreads import ReadLog, math_patches
+from .randomreads import random_guards
 from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled

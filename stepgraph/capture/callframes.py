@@ -1,0 +1,61 @@
+"""Where a call the step makes comes from, and what its text holds (pycalls.py's questions
+about the frame that calls a recorded method: the user's code or a library's, a print that
+formatted a tracked number, a string %-formatted from a read value)."""
+from __future__ import annotations
+
+import ast
+import linecache
+import os
+import sys
+
+from ..errors import library_file
+
+_STEPGRAPH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _caller():
+    """The innermost frame outside stepgraph (the print/logging patches wrap the recording)."""
+    f = sys._getframe(2)
+    while f is not None and os.path.abspath(f.f_code.co_filename).startswith(_STEPGRAPH):
+        f = f.f_back
+    return f
+
+
+def from_user_code() -> bool:
+    """Is the recorded call made by the user's code (not a library's own print)?"""
+    f = _caller()
+    return f is not None and not library_file(f.f_code.co_filename)
+
+
+def formats_numbers() -> bool:
+    """Did the print/logging call being made format a tracked number into its text before it
+    (``print(f"step {i} loss {loss.item():.4f}")``, the sink confirmed it: sinks.py)? Its text
+    holds this call's number, so a redo would print it again: not redone (warned)."""
+    from . import sinks
+    log = getattr(sinks._STATE, "log", None)
+    if log is None or not log.pending:
+        return False
+    f = _caller()
+    if f is None:
+        return False
+    ins, _ = sinks._instructions(f.f_code)
+    off = ins[sinks._at(f.f_code, f.f_lasti)].offset
+    return any(p[0] is f and p[1] == off and p[5] for p in log.pending)
+
+
+def percent_formatted(text: str, where: str) -> bool:
+    """Was ``text`` (not a literal of the line) made by ``'...' % value`` on the call's line?
+    ``'%6f' % x`` reads a float subclass's value in C, past the hooks an f-string goes through,
+    so a redone call would show the capture's number at every replay (tqdm's
+    ``set_postfix({"Loss": "%6f" % loss})`` in pytorch/examples' ViT): not redone, warned."""
+    path, _, rest = where.partition(":")
+    lineno = rest.split(" ", 1)[0]
+    code = linecache.getline(path, int(lineno)).strip() if lineno.isdigit() else ""
+    try:
+        tree = ast.parse(code)
+    except SyntaxError:
+        return "%" in code and text not in code
+    mods = [n for n in ast.walk(tree) if isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod)
+            and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)]
+    literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    return bool(mods) and text not in literals

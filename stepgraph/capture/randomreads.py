@@ -1,0 +1,123 @@
+"""Value guards on numbers drawn from a random op: refused at the first capture.
+
+A guard on a value computed after a random draw (``torch.randint`` batch indices read by Python
+slicing, ``float()`` of a loss behind dropout) would miss at every call; ``random_guards`` finds
+them in the traced graph (walking a guard's inputs back to a seeded op) and words each refusal
+with the fix that fits it. Moved out of hostreads.py (which records the reads)."""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from ..markers import host_guard
+from .hostreads import tensor_shape
+
+
+def _draws(n) -> bool:
+    """``n`` draws random numbers: a seeded op, unless its dropout probability is 0 (PyTorch
+    tags every SDPA kernel as seeded; with ``dropout_p=0.0`` it draws nothing)."""
+    t = n.target
+    if not (isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags):
+        return False
+    for i, arg in enumerate(t._schema.arguments):
+        if arg.name in ("dropout_p", "p", "train"):
+            v = n.kwargs.get(arg.name, n.args[i] if i < len(n.args) else arg.default_value)
+            if (arg.name == "train" and v is False) or (arg.name != "train" and v == 0):
+                return False
+    return True
+
+
+def _value_inputs(guard) -> list:
+    """What a guarded value is computed from. A shape decided by tensor values (``nonzero``,
+    ``x[mask]``, CTC's target lengths) is decided by the integer and boolean tensors among its
+    op's inputs (indices, masks, lengths), not by float data flowing through it (a CTC loss's
+    log-probs behind dropout)."""
+    src = guard.args[0]
+    if not (isinstance(src, torch.fx.Node) and src.target is tensor_shape):
+        return list(guard.all_input_nodes)
+    op = src.args[0]
+    while op.target is operator.getitem:   # (an output of a multi-output op)
+        op = op.args[0]
+    picked = [a for a in op.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
+              and not a.meta["val"].dtype.is_floating_point and not a.meta["val"].dtype.is_complex]
+    return picked if picked else list(op.all_input_nodes)
+
+
+def _integer(node) -> bool:
+    return isinstance(v := node.meta.get("val"), torch.Tensor) and not (v.dtype.is_floating_point or v.dtype.is_complex)
+
+
+def _integer_inputs(a, via_int: bool) -> list:
+    """An integer value comes from its op's integer inputs when it has any (packed batch sizes
+    from the lengths, not from the embeddings behind dropout); an argmax of floats from those."""
+    if not (via_int or _integer(a)):
+        return [(x, False) for x in a.all_input_nodes]
+    if a.target is operator.getitem:   # (an integer output of a multi-output op)
+        return [(x, True) for x in a.all_input_nodes]
+    ints = [x for x in a.all_input_nodes if _integer(x)]
+    return [(x, True) for x in ints] if ints else [(x, False) for x in a.all_input_nodes]
+
+
+def random_guards(gm) -> list:
+    """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
+    Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
+    so each call would miss the guard and capture again until ``max_captures``, then run
+    eagerly. Refused at the first capture instead. A *decision* (a bool: ``if torch.rand(()) <
+    p``) takes few values and stays guarded."""
+    from .effects import Problem
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
+            continue
+        seen, todo, draw = set(), [(a, False) for a in _value_inputs(n)], None
+        while todo and draw is None:
+            a, via_int = todo.pop()
+            if a in seen:
+                continue
+            seen.add(a)
+            if _draws(a):
+                draw = a.target
+            todo.extend(_integer_inputs(a, via_int))
+        if draw is None:
+            continue
+        site, what = n.args[2], n.args[3]
+        if any(f"{d} tensor" in str(what) for d in ("float16", "bfloat16", "float32", "float64")):
+            # A float computed after a draw (``ReduceLROnPlateau.step(loss)`` behind dropout): no
+            # batch to build outside; the fix is to compare it in the loop.
+            out.append(Problem(
+                f"the step compares a value computed after a random draw on the host ({what}; "
+                f"{draw} feeds it): it differs at every call, so no graph captured for one value "
+                "could be replayed", site,
+                "return the value from the step and use it outside (e.g. scheduler.step(loss) or "
+                "the comparison in the training loop)", plain=True))
+            continue
+        if "cannot stay live" in str(what):
+            # (a float read back, ``.item()``, that an op takes as a number autograd keeps for
+            # the backward: no batch to build outside; the fix is to keep it a tensor)
+            out.append(Problem(
+                f"the step reads back a value computed after a random draw ({what}; {draw} feeds "
+                "it) and passes it as a number to an op whose backward keeps it: it differs at "
+                "every call, so no graph captured for one value could be replayed", site,
+                "keep it a tensor where it meets a tensor that needs grad (e.g. alpha = "
+                "log_alpha.exp().detach() instead of log_alpha.exp().item()): the graph computes "
+                "a tensor at every replay", plain=True))
+            continue
+        if str(what).startswith("float() of a value read"):
+            # (``float(total_loss / (t + 1))`` for a progress bar, total_loss from loss.item()
+            # behind dropout: already a Python float, kept live without float(); pytorch/examples' ViT)
+            out.append(Problem(
+                f"the step calls float() on a value read from a tensor after a random draw ({draw} "
+                "feeds it): float() hands Python a plain copy the graph cannot follow, and it differs "
+                "at every call", site,
+                "drop the float(): a value from .item() is a Python float already, and stepgraph "
+                "recomputes it at every replay where the step uses it (f-strings, set_postfix)",
+                plain=True))
+            continue
+        out.append(Problem(
+            f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
+            "every call, so no graph captured for one value could be replayed", site,
+            "build what the random draw selects outside the step and pass it as arguments (e.g. "
+            "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
+            "indexing (data[ix]) so no value is read on the host", plain=True))
+    return out
