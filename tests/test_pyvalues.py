@@ -625,3 +625,35 @@ def test_an_optimizer_subclass_that_never_ran_optimizer_init_is_no_state():
         x = torch.randn(3, 4, generator=torch.Generator().manual_seed(k))
         assert torch.equal(sg(x, dummy), m(x).pow(2).sum().detach())
     assert sg.stats.replays == 2, sg.stats
+
+
+def test_a_stateless_module_is_keyed_by_its_private_settings_too():
+    """A loss module keeping its setting in a private attribute (``self._scale``): keyed without
+    it, a new module with another scale replayed the graph of the old one (found in review)."""
+    import copy
+
+    class Scaled(nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self._scale = scale
+
+        def forward(self, a, b):
+            return nn.functional.mse_loss(a * self._scale, b)
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def step(model, opt, crit, x, y):
+        loss = crit(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(0)
+    for k in range(6):
+        x, y = torch.randn(5, 4, generator=g), torch.randn(5, 2, generator=g)
+        scale = 2.0 if k == 5 else 1.0
+        assert torch.equal(sg(m, o, Scaled(scale), x, y), step(m2, o2, Scaled(scale), x, y)), k
+    assert sg.stats.captures == 2 and "_scale=2.0" in sg.stats.recaptures[0], sg.stats

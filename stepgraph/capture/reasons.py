@@ -132,7 +132,7 @@ def _describe_leaf(x) -> str:
         return "a Python number"
     if x[0] == "stateless module":   # (state.stateless_config: the root module's class and settings)
         name, cls, training, items = x[1][0]
-        shown = ", ".join(f"{k}={v!r}" for k, v in items if k != "training")
+        shown = ", ".join(f"{k}={v!r}" for k, v in items)
         return f"{cls.__name__}({shown}){'' if training else ' in eval mode'}"
     if x[0] == "ndarray":   # (arrays.array_key)
         what = f"numpy array {x[1]}{list(x[2])}"

@@ -193,27 +193,32 @@ def _walk_function(fn, found: dict, depth: int = 0) -> None:
             _consider(name, val, found, depth)
 
 
+_MODULE_OWN = frozenset(vars(nn.Module()))   # nn.Module's own bookkeeping (hooks, training, ...)
+
+
 def stateless_config(m) -> tuple | None:
     """A module holding no tensors (``nn.CrossEntropyLoss()``, ``nn.ReLU()``), made anew at each
     call (``loss = step(model, nn.CrossEntropyLoss(), x, y)``): its configuration, which is all
-    a graph depends on; None for a module with parameters, buffers or tensor attributes, or an
-    attribute with no value to compare. Such a module is no state: keyed by this, not identity
-    (each new one was a warm-up and a capture: the step never replayed, with no warning)."""
+    a graph depends on -- every plain attribute, private ones too (``self._scale``); None for a
+    module with parameters, buffers, hooks or an attribute with no value to compare. Such a
+    module is no state: keyed by this, not identity (each new one was a warm-up and a capture:
+    the step never replayed, with no warning)."""
     if not isinstance(m, nn.Module):
         return None
     out = []
     for name, sub in m.named_modules():
-        if sub._parameters or any(b is not None for b in sub._buffers.values()):
-            return None
         items = []
         for k, v in vars(sub).items():
-            if k.startswith("_") and k not in ("_reduction",):
-                continue
-            if not isinstance(v, (bool, int, float, str, type(None))):
-                if k == "training":
-                    continue
+            if k in ("_parameters", "_buffers"):
+                if any(t is not None for t in v.values()):
+                    return None
+            elif k in _MODULE_OWN:
+                if isinstance(v, (dict, set)) and v and k != "_modules":
+                    return None   # (hooks: each module object its own)
+            elif isinstance(v, (bool, int, float, str, type(None))):
+                items.append((k, v))
+            else:
                 return None
-            items.append((k, v))
         out.append((name, type(sub), sub.training, tuple(sorted(items))))
     return tuple(out)
 
