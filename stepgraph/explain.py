@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from .capture.numchecks import describe, roots_of
 from .capture.sigkey import TensorMeta
+from .passes.analysis import collective_nodes
 
 
 def _names(xs, limit=12) -> str:
@@ -75,8 +76,7 @@ def explain(self) -> str:
         if tr.escapes or tr.clear_slots:
             lines.append(f"    rebound after each replay: "
                          f"{_names([x.source for x in tr.escapes] + [x.source for x, _ in tr.clear_slots])}")
-        colls = [n for n in e.graph.graph.nodes if n.op == "call_function"
-                 and getattr(n.target, "namespace", "") == "_c10d_functional" and "wait" not in str(n.target)]
+        colls = collective_nodes(e.graph)
         if colls:
             kinds = sorted({str(n.target).split(".")[1] for n in colls})
             lines.append(f"    collectives in the graph: {len(colls)} ({', '.join(kinds)}; DDP gradient "

@@ -28,7 +28,7 @@ class CompileRequest:
     clone_outputs: bool = True        # return copies, so results never live in a graph's pool
     n_user_outputs: int | None = None  # outputs before the rebound slots and grads
     state_tensors: tuple = ()         # tensors the graph holds by address (Runner.stale)
-    host_scalar_ops: tuple = ()       # sites of CPU 0-dim ops in a CUDA step (only replay runs them)
+    host_scalar_ops: tuple = ()       # (op, site) of CPU 0-dim ops in a CUDA step (only replay runs them)
     rng_state_calls: int = 0          # host RNG get/set calls (checkpointing)
     grad_bindings: tuple = ()         # (kind, param, node): .grad bound if the graph raises midway
     on_fused: Callable | None = None  # (seconds, parity) -> None when a background compile switches

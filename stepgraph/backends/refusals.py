@@ -7,6 +7,7 @@ import torch
 from torch import fx
 
 from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
+from ..passes.analysis import collective_nodes, host_staged
 
 
 def check_graph(gm: fx.GraphModule, problems_out: list, inputs=()) -> None:
@@ -40,19 +41,16 @@ def _host_collective(gm: fx.GraphModule) -> str | None:
     (gloo: it copies to CPU and waits): recorded into a CUDA graph it crashed the process (MoCo
     v2's all_gather on a gloo group, H200: SIGSEGV). Returns the problem, or None."""
     import torch.distributed as dist
-    for n in gm.graph.nodes:
-        if n.op != "call_function" or getattr(n.target, "namespace", "") != "_c10d_functional" \
-                or "wait" in str(n.target):
-            continue
+    for n in collective_nodes(gm):
         val = n.meta.get("val")
         if not (isinstance(val, torch.Tensor) and val.device.type == "cuda"):
             continue
         name = next((a for a in reversed(n.args) if isinstance(a, str)), None)
         try:
-            backend = str(dist.get_backend(dist.distributed_c10d._resolve_process_group(name)))
+            backend = host_staged(dist.distributed_c10d._resolve_process_group(name))
         except Exception:   # (an unknown group: not ours to judge)
             continue
-        if backend not in ("nccl", "xccl"):
+        if backend is not None:
             return f"host-collective:{backend}:{n.target}"
     return None
 
@@ -100,13 +98,14 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops=(), rng_state_calls=
             "the step computes with sparse CUDA tensors: cuSPARSE's kernels synchronise with the host "
             "and cannot be recorded into a CUDA graph", op="sparse tensor op", where="the step",
             fix="use backend='replay' (backend='auto' does so), or a dense adjacency matrix")
-    if host_scalar_ops and not any("torch/optim/" in site for site in host_scalar_ops[:1]):
+    if host_scalar_ops and "torch/optim/" not in host_scalar_ops[0][1]:
         # (not an optimizer: name the op and the line, the fallback warning shows them -- issue 15
         # found a plain AdamW step blamed for an op elsewhere)
+        op, site = host_scalar_ops[0]
+        more = f" and {len(host_scalar_ops) - 1} more" if len(host_scalar_ops) > 1 else ""
         raise NeedsHostScalars(
-            f"the step cannot be recorded as a CUDA graph: it computes on 0-dim CPU tensors "
-            f"({host_scalar_ops[0]}{' and %d more' % (len(host_scalar_ops) - 1) if len(host_scalar_ops) > 1 else ''})",
-            op=host_scalar_ops[0].split(" at ")[0], where=host_scalar_ops[0].split(" at ", 1)[-1],
+            f"the step cannot be recorded as a CUDA graph: it computes on 0-dim CPU tensors ({op} at {site}{more})",
+            op=op, where=site,
             fix="make that value on the GPU (device=...), or use backend='replay' (backend='auto' does so)")
     if "host-scalar" in problems or host_scalar_ops:
         raise NeedsHostScalars(

@@ -31,6 +31,7 @@ from torch import fx
 
 from ..markers import host_guard
 from ..errors import NeedsReplay
+from ..passes.analysis import collective_nodes
 from . import CompileRequest
 from .hostops import (READ as _READ, is_shape_read, materialiser, needs_host, shape_from_data, static_like,
                       sync_point, timed, writes_first_arg)
@@ -206,8 +207,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     if rng_state_calls and not drop_idle_rng_state_calls(gm):
         raise NeedsReplay("the step saves and restores the RNG state on the host", op="torch.get_rng_state",
                           where="torch.utils.checkpoint / torch.random.fork_rng", fix="use backend='replay'")
-    collectives = sorted({str(n.target) for n in gm.graph.nodes if n.op == "call_function"
-                          and getattr(n.target, "namespace", "") == "_c10d_functional" and "wait" not in str(n.target)})
+    collectives = sorted({str(n.target) for n in collective_nodes(gm)})
     if collectives:
         # One CUDA graph with NCCL collectives is bitwise (test_cuda_collectives, FSDP2, DDP);
         # cut into segments by host reads it was not: MoCo v2 (0.29) and DINO (2.6e-2) grads

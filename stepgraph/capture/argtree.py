@@ -113,9 +113,13 @@ def _simple(v) -> bool:
     return isinstance(v, _PLAIN) or (type(v) in (list, tuple) and all(isinstance(y, _PLAIN) for y in v))
 
 
+def _tree(args, kwargs):
+    return _open((tuple(args), dict(kwargs)))
+
+
 def flatten(args, kwargs):
     """``pytree.tree_flatten((args, kwargs))`` with batch objects opened (module doc)."""
-    return pytree.tree_flatten(_open((tuple(args), dict(kwargs))))
+    return pytree.tree_flatten(_tree(args, kwargs))
 
 
 def leaves(args, kwargs) -> list:
@@ -123,7 +127,7 @@ def leaves(args, kwargs) -> list:
 
 
 def flatten_with_path(args, kwargs):
-    return pytree.tree_flatten_with_path(_open((tuple(args), dict(kwargs))))
+    return pytree.tree_flatten_with_path(_tree(args, kwargs))
 
 
 def opened(x) -> bool:

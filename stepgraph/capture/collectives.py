@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ..passes.analysis import host_staged
 from .patching import patched
 
 _FIX = ("call the collective through the torch.distributed module with async_op=False "
@@ -46,13 +47,14 @@ def _remapped(seen: list) -> dict:
 
     def group_of(group, tensor=None, what=""):
         group = group if group is not None else dist.group.WORLD
-        if tensor is not None and tensor.device.type == "cuda" and "nccl" not in str(dist.get_backend(group)):
+        staged = host_staged(group) if tensor is not None and tensor.device.type == "cuda" else None
+        if staged is not None:
             # gloo stages CUDA tensors through the host: its functional form's wait killed the
             # process while tracing (MoCo v2 on a gloo group, H200: SIGSEGV), and no CUDA graph
             # could hold it anyway. Refused here, before it runs; the call runs eagerly.
             from ..errors import CaptureError, user_frame
             raise CaptureError(
-                f"the step calls dist.{what} on CUDA tensors over a {dist.get_backend(group)} process "
+                f"the step calls dist.{what} on CUDA tensors over a {staged} process "
                 "group, which stepgraph cannot trace (it copies them to the host and waits)",
                 op=f"torch.distributed.{what}", where=user_frame(),
                 fix="create the process group with the NCCL backend for CUDA tensors "

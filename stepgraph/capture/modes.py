@@ -249,7 +249,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         self.reads = reads   # host reads allowed: a data-dependent shape becomes a shape guard
         self.problems = problems
         self.cuda_step = cuda_step
-        self.host_scalar_ops: tuple = ()   # "op at file:line" of each (the refusal names the first)
+        self.host_scalar_ops: tuple = ()   # (op, "file:line") of each (the refusal names the first)
         self.known = known if known is not None else set()
         self.foreign_seen: set = set()
         self.batch_sizes: list = []   # packed batch sizes guarded by value: reading them is safe
@@ -381,7 +381,7 @@ class _DispatchCheckMode(TorchDispatchMode):
             # e.g. Adagrad's CPU step counter: fine for 'replay' only
             stack = traceback.extract_stack()
             lib = library_frame(stack)
-            self.host_scalar_ops += (f"{func} at {user_frame(stack)}" + (f" (in {lib})" if lib else ""),)
+            self.host_scalar_ops += ((str(func), user_frame(stack) + (f" (in {lib})" if lib else "")),)
         elif work == "tensor":
             stack = traceback.extract_stack()
             self.problems.append(Problem(

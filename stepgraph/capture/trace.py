@@ -57,7 +57,7 @@ class TraceResult:
     out_leaves: list                     # per output leaf: ("tensor", k) or ("const", value)
     escapes: list[Slot]                  # slots the graph rebinds, in graph-output order after the user's
     input_grads: list                    # leaf indices whose .grad the graph sets (outputs after escapes)
-    host_scalar_ops: tuple               # sites of CPU 0-dim ops in a CUDA step (replay runs them, a CUDA graph cannot)
+    host_scalar_ops: tuple               # (op, site) of CPU 0-dim ops in a CUDA step (replay runs them, a CUDA graph cannot)
     rng_state_calls: int                 # host RNG get/set calls recorded (checkpointing); replay backend only
     hooks: list                          # (where, fn) of hooks registered while tracing
     baked_hypers: set                    # live hyper-parameters the step branched on (guard them)

@@ -31,6 +31,21 @@ RESIZE_STORAGE = torch.ops.inductor.resize_storage_bytes_.default
 UNANNOTATED_WRITES.add(RESIZE_STORAGE)
 
 
+def collective_nodes(gm: fx.GraphModule) -> list:
+    """The graph's functional collectives (``_c10d_functional`` ops, their ``wait_tensor``s left
+    out): DDP's buckets, FSDP2's gathers and scatters, the step's own ``dist.all_reduce`` & co."""
+    return [n for n in gm.graph.nodes if n.op == "call_function"
+            and getattr(n.target, "namespace", "") == "_c10d_functional" and "wait" not in str(n.target)]
+
+
+def host_staged(group) -> str | None:
+    """The backend of a process group that stages CUDA tensors through the host (gloo), or None
+    for one that runs them on the device (NCCL, XCCL)."""
+    import torch.distributed as dist
+    backend = str(dist.get_backend(group))
+    return None if "nccl" in backend or "xccl" in backend else backend
+
+
 def written_args(op, args, kwargs):
     """The arguments ``op`` writes in place: its schema's ``a!`` ones, BatchNorm's running
     statistics, a resized storage (fx nodes for a graph node's arguments, tensors for a real call's)."""
