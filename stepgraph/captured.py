@@ -134,6 +134,8 @@ class CapturedStep:
                 f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
         finally:
             set_call(None, None)   # (it holds the call's arguments: a model passed in must not outlive it)
+        if self.device_scalars is not None and self.device_scalars.outputs:
+            outs = self.device_scalars.fill_outputs(outs)
         if tr.to_host:   # (return loss.cpu() in a CUDA step: copied now, as eager's .cpu() did)
             outs = [o.cpu() if i in tr.to_host else o for i, o in enumerate(outs)]
         for obj, attr, value in self.python_effects:

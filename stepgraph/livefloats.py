@@ -40,13 +40,36 @@ class LiveFloats:
         return isinstance(h, tuple) and h[2] == "lr" and \
             hasattr(self.reg.optimizers[h[0]][1].step, "_wrapped_by_lr_sched")
 
+    def with_aliases(self, new, args) -> set:
+        """``new`` with every other name of the same value: the step reading
+        ``optimizer.param_groups[0]["lr"]`` itself (a metric logger's ``lr=``) names the lr a
+        scheduler drives a second time. Live under one name and keyed by value under the other,
+        every schedule change recaptured (torchvision's reference recipe: 2 recaptures on the
+        GPU), and the tracked read turned the optimizer's ``-lr`` into a value check."""
+        from .capture.trackplan import _parent
+        groups = {id(grp): (oi, gi) for oi, (_, opt) in enumerate(self.reg.optimizers)
+                  for gi, grp in enumerate(opt.param_groups)}
+        out = set(new)
+        for s in self.guards.py.sources:
+            if not s.path or s.path[-1][0] != "item":
+                continue
+            try:
+                at = groups.get(id(_parent(s, args)))
+            except Exception:  # noqa: BLE001 - a path that does not resolve now names nothing
+                continue
+            if at is not None:
+                h = (*at, s.path[-1][1])
+                if h in out or s in out:
+                    out |= {h, s}
+        return out - self.baked
+
     def before_prepare(self, backend_name: str, device: str, args, reason, last_key, key):
         """Live choices made before the backend's ``prepare``; returns (reason, re-sign?)."""
         g = self.guards
         if backend_name == "replay":
             new = [h for h in g.live_candidates(args) if h not in g.live and h not in self.baked]
             if new:
-                g.live.update(new)
+                g.live.update(self.with_aliases(new, args))
                 if reason is not None:
                     reason += " (now read live at each replay: no further recaptures for it)"
             return reason, bool(new)
@@ -70,7 +93,7 @@ class LiveFloats:
                and (h in self.seen and self.seen[h] != v or self._scheduled(h))]
         self.seen = now
         if new:
-            g.live.update(new)
+            g.live.update(self.with_aliases(new, args))
             if reason is not None:
                 reason += " (now read live at each call: no further recaptures for it)"
         return reason, bool(new)

@@ -237,10 +237,14 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
         torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("sched", ["assigned", "onecycle"])
+@pytest.mark.parametrize("sched", ["assigned", "onecycle", "epochs_read"])
 def test_inductor_hyper_parameters_a_loop_changes_compile_once(sched, monkeypatch):
     """nanoGPT's ``g["lr"] = get_lr(it)`` (SGD) and OneCycleLR cycling AdamW's lr and betas:
-    once recompiled every call; now fed to the fused graph as a tensor (passes/device_scalars.py)."""
+    once recompiled every call; now fed to the fused graph as a tensor (passes/device_scalars.py).
+    ``epochs_read``: torchvision's reference recipe, a warm-up SequentialLR stepped per epoch and
+    the step returning ``opt.param_groups[0]["lr"]`` to its logger: recaptured at each schedule
+    change on the GPU (the lr named twice, live once and keyed by value once; the returned float
+    baked) -- the returned lr is now this call's host value."""
     import copy
     import stepgraph
     monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
@@ -250,9 +254,14 @@ def test_inductor_hyper_parameters_a_loop_changes_compile_once(sched, monkeypatc
     if sched == "assigned":
         o, o2 = (torch.optim.SGD(x.parameters(), lr=0.1, momentum=0.9) for x in (m, m2))
         scheds = []
-    else:
+    elif sched == "onecycle":
         o, o2 = (torch.optim.AdamW(x.parameters(), lr=1e-3) for x in (m, m2))
         scheds = [torch.optim.lr_scheduler.OneCycleLR(x, max_lr=1e-2, total_steps=20) for x in (o, o2)]
+    else:
+        o, o2 = (torch.optim.SGD(x.parameters(), lr=0.5, momentum=0.9) for x in (m, m2))
+        scheds = [torch.optim.lr_scheduler.SequentialLR(x, [torch.optim.lr_scheduler.LinearLR(x, 0.01, total_iters=1),
+                                                           torch.optim.lr_scheduler.CosineAnnealingLR(x, T_max=3)], [1])
+                  for x in (o, o2)]
 
     def make(model, opt):
         def step(x, y):
@@ -260,16 +269,19 @@ def test_inductor_hyper_parameters_a_loop_changes_compile_once(sched, monkeypatc
             loss.backward()
             opt.step()
             opt.zero_grad()
-            return loss.detach()
+            return (loss.detach(), opt.param_groups[0]["lr"]) if sched == "epochs_read" else loss.detach()
         return step
     sg, eager = stepgraph.compile(make(m, o), backend="inductor"), make(m2, o2)
-    for i in range(7):
+    for i in range(7 if sched != "epochs_read" else 9):
         if sched == "assigned":
             for g in o.param_groups + o2.param_groups:
                 g["lr"] = 0.1 / (i + 1)
         x, y = torch.randn(4, 8, device=DEVICE), torch.randn(4, 2, device=DEVICE)
-        torch.testing.assert_close(sg(x, y), eager(x, y), rtol=1e-5, atol=1e-6)
-        for s in scheds:
+        got, want = sg(x, y), eager(x, y)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        if sched == "epochs_read":
+            assert type(got[1]) is float and got[1] == want[1]
+        for s in scheds if sched != "epochs_read" or i % 3 == 2 else ():
             s.step()
     for p, q in zip(m.parameters(), m2.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -81,8 +81,13 @@ def evaluate(e, leaves, args, memo: dict):
     return e
 
 
+def _kind(x) -> type:
+    from .hostscalar import HostFloat   # (a live value stepgraph put in: the user's float)
+    return float if isinstance(x, HostFloat) else type(x)
+
+
 def _same(a, b) -> bool:
-    return type(a) is type(b) and (a == b or (a != a and b != b))
+    return _kind(a) is _kind(b) and (a == b or (a != a and b != b))
 
 
 @dataclass(eq=False)

@@ -101,6 +101,19 @@ def _call_patches(track, reg):
         yield
 
 
+def _names_slot(src, args, slots) -> bool:
+    """``src`` reads a param-group entry that is live as a hyper-parameter (the step's own
+    ``optimizer.param_groups[0]["lr"]``): that substitution serves both names (two would leave
+    the first's stand-in in the group when the second is put back)."""
+    from .trackplan import _parent
+    if not src.path or src.path[-1][0] != "item":
+        return False
+    try:
+        return (id(_parent(src, args)), src.path[-1][1]) in slots
+    except Exception:  # noqa: BLE001 - a path that does not resolve names no slot
+        return False
+
+
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
@@ -145,9 +158,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
+        hyper_slots = {(id(reg.optimizers[oi][1].param_groups[gi]), k) for oi, gi, k in live_hypers}
         for src in live_sources:  # Python floats read live (pyvalues.py)
             v = src.read(a)
-            if not isinstance(v, float):
+            if not isinstance(v, float) or _names_slot(src, a, hyper_slots):
                 continue   # (None now, say: keyed by value for this graph, Guards._py_key)
             live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
             saved_hypers.append((src, None, v, live))

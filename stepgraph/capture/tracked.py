@@ -142,7 +142,8 @@ class Tracked:
 
 def _class(self):
     """``isinstance(x, int)`` asks this: the answer depends on the number's type, checked."""
-    t = type(self._v)
+    # (a live hyper-parameter stepgraph put in the group, a HostFloat, is the user's float)
+    t = float if isinstance(self._v, HostFloat) else type(self._v)
     if self._log.active and not _in_sink():
         self._log.decide(Op(type, (self._e,)), t, _where())
     return t

@@ -52,14 +52,24 @@ class DeviceScalars:
     program: fx.GraphModule          # no inputs; returns the floats, in slot order
     device: torch.device
     labels: list = field(default_factory=list)   # what each slot holds, for explain()
+    outputs: dict = field(default_factory=dict)  # graph output index -> slot: a live float returned
+    last: list = field(default_factory=list)     # this call's values (pack)
 
     def values(self) -> list[float]:
         return [float(v) for v in self.program()]
 
+    def fill_outputs(self, outs) -> list:
+        """The step's returned live floats (``return loss, opt.param_groups[0]["lr"]``) are
+        this call's host values, as eager returns them: no device read, no sync."""
+        outs = list(outs)
+        for i, slot in self.outputs.items():
+            outs[i] = self.last[slot]
+        return outs
+
     def pack(self) -> torch.Tensor:
         """This call's values on the device. The pinned staging block is reused only once its
         copy has run (PyTorch's caching host allocator records the copy's stream)."""
-        vals = self.values()
+        vals = self.last = self.values()
         if self.device.type != "cuda":
             return torch.tensor(vals, dtype=torch.float64)
         host = torch.tensor(vals, dtype=torch.float64, pin_memory=True)
@@ -239,6 +249,9 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
     bad, why = [], []
     for u in dict.fromkeys(consumers):  # check every consumer before changing anything
         try:
+            if u.op == "output" and isinstance(u.args[0], (list, tuple)) \
+                    and not any(isinstance(a, (list, tuple, dict)) for a in u.args[0]):
+                continue   # (returned to Python: filled from the host values, fill_outputs)
             if u.op != "call_function" or not isinstance(u.target, torch._ops.OpOverload):
                 raise Unsupported(f"{u.target} takes a live float")
             _rewrite(g, u, None, dry=True, device=device)
@@ -271,8 +284,17 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
                 g.call_function(aten._to_copy.default, (sel,), {"dtype": dtype})
         return cache[key]
 
+    outputs: dict = {}
     for u in dict.fromkeys(consumers):
         with g.inserting_before(u):
+            if u.op == "output":
+                outs = list(u.args[0])
+                for i, a in enumerate(outs):
+                    if a in hostset:
+                        outs[i] = scalar(a, torch.float64)   # (a device copy; the host value replaces it)
+                        outputs[i] = slots[a]
+                u.args = (type(u.args[0])(outs),)
+                continue
             _rewrite(g, u, scalar, device=device)
     # The host program: the same arithmetic, returning the slots' values.
     prog = fx.Graph()
@@ -288,7 +310,7 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
     g.lint()
     gm.recompile()
     labels = [h.target.live_label for h in host if _is_reader(h)]
-    return DeviceScalars(program, torch.device(device), labels)
+    return DeviceScalars(program, torch.device(device), labels, outputs)
 
 
 def _roots(nodes) -> set:
