@@ -165,3 +165,38 @@ def test_a_numpy_scalar_compared_with_a_live_closure_float():
         x = torch.randn(16, 4, generator=g) * 0.3
         assert torch.equal(sg(x), eager(x))
     assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+
+
+@pytest.mark.parametrize("draw", ["numpy", "python"])
+def test_a_refused_capture_puts_back_the_host_random_draws_it_made(draw):
+    """nerf-pytorch: ``img_i = np.random.choice(...)`` then a refused read of a large array. The
+    call runs eagerly from its start after the refusal, so the trace's draw must be undone: it
+    was not, the rerun drew again (another image trained on) and numpy's stream stayed one
+    draw ahead for the rest of the program."""
+    import random
+    images = np.random.default_rng(0).uniform(size=(3, 32, 32, 3)).astype(np.float32)   # > 4096 bytes
+
+    def run(use_sg):
+        np.random.seed(0)
+        random.seed(0)
+        m, o, _, _ = twins()
+
+        def step():
+            i = int(np.random.choice(3)) if draw == "numpy" else random.randrange(3)
+            x = torch.as_tensor(images[i]).reshape(-1, 3)[:, :3].repeat(1, 2)[:, :4]
+            loss = F.mse_loss(m(x), x[:, :3])
+            o.zero_grad()
+            loss.backward()
+            o.step()
+        f = stepgraph.compile(step) if use_sg else step
+        refused = False
+        for _ in range(3):
+            try:
+                f()
+            except stepgraph.CaptureError:
+                refused = True
+        return m.weight.detach().clone(), np.random.randint(1 << 30), random.random(), refused
+
+    want, got = run(False), run(True)
+    assert got[3], "the large array read must be refused"
+    assert torch.equal(got[0], want[0]) and got[1:3] == want[1:3]

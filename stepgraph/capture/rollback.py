@@ -22,6 +22,7 @@ run decides -- if eager raises too, the caller gets eager's exception).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -64,6 +65,16 @@ def _inner(t: torch.Tensor) -> list | None:
     return [x for p in parts if isinstance(p, torch.Tensor) for x in _inner(p) or [p]]
 
 
+def _host_rng() -> tuple:
+    """(setter, state) of Python's ``random`` and, if loaded, numpy's global generator."""
+    import random
+    out = [(random.setstate, random.getstate())]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        out.append((np.random.set_state, np.random.get_state()))
+    return tuple(out)
+
+
 @dataclass
 class Rollback:
     optimizers: list
@@ -73,6 +84,7 @@ class Rollback:
     input_grads: list               # (input tensor, its .grad before)
     rng: torch.Tensor
     cuda_rng: list | None
+    host_rng: tuple = ()            # Python's and numpy's global random states (a draw before a refusal)
     copies: dict = field(default_factory=dict)    # storage data_ptr -> (bytes view, saved bytes)
     created: set = field(default_factory=set)     # data_ptrs of storages the trace allocated
     objects: dict = field(default_factory=dict)   # id -> (object, copy of its __dict__)
@@ -85,7 +97,7 @@ class Rollback:
         inputs = [(t, t.grad) for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         return cls([opt for _, opt in reg.optimizers], [(s, s.get()) for s in reg.slots()], opt_state, groups,
-                   inputs, torch.get_rng_state(), cuda)
+                   inputs, torch.get_rng_state(), cuda, _host_rng())
 
     def keep_object(self, obj) -> None:
         """A Python object the step is about to change (an LR scheduler): its attributes now."""
@@ -145,6 +157,10 @@ class Rollback:
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+        # (nerf-pytorch's ``np.random.choice`` ran before the refused read: the eager rerun
+        # drew again, trained on another image and left numpy's stream one draw ahead)
+        for set_state, state in self.host_rng:
+            set_state(state)
         return True
 
 
