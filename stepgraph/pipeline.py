@@ -89,6 +89,7 @@ class Traced:
     notes: list = field(default_factory=list)   # what runs only at capture (for explain())
     generators: list = field(default_factory=list)  # host random generators the step reads, with their states
     library_state: list = field(default_factory=list)  # plain attributes of library objects it reads (libstate.py)
+    training_before: list = field(default_factory=list)  # (module, .training) before the call
 
 
 @dataclass
@@ -184,7 +185,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                             py_before=py_before,
                             sizes_before=container_slots(guards.py, args),
                             generators=generator_states(guards.py, args),
-                            library_state=library_scalars(guards.py, args, redone=calls_at))
+                            library_state=library_scalars(guards.py, args, redone=calls_at),
+                            training_before=[(m, m.training) for m in reg.all_modules])
             traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
@@ -357,7 +359,10 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         seconds=seconds, captured_at_call=step._calls, n_user_outputs=traced.n_user, tensor_pos=sig.tensor_pos,
         flat_args=flat, stale=run.stale, distributed=bool(step._reg.ddp or step._reg.fsdp),
         python_effects=[(r.ddp, "require_forward_param_sync", r.ddp.require_forward_param_sync)
-                        for r in traced.ddp_records],
+                        for r in traced.ddp_records]
+        # (llm.c's step starts with model.train() after an eval() between steps: the graph for
+        # that entry mode must leave the modules in train mode as eager does)
+        + [(m, "training", m.training) for m, before in traced.training_before if m.training != before],
         guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
         to_device=lowered.moved, prologue=lowered.prologue,
         arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos))

@@ -657,3 +657,39 @@ def test_a_stateless_module_is_keyed_by_its_private_settings_too():
         scale = 2.0 if k == 5 else 1.0
         assert torch.equal(sg(m, o, Scaled(scale), x, y), step(m2, o2, Scaled(scale), x, y)), k
     assert sg.stats.captures == 2 and "_scale=2.0" in sg.stats.recaptures[0], sg.stats
+
+
+def test_a_step_that_sets_train_mode_leaves_it_set_after_each_replay():
+    """llm.c's step starts with ``model.train()``; the loop calls ``model.eval()`` for validation
+    between steps. The graph for an eval-mode entry left the model in eval mode after each
+    replay (the Python ``train()`` ran only at capture): a dropout forward after the step then
+    differed from eager's."""
+    import torch.nn.functional as F
+
+    def run(use_sg):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 2))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        def step(x, y):
+            model.train()
+            opt.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            return loss
+        f = stepgraph.compile(step) if use_sg else step
+        g = torch.Generator().manual_seed(1)
+        flags = []
+        for it in range(8):
+            if it % 3 == 0:
+                model.eval()
+            f(torch.randn(4, 8, generator=g), torch.randint(0, 2, (4,), generator=g))
+            flags.append([m.training for m in model.modules()])
+        return flags, [p.detach().clone() for p in model.parameters()], f
+
+    want, wp, _ = run(False)
+    got, gp, f = run(True)
+    assert f.stats.replays >= 4
+    assert got == want
+    assert all(torch.equal(a, b) for a, b in zip(gp, wp))
