@@ -140,8 +140,6 @@ class CapturedStep:
             outs = [o.cpu() if i in tr.to_host else o for i, o in enumerate(outs)]
         for obj, attr, value in self.python_effects:
             setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
-        for sched, a, k, _ in tr.scheduler_steps:
-            sched.step(*a, **k)  # LR schedulers stepped inside the step: Python, run again
         n = self.n_user_outputs
         for slot, value in zip(tr.escapes, outs[n:]):
             slot.set(value)
@@ -151,6 +149,12 @@ class CapturedStep:
         for slot, value in tr.clear_slots:
             slot.set(value)
         self.last_reads = {id(r): outs[i] for r, i in tr.read_roots}
+        for sched, a, k, _ in tr.scheduler_steps:   # LR schedulers stepped inside the step: run again,
+            if any(_tracked(x) for x in (*a, *k.values())):   # with this call's epoch (transformer-xl's
+                memo = dict(self.last_reads)                  # scheduler.step(train_step): it froze)
+                a = [evaluate(x._e, leaves, args, memo) if _tracked(x) else x for x in a]
+                k = {n: evaluate(x._e, leaves, args, memo) if _tracked(x) else x for n, x in k.items()}
+            sched.step(*a, **k)
         for e in tr.source_effects:
             e.source.write(outs[e.index])   # total_loss = <this replay's tensor> (pyeffects.py)
         for e in tr.append_effects:
@@ -217,3 +221,8 @@ def warmed_up(step, result):
     step._last = step._last_quick = None   # (the state changed: the quick key is recomputed)
     logging.getLogger("stepgraph").info("stepgraph: %s: this call created optimizer state; it counts as a warm-up", step.__name__)
     return plain_floats(result)
+
+
+def _tracked(x) -> bool:
+    """A tracked Python number (capture/tracked.py): its value is this call's, evaluated."""
+    return getattr(type(x), "_sg_tracked", False) and getattr(x, "_e", None) is not None

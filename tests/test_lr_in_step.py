@@ -239,3 +239,38 @@ def test_a_scheduler_lambda_reading_a_module_attribute_the_forward_reads():
         assert o2.param_groups[0]["lr"] == o1.param_groups[0]["lr"]
     assert sg.stats.replays >= 5, sg.stats
     assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+
+
+def test_a_scheduler_stepped_with_the_steps_own_counter_follows_it():
+    """transformer-xl: ``train_step += 1; scheduler.step(train_step)`` inside the step. A replay
+    re-ran the scheduler with the capturing call's epoch, so the cosine schedule froze (lr stuck,
+    ``last_epoch`` 4 where eager has 8, every weight off), silently."""
+    import warnings
+
+    def run(use_sg, steps=8):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=0.0)
+        counter = {"train_step": 0}
+
+        def train_batch(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            counter["train_step"] += 1
+            sched.step(counter["train_step"])
+            return loss
+        step = stepgraph.compile(train_batch) if use_sg else train_batch
+        lrs = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # (step(epoch) is deprecated)
+            for i in range(steps):
+                step(torch.randn(8, 4, generator=torch.Generator().manual_seed(i)))
+                lrs.append(opt.param_groups[0]["lr"])
+        return lrs, sched.last_epoch, model.weight.detach().clone(), step
+
+    want, got = run(False), run(True)
+    assert got[3].stats.replays >= 5
+    assert got[:2] == want[:2] and torch.equal(got[2], want[2])
