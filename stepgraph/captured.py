@@ -71,6 +71,7 @@ class CapturedStep:
     guard_plan: object = None  # passes.guards.GuardPlan when the step reads values on the host
     siblings: list = field(default_factory=list)  # graphs for the same key, other host-read values
     gave_up: bool = False      # its host reads keep changing past max_captures: run eagerly
+    last_good: object = None   # the graph of this chain the last replay ran (tried first next time)
     device_scalars: object = None  # passes.device_scalars.DeviceScalars: live floats fed as a tensor
     checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
     last_reads: dict = field(default_factory=dict)  # id(Root("read")) -> the last replay's value

@@ -29,7 +29,10 @@ class ReplayPaths:
         # (the reason shown is the newest graph's miss: the oldest's, e.g. the first branch
         # taken, said nothing about why the latest one missed too)
         newest = chains[0].siblings[0] if chains[0].siblings else chains[0]
-        for e in [g for head in chains for g in [head] + head.siblings]:
+        # (the graph the last call of this chain replayed first: after a flag flipped for good,
+        # QAT's disable_observer, every call tried the stale graph and missed its guard first)
+        tries = [g for head in chains for g in _last_good_first(head)]
+        for e in tries:
             if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
                 m = e.check_miss(sig.leaves, args)
                 miss = m if e is newest or miss is None else miss
@@ -38,6 +41,9 @@ class ReplayPaths:
             out, m = self._try_replay(e, lambda: e.replay(sig.leaves, sig.tensor_pos, args), args, kwargs)
             if m is None:
                 self._remember(e, args, kwargs)
+                for head in chains:
+                    if e is head or any(e is g for g in head.siblings):
+                        head.last_good = e
                 return out
             miss = m if e is newest or miss is None else miss
         if len(self._order) >= self.max_captures:
@@ -96,3 +102,11 @@ class ReplayPaths:
             self._last, self._last_quick = entry, self._guards.quick_key(args, kwargs)
         else:
             self._last = self._last_quick = None
+
+
+def _last_good_first(head) -> list:
+    order = [head] + head.siblings
+    best = head.last_good
+    if best is None or best is head or not any(best is g for g in head.siblings):
+        return order
+    return [best] + [g for g in order if g is not best]

@@ -622,3 +622,32 @@ def test_a_print_of_a_tracked_number_in_an_fstring_is_not_redone_with_a_stale_te
     assert out == ["step 0", "step 1"], out        # warm-up and capture; no stale "step 1" after
     assert any("calls print()" in str(w.message) for w in recwarn)
     assert step.stats.replays == 3, step.stats
+
+
+def test_after_a_flag_flips_for_good_the_graph_that_last_ran_is_tried_first():
+    """QAT's ``disable_observer``: a buffer flag the forward branches on flips once. Each later
+    call tried the stale graph first, ran it up to the host read, missed and undid it (a wasted
+    partial run per call); the graph the chain replayed last is now tried first."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    m.register_buffer("observe", torch.tensor(True))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        y = m(x)
+        if m.observe:               # a host read of a flag
+            y = y * 1.0
+        loss = y.square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    for i in range(10):
+        if i == 4:
+            m.observe.fill_(False)  # flipped for good
+        f(torch.randn(3, 4))
+    # (the flip's call misses and captures; the next one tries the old graph once more, then
+    # the new graph is the one the chain last ran)
+    assert sum(f.stats.guard_misses.values()) == 2, f.stats.guard_misses
+    assert f.stats.captures == 2 and f.stats.replays == 7
