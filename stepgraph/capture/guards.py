@@ -119,7 +119,12 @@ class Guards(Reasons, LiveKeys):
         known = self.reg.names
         # (a live variable holding no float now -- ``loss_ema = None`` at an epoch's start --
         # is keyed by value: a graph reading it live would read that None)
+        # (the step's own ``opt.param_groups[0]["lr"]`` holding the device tensor stepgraph made
+        # of it on the GPU: the hyper-parameter part of the key has it; keyed here by metadata,
+        # then by identity once the capture knew it, it recaptured once for nothing)
+        held = {id(x) for _, _, h in self.reg.device_hypers for x in (h if isinstance(h, tuple) else (h,))}
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
+                     else ("device hyper-parameter",) if id(v) in held
                      else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
                      else state_free(key_of(s, v, args, skip), v, known)
                      for s in self.py.sources for v in (s.read_or(args, _MISSING),))
