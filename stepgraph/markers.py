@@ -27,8 +27,8 @@ def host_guard(actual, expected, site: str, what: str, restore=(), rng=None):
         return None
     for dst, saved in restore:
         dst.copy_(saved)
-    if rng is not None:
-        rng[0].set_state(rng[1])
+    for gen, state in rng or ():
+        gen.set_state(state)
     raise GuardMiss(site, what, expected, actual)
 
 

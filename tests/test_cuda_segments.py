@@ -202,3 +202,42 @@ def test_a_meter_count_that_changes_is_read_live_after_one_miss(with_item):
     assert len(counts) <= 1, sg.stats.recaptures
     assert sg.stats.captures <= 3 and sg.stats.replays >= 6, sg.stats
     assert all(e.backend == "cudagraph" for e in sg.captures), sg.explain()
+
+
+@pytest.mark.parametrize("backend", ["replay", "auto"])
+def test_a_miss_gives_back_the_cpu_draws_of_a_cuda_step(backend):
+    """MoCo v2: ``idx = torch.randperm(n).cuda()`` shuffles the key batch, and ``ptr =
+    int(self.queue_ptr)`` is a host read that changes at every call. Each sibling graph tried
+    first ran up to the read and missed; the guard gave back the CUDA generator only, so every
+    tried sibling consumed a CPU permutation: every later call shuffled otherwise than eager
+    (moco_v2 WRONG at 0.29 on the H200, with 0 replays)."""
+    def run(use_sg):
+        m, _, o, _ = _pair(bn=True)
+        ptr = torch.zeros(1, dtype=torch.long, device="cuda")
+
+        def step(x, y):
+            idx = torch.randperm(x.shape[0]).cuda()
+            out = m(x[idx])[torch.argsort(idx)]
+            k = int(ptr) % 3                # a host read that changes at every call
+            loss = F.cross_entropy(out, y) * (1.0 + k)
+            ptr.add_(1)
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss.detach()
+        f = stepgraph.compile(step, backend=backend) if use_sg else step
+        g = torch.Generator(device="cuda").manual_seed(0)
+        torch.manual_seed(1)
+        losses = []
+        for _ in range(9):
+            x, y = torch.randn(8, 16, device="cuda", generator=g), torch.randint(0, 4, (8,), device="cuda", generator=g)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                losses.append(f(x, y))
+        return losses, [p.detach().clone() for p in m.parameters()], torch.randint(1 << 30, ()), f
+
+    want, got = run(False), run(True)
+    assert got[3].stats.replays >= 4, got[3].stats
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+    assert all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+    assert torch.equal(got[2], want[2])   # the CPU stream is where eager left it

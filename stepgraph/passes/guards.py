@@ -126,10 +126,13 @@ def place_guards(gm: fx.GraphModule, device: str, name_of=lambda t: None) -> Gua
             continue
         _, w = _effects(n)
         if _RNG in w and rng_node is None:
-            gen = torch.cuda.default_generators[torch.cuda.current_device()] if device == "cuda" \
-                else torch.default_generator
+            # (a CUDA step draws on the CPU too: MoCo's torch.randperm(n).cuda(). Each sibling
+            # tried and missed drew a permutation that was never given back: every later call
+            # shuffled otherwise than eager, 0.29 relative on the H200, silently)
+            gens = (torch.cuda.default_generators[torch.cuda.current_device()], torch.default_generator) \
+                if device == "cuda" else (torch.default_generator,)
             with g.inserting_before(first):
-                rng_node = g.call_function(_generator_state(gen), ())
+                rng_node = g.call_function(_generator_state(gens), ())
         for x in w:
             if x in copies or not (isinstance(x, tuple) or (isinstance(x, fx.Node) and x.op == "placeholder")):
                 continue
@@ -145,9 +148,9 @@ def place_guards(gm: fx.GraphModule, device: str, name_of=lambda t: None) -> Gua
     return plan
 
 
-def _generator_state(gen):
-    """A graph node's function: (generator, its state now), what a guard miss rewinds to."""
+def _generator_state(gens):
+    """A graph node's function: ((generator, its state now), ...), what a guard miss rewinds to."""
     def generator_state():
-        return gen, gen.get_state()
+        return tuple((gen, gen.get_state()) for gen in gens)
     generator_state.stepgraph_impure = True
     return generator_state
