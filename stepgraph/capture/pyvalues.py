@@ -105,6 +105,8 @@ def _show(g) -> str:
         return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
     if g == ("number",):
         return "a Python number"
+    if g == "<live>" or isinstance(g, tuple) and g[:1] == ("<live>",):   # (Guards._marker)
+        return "a float read live"
     if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
         return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
     if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):

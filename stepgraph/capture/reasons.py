@@ -115,6 +115,8 @@ def _short(v) -> str:
         return str(v).replace("torch.", "")
     if isinstance(v, tuple) and v and v[0] == "tensor":
         return "tensor"
+    if v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",):   # (Guards._marker)
+        return "(read live)"
     s = repr(v)
     return s if len(s) <= 60 else s[:57] + "..."
 
