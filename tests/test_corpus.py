@@ -32,10 +32,6 @@ KNOWN = {
     # layer is new state (a warm-up) and takes both sides of the logging branch again, which
     # the harness counts as one site missing more than once (a finite number of graphs: 2 per layer).
     "forward_forward": (harness.RECAPTURES, "log_interval"),
-    # llm.c's DataLoaderLite with its shard made a tensor (the fix stepgraph names for the numpy
-    # shard): ``tokens[pos : pos + B*T + 1]`` with ``pos`` the loader's Python position, a
-    # graph per position until max_captures (a position read live as a dynamic slice is open).
-    "llmc_train_gpt2_tokens_tensor": (harness.RECAPTURES, "current_position"),
     # nerf-pytorch's NaN/Inf check ``if (isnan(x).any() or isinf(x).any()) and DEBUG`` reads two
     # flags on the host before ``DEBUG``; their answers change between calls in eager too: a
     # graph per combination (three), replayed when it comes back.

@@ -216,6 +216,11 @@ class TrackMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func is _T.__getitem__ and self.log.moving_labels:   # (a slice's bounds are no leaves)
+            from .dynslice import dynamic_slice
+            out = dynamic_slice(self.log, args, kwargs)
+            if out is not None:
+                return out
         found = [x for x in pytree.tree_leaves((args, kwargs)) if type(x) in _PROXIES]
         if not found:
             return func(*args, **kwargs)

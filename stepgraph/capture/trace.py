@@ -28,6 +28,7 @@ from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
 from .hostreads import ReadLog, math_patches
 from .randomreads import random_guards
+from .dynslice import check_unwritten
 from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
@@ -209,6 +210,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers, box["sched_set"])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
+        check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)
         for where, why in hm.step_arrays.problems(out):   # (L = E.detach().numpy(): steparrays.py)
             problems.append(Problem(f"Tensor.numpy() of a value the step computes: {why}", where,
                                     "return the tensor from the step and convert it outside, or "

@@ -58,6 +58,7 @@ class UseLog:
     moving_labels: frozenset = frozenset()
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
     root_values: dict = field(default_factory=dict)  # id(Root) -> its value in this trace
+    dynamic_slices: list = field(default_factory=list)  # (copy, its version, where): dynslice.py
 
     def moving(self, proxy) -> bool:
         return bool(self.moving_labels) and any(r.label in self.moving_labels for r in roots_of(proxy._e))

@@ -1,0 +1,69 @@
+"""A slice at a position the step moves at every call (capture/dynslice.py): llm.c's
+DataLoaderLite slices its token shard at ``self.current_position`` and advances it by ``B*T``
+inside the compiled step. Each position was a new graph (RECAPTURES, then eager past
+max_captures); now, after one miss, the slice reads the position at each replay."""
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import stepgraph
+
+DEVICE = "cuda" if os.environ.get("STEPGRAPH_TEST_CUDA") and torch.cuda.is_available() else "cpu"
+
+
+class Loader:
+    """llm.c's DataLoaderLite, one shard."""
+
+    def __init__(self, tokens, B, T):
+        self.tokens, self.B, self.T, self.process_rank = tokens, B, T, 0
+        self.current_position = self.process_rank * B * T
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = self.tokens[self.current_position: self.current_position + B * T + 1]
+        buf = buf.to(torch.long)
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.current_position += B * T
+        if self.current_position + (B * T + 1) > len(self.tokens):
+            self.current_position = self.process_rank * B * T   # (llm.c's reset(), one shard)
+        return x.to(DEVICE), y.to(DEVICE)
+
+
+def run(use_sg, dtype=torch.uint16, write=False, calls=14):
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 50, (200,)).to(dtype)
+    loader = Loader(tokens, 2, 8)
+    emb = torch.nn.Embedding(50, 50).to(DEVICE)
+    opt = torch.optim.AdamW(emb.parameters(), lr=1e-2)
+
+    def step():
+        if write:
+            loader.tokens[loader.current_position: loader.current_position + 4] += 1
+        x, y = loader.next_batch()
+        loss = F.cross_entropy(emb(x).flatten(0, 1), y.flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = stepgraph.compile(step) if use_sg else step
+    losses = [f() for _ in range(calls)]
+    return losses, emb.weight.detach().clone(), loader.current_position, f
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.int64])
+def test_a_loader_position_moving_every_call_is_one_graph(dtype):
+    want, got = run(False, dtype), run(True, dtype)
+    f = got[3]
+    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+    assert torch.equal(got[1], want[1]) and got[2] == want[2]
+    # the first position, then the moving one; the wrap-around to 0 is a branch (a variant)
+    assert f.stats.captures <= 3 and f.stats.replays >= 10, f.stats.recaptures
+    assert "current_position" in f.stats.recaptures[0]
+
+
+def test_a_write_into_a_moving_slice_is_refused_as_eager_left_it():
+    want = run(False, torch.int64, write=True, calls=4)
+    with pytest.raises(stepgraph.CaptureError, match="written in place"):
+        run(True, torch.int64, write=True, calls=4)
