@@ -29,7 +29,7 @@ from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, liv
 from .hostreads import ReadLog, math_patches
 from .randomreads import random_guards
 from .dynslice import check_unwritten
-from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
+from .effects import (Problem, _is_traced, absorb_floats, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
@@ -39,7 +39,7 @@ from .rollback import CopyOnWrite, Rollback
 from .datarebind import data_assignments
 from .schedules import array_conversions
 from .sinks import TrackMode, scrub, sinks, sized_calls, unwrap_result
-from .trackplan import TrackPlan, hyper_effects, swap_in, swap_out
+from .trackplan import TrackPlan, hyper_effects, names_slot, swap_in, swap_out
 from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
@@ -102,19 +102,6 @@ def _call_patches(track, reg):
         yield
 
 
-def _names_slot(src, args, slots) -> bool:
-    """``src`` reads a param-group entry that is live as a hyper-parameter (the step's own
-    ``optimizer.param_groups[0]["lr"]``): that substitution serves both names (two would leave
-    the first's stand-in in the group when the second is put back)."""
-    from .trackplan import _parent
-    if not src.path or src.path[-1][0] != "item":
-        return False
-    try:
-        return (id(_parent(src, args)), src.path[-1][1]) in slots
-    except Exception:  # noqa: BLE001 - a path that does not resolve names no slot
-        return False
-
-
 def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_hypers=(),
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
@@ -162,7 +149,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         hyper_slots = {(id(reg.optimizers[oi][1].param_groups[gi]), k) for oi, gi, k in live_hypers}
         for src in live_sources:  # Python floats read live (pyvalues.py)
             v = src.read(a)
-            if not isinstance(v, float) or _names_slot(src, a, hyper_slots):
+            if not isinstance(v, float) or names_slot(src, a, hyper_slots):
                 continue   # (None now, say: keyed by value for this graph, Guards._py_key)
             live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
             saved_hypers.append((src, None, v, live))
@@ -190,6 +177,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             try:
                 swapped = swap_in(track, uses, a) if track else []
                 out = fn(*a, **kw)
+                absorb_floats(reg)   # (an lr set after the last opt.step: transformer-xl's warm-up)
             except _DataDependentBranch as e:
                 # (down to where it was raised: the user's line inside the step, not the call's)
                 stack = traceback.extract_stack(e.__traceback__.tb_frame)[:-1] + traceback.extract_tb(e.__traceback__)
