@@ -206,11 +206,11 @@ def test_a_meter_count_that_changes_is_read_live_after_one_miss(with_item):
 
 @pytest.mark.parametrize("backend", ["replay", "auto"])
 def test_a_miss_gives_back_the_cpu_draws_of_a_cuda_step(backend):
-    """MoCo v2: ``idx = torch.randperm(n).cuda()`` shuffles the key batch, and ``ptr =
-    int(self.queue_ptr)`` is a host read that changes at every call. Each sibling graph tried
-    first ran up to the read and missed; the guard gave back the CUDA generator only, so every
-    tried sibling consumed a CPU permutation: every later call shuffled otherwise than eager
-    (moco_v2 WRONG at 0.29 on the H200, with 0 replays)."""
+    """MoCo v2's pattern: ``idx = torch.randperm(n).cuda()`` shuffles the batch, then a host
+    read whose value changes at every call. Each sibling graph tried first ran up to the read
+    and missed; the guard gave back the CUDA generator only, so every tried sibling consumed a
+    CPU permutation and later calls shuffled otherwise than eager. (Not what makes moco_v2
+    WRONG on the H200: it stayed at 0.29 with this change. Not yet run on a GPU.)"""
     def run(use_sg):
         m, _, o, _ = _pair(bn=True)
         ptr = torch.zeros(1, dtype=torch.long, device="cuda")
