@@ -45,6 +45,12 @@ class CaptureError(StepGraphError):
         super().__init__("\n".join(parts))
 
 
+class RunsEagerly(StepGraphError):
+    """A step stepgraph knows it would not capture equal to eager (measured on a real program,
+    the cause not yet found): the call's result is eager's, and the step runs eagerly from then
+    on, with one warning that says why."""
+
+
 class NeedsReplay(CaptureError):
     """A backend cannot run this graph (it needs host work every call); only ``replay`` can.
     Any backend may raise it from ``compile``; ``backend="auto"`` then uses ``replay``, warned."""

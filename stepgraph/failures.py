@@ -16,7 +16,7 @@ import logging
 import warnings
 
 from .captured import plain_floats
-from .errors import StepGraphError
+from .errors import RunsEagerly, StepGraphError
 
 log = logging.getLogger("stepgraph")
 
@@ -42,11 +42,14 @@ def capture_failed(step, e: BaseException, done):
     return that result (the step runs eagerly from now on) or raise ``e``."""
     refusal = isinstance(e, StepGraphError)
     internal = done is not None and isinstance(e, Exception) and not refusal
-    if internal or (refusal and step.on_capture_error == "eager"):
+    known = isinstance(e, RunsEagerly)
+    if internal or known or (refusal and step.on_capture_error == "eager"):
         step._eager_only = True
         if done is not None:
             first = (str(e).splitlines() or [""])[0][:300]
-            if internal:
+            if known:
+                msg = f"stepgraph: {step.__name__} runs eagerly from now on: {first}"
+            elif internal:
                 msg = (f"stepgraph: {step.__name__} could not be captured: {type(e).__name__} while capturing it "
                        f"({first}). This call's result is eager's and the step runs eagerly from now on; "
                        "please report this (traceback in the 'stepgraph' logger)")

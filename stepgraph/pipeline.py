@@ -29,7 +29,7 @@ import torch
 from . import backends, config
 from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream
-from .backends.refusals import refuse_uncapturable
+from .backends.refusals import refuse_collectives_with_reads, refuse_uncapturable
 from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
 from .capture import collectives, distributed, fsdp
 from .capture.arrays import as_input, input_array
@@ -196,6 +196,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       moving_numbers=step._moving_numbers, call_sources=calls_at,
                                       lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
                                                                              or plan.backend.segmented is not None))
+            refuse_collectives_with_reads(reg, plan.device, traced.trace)
     except BaseException as e:
         done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
         raise

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
+from ..errors import CaptureError, NeedsHostScalars, NeedsReplay, RunsEagerly
 from ..passes.analysis import collective_nodes, host_staged
 
 
@@ -129,3 +129,18 @@ def refuse_uncapturable(gm: fx.GraphModule, host_scalar_ops=(), rng_state_calls=
                            fix="keep every tensor of the step on one GPU (move CPU tensors to the "
                                "device before the step, return values instead of reading them), "
                                "or use backend='replay'")
+
+
+def refuse_collectives_with_reads(reg, device: str, tr) -> None:
+    """A CUDA step calling collectives itself and reading tensor values on the host: MoCo v2
+    (all_gather, broadcast, ``int(self.queue_ptr)``) left eager's gradients by 0.29 on the H200
+    with every backend, replay included, while its CPU run (gloo) is bitwise and DINO's
+    (all_reduce, a one-time host read) passes. Until the cause is found such steps run eagerly,
+    warned -- inside the trace, so that this call is undone and runs eagerly from its start."""
+    sites = tr.reads.sites() if tr.reads is not None else []
+    if device == "cuda" and reg.collective_groups and sites:
+        raise RunsEagerly(
+            f"it calls torch.distributed collectives itself and reads tensor values on the host "
+            f"({sites[0]}): on the GPU such a step (MoCo v2) left eager's results, so it is not "
+            "captured; keep the host read out of the step (a tensor pointer and index_copy_ for a "
+            "ring buffer) to capture it")
