@@ -364,3 +364,30 @@ def test_a_plateau_scheduler_stepped_on_a_loss_behind_dropout_names_the_fix():
     with pytest.raises(stepgraph.CaptureError, match=r"scheduler\.step\(loss\)") as e:
         step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
     assert "test_corpus_patterns.py" in e.value.where and "get_batch" not in str(e.value)
+
+
+def test_next_over_the_steps_own_outputs_is_no_data_loader():
+    """DETR's SetCriterion: ``device=next(iter(outputs.values())).device``, a look-up on a dict
+    of the step's own outputs, was refused as "the step takes its data with next(...)"."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    m2 = copy.deepcopy(m)
+
+    def make(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        def step(x):
+            outputs = {"pred_logits": model(x), "pred_boxes": model(x).sigmoid()}
+            num_boxes = torch.as_tensor([3.0], device=next(iter(outputs.values())).device)
+            loss = outputs["pred_logits"].square().sum() / num_boxes + outputs["pred_boxes"].mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(m2)
+    for i in range(5):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(i))
+        assert torch.equal(sg(x), eager(x))
+    assert sg.stats.replays == 3
+    same(m, m2)

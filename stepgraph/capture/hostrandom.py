@@ -89,12 +89,17 @@ def generator_draws(before: list) -> list:
 
 
 def _data_from_iterator(value, named) -> bool:
-    """``next()`` handed back tensors that are not named state (a batch, not a parameter)."""
+    """``next()`` handed back tensors that are not named state (a batch, not a parameter) nor
+    computed by the step itself (DETR's ``next(iter(outputs.values())).device``: a look-up on
+    the step's own outputs, refused as a data loader until the trace's values were told apart)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
     try:
         leaves = pytree.tree_leaves(value)[:256]
     except Exception:  # noqa: BLE001 - an object pytree cannot walk: not data
         return False
-    return any(isinstance(t, torch.Tensor) and not named(t) for t in leaves)
+    mode = get_proxy_mode()
+    return any(isinstance(t, torch.Tensor) and not named(t)
+               and not (mode is not None and has_proxy_slot(t, mode.tracer)) for t in leaves)
 
 
 def _once(problems: list, marker: str, make, where: str) -> None:
