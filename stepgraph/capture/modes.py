@@ -332,7 +332,10 @@ class _DispatchCheckMode(TorchDispatchMode):
                     f"a tensor {str(a.dtype).replace('torch.', '')}{list(a.shape)} computed before the step "
                     f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
                     "values and backpropagate into a graph that no longer exists",
-                    user_frame(stack), "compute it inside the step (pass its inputs as arguments), or "
+                    user_frame(stack), ("a loss kept from the last call (a meter's sum += loss * n, "
+                                        "the QAT tutorial's avgloss.update(loss, n)): keep loss.detach() "
+                                        "there instead; otherwise " if a.dim() == 0 else "") +
+                    "compute it inside the step (pass its inputs as arguments), or "
                     "detach it before the call if no gradient should flow into it (x = x.detach(); and "
                     "x.requires_grad_() when the step differentiates with respect to it, as a PINN's "
                     "torch.autograd.grad(u, x) does: x becomes a leaf of its own); for a loss built from "
