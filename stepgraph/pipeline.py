@@ -218,7 +218,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
                                replayed=[e.source for e in tr.number_effects + tr.source_effects],
-                               slots=tr.escapes)
+                               slots=tr.escapes, args=args)
     slots_after = container_slots(guards.py, args)
     refuse_slot_stores(guards.py, traced.sizes_before, slots_after, args,
                        covered=[e.source for e in tr.number_effects + tr.source_effects])

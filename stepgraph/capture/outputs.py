@@ -109,7 +109,7 @@ def _place(s):
 
 
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
-                               replayed=(), slots=()) -> None:
+                               replayed=(), slots=(), args=()) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a
     param group's value an LR scheduler stepped inside the step changed, a number assigned
     from tracked arithmetic (``replayed``, ``completed_steps += 1``) and a buffer the step
@@ -126,6 +126,18 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
                     op=f"assignment to {s.describe()}", where=s.where,
                     fix=f"update {s.describe()} in place instead (with torch.no_grad(): "
                         f"{s.describe()}.copy_(new), or {s.describe()}.data = new), which a replay repeats")
+            now = s.read_or(args, None)
+            if isinstance(now, (list, tuple)) and now and all(isinstance(t, torch.Tensor) for t in now):
+                # (Transformer-XL's ``loss, mems = ret[0], ret[1:]``: a recurrent state the forward
+                # returns, rebound at each call -- no loop around the step can update it)
+                raise CaptureError(
+                    f"the step rebinds {s.describe()} to a {type(now).__name__} of {len(now)} tensors it "
+                    "computes; a replay runs no Python code, so it would not rebind it\n  this call ran "
+                    "eagerly to its end: your model and optimizer hold the result of this step",
+                    op=f"assignment to {s.describe()}", where=s.where,
+                    fix=f"pass {s.describe()} to the step as an argument and return the new one "
+                        f"(loss, {s.describe()} = step(batch, {s.describe()})): a recurrent state "
+                        "carried from call to call is an input and an output of the graph")
             raise CaptureError(
                 f"the step changes the Python value {s.describe()} ({_show(a)} -> {_show(b)}); a replay "
                 "runs no Python code, so it would not change it again\n  this call ran eagerly to its "
