@@ -428,3 +428,35 @@ def test_a_recurrent_state_rebound_in_the_step_is_refused_with_the_fix_that_work
     for _ in range(4):
         _, mems = g(torch.randn(2, 4), mems)
     assert g.stats.replays == 2
+
+
+@pytest.mark.parametrize("loader", ["dataloader", "cycle", "generator"])
+def test_a_batch_stacked_while_traced_is_still_data_from_a_loader(loader):
+    """A DataLoader over a TensorDataset stacks its batch while traced (EDM's loop as helper P
+    restated it): letting every traced value through ``next()`` -- the first DETR fix -- replayed
+    the capture's batch, silently. Only a container's iterator over the step's own values is a
+    look-up."""
+    import itertools
+    from stepgraph import CaptureError
+    torch.manual_seed(0)
+    net = nn.Linear(4, 1)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    data = torch.randn(32, 4)
+    if loader == "generator":
+        it = (data[i:i + 4] for i in range(0, 32, 4))
+    else:
+        dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data), batch_size=4)
+        it = iter(dl) if loader == "dataloader" else itertools.cycle(dl)
+
+    def step():
+        x = next(it)
+        x = x[0] if isinstance(x, (list, tuple)) else x
+        loss = net(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    f()
+    with pytest.raises(CaptureError, match="takes its data with next"):
+        f()

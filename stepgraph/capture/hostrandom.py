@@ -88,18 +88,27 @@ def generator_draws(before: list) -> list:
         for s, g, state in before if _generator_state(g) != state]
 
 
-def _data_from_iterator(value, named) -> bool:
-    """``next()`` handed back tensors that are not named state (a batch, not a parameter) nor
-    computed by the step itself (DETR's ``next(iter(outputs.values())).device``: a look-up on
-    the step's own outputs, refused as a data loader until the trace's values were told apart)."""
+# Iterators over a container's items: ``next()`` on one over the step's own values (DETR's
+# ``next(iter(outputs.values())).device``) is a look-up, not a batch taken from a loader.
+_CONTAINER_ITERATORS = tuple({type(iter(c)) for c in ({}, {}.keys(), {}.values(), {}.items(), [], (), set(),
+                                                       frozenset(), reversed([]))})
+
+
+def _data_from_iterator(it, value, named) -> bool:
+    """``next()`` handed back tensors that are not named state (a batch, not a parameter) nor,
+    from an iterator over a container, values the step computed. (A DataLoader over a
+    TensorDataset stacks its batch while traced too: only a container's iterator is let through
+    on that ground -- a first fix that let every traced value through replayed the capture's
+    batch, silently.)"""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
     try:
         leaves = pytree.tree_leaves(value)[:256]
     except Exception:  # noqa: BLE001 - an object pytree cannot walk: not data
         return False
     mode = get_proxy_mode()
-    return any(isinstance(t, torch.Tensor) and not named(t)
-               and not (mode is not None and has_proxy_slot(t, mode.tracer)) for t in leaves)
+    own = isinstance(it, _CONTAINER_ITERATORS) and mode is not None
+    return any(isinstance(t, torch.Tensor) and not named(t) and not (own and has_proxy_slot(t, mode.tracer))
+               for t in leaves)
 
 
 def _once(problems: list, marker: str, make, where: str) -> None:
@@ -116,7 +125,7 @@ def _next_watch(problems: list, named):
         out = orig(*a)
         from .pyvalues import _user_code
         caller = sys._getframe(1).f_code
-        if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(out, named):
+        if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(a[0], out, named):
             where = user_frame(traceback.extract_stack())
             _once(problems, "next(", lambda: Problem(
                 f"the step takes its data with next({type(a[0]).__name__}): a replay runs no Python "
