@@ -80,6 +80,11 @@
     A numpy array over 4096 bytes that a module's forward (not the step's own code) reads is keyed
     by identity: changed in place, its values stay the graph's (the step's own reads of such an
     array are refused: test_numpy_closures.py).
+(w) A Python container the step or a module's forward reads (a dict of neighbour sets, a list of
+    indices) is keyed by its values up to 4096 items in all, nested ones too: other members
+    recapture (test_pyvalues.py). A larger one is keyed by identity and length: changed in place
+    with the same length, the graph keeps the members it was traced with. Pass such indices as a
+    tensor argument, or make a new container (a new object recaptures).
 """
 import copy
 import sys
@@ -468,3 +473,30 @@ def test_v_a_data_assignment_writes_in_place():
     assert sg.stats.replays == 2
     assert before.data_ptr() == w.data_ptr()   # eager: w's storage is a new one each call
     assert torch.equal(before, w[0])            # eager: the view keeps the values of its call
+
+
+def test_w_a_large_container_changed_in_place_keeps_the_traced_members():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    order = list(range(8)) * 600            # 4800 items: over the by-value budget
+
+    def step(x):
+        loss = model(x[order[:8]]).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    x = batch(0)[0]
+    for _ in range(3):
+        sg(x)
+    order[:8] = order[:8][::-1]             # same list, same length, other members
+    sg(x)
+    assert sg.stats.captures == 1 and sg.stats.replays == 2   # no recapture: the old order replays
+    small = list(range(8))                  # within the budget: a change recaptures
+    sg2 = stepgraph.compile(lambda x: model(x[small]).sum().detach())
+    for _ in range(3):
+        sg2(x)
+    small.reverse()
+    sg2(x)
+    assert sg2.stats.captures == 2

@@ -693,3 +693,59 @@ def test_a_step_that_sets_train_mode_leaves_it_set_after_each_replay():
     assert f.stats.replays >= 4
     assert got == want
     assert all(torch.equal(a, b) for a, b in zip(gp, wp))
+
+
+@pytest.mark.parametrize("where", ["module_attr", "global_in_place"])
+def test_a_dict_of_neighbour_sets_is_keyed_by_its_members(where):
+    """GraphSAGE (helper Q): the aggregator's forward reads ``self.adj_lists[int(v)]`` inside a
+    comprehension and builds index lists from the sets; the loop resamples them between calls.
+    Forward reads in comprehensions were not found, and containers of containers were keyed by
+    identity and length: the graph replayed the first call's neighbours, silently."""
+    import random
+    import torch.nn.functional as F
+    N = 12
+
+    class Agg(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.feats = torch.randn(N, 5)
+            self.adj_lists = {}
+            self.lin = torch.nn.Linear(5, 3)
+
+        def forward(self, nodes):
+            samp = [self.adj_lists[int(v)] for v in nodes]
+            uniq = sorted(set.union(*samp))
+            col = {u: i for i, u in enumerate(uniq)}
+            mask = torch.zeros(len(samp), len(uniq))
+            mask[[i for i, s in enumerate(samp) for _ in s], [col[u] for s in samp for u in s]] = 1
+            return self.lin((mask / mask.sum(1, keepdim=True)).mm(self.feats[torch.LongTensor(uniq)]))
+
+    def run(use_sg):
+        torch.manual_seed(0)
+        rng = random.Random(0)
+        m = Agg()
+        opt = torch.optim.SGD(m.parameters(), lr=0.5)
+        y = torch.arange(N) % 3
+        adj = {v: set() for v in range(N)}
+
+        def step(nodes):
+            loss = F.cross_entropy(m(nodes), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        f = stepgraph.compile(step, max_captures=16) if use_sg else step
+        out = []
+        for _ in range(6):
+            new = {v: set(rng.sample([(v + k) % N for k in (-2, -1, 1, 2)], 2)) for v in range(N)}
+            if where == "module_attr":
+                m.adj_lists = new
+            else:
+                adj.update(new)            # the same dict, the same length, other members
+                m.adj_lists = adj
+            out.append(f(list(range(N))))
+        return out, [p.detach().clone() for p in m.parameters()]
+
+    (le, pe), (ls, ps) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(ls, le))
+    assert all(torch.equal(a, b) for a, b in zip(ps, pe))

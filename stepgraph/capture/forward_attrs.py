@@ -1,4 +1,5 @@
-"""Scalar attributes a module's ``forward`` reads on ``self`` (``Dropout.p``, a temperature):
+"""Scalar attributes a module's ``forward`` reads on ``self`` (``Dropout.p``, a temperature, and
+containers of scalars keyed by value: an adjacency dict of neighbour sets):
 Python values of the step like those pyvalues.py finds in its own code; one the forward assigns
 (``self.calls += 1``) is the step's own change, tracked and replayed (trackplan.py)."""
 from __future__ import annotations
@@ -6,8 +7,8 @@ from __future__ import annotations
 import dis
 import types
 
-from .chains import _chains
-from .pyvalues import _SCALARS, _SKIP, Source
+from .chains import _all_code, _chains
+from .pyvalues import _SCALARS, _SKIP, Source, guard_value
 
 _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
 
@@ -21,9 +22,12 @@ def _self_attrs(cls) -> tuple:
     fwd = getattr(cls, "forward", None)
     if isinstance(fwd, types.FunctionType) and fwd.__code__.co_argcount >= 1:
         self_name = fwd.__code__.co_varnames[0]
-        for op, name, path, _ in _chains(fwd.__code__):
-            if op in ("LOAD_FAST", "LOAD_FAST_CHECK") and name == self_name and path and path[0][0] == "attr":
-                if path[0][1] not in names and path[0][1] != "training":
+        # (comprehensions and inner functions too: GraphSAGE's ``[self.adj_lists[int(v)] for v in
+        # nodes]`` reads ``self`` as a free variable of the comprehension's own code on 3.11)
+        for code in _all_code(fwd.__code__):
+            for op, name, path, _ in _chains(code):
+                if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF") and name == self_name and path \
+                        and path[0][0] == "attr" and path[0][1] not in names and path[0][1] != "training":
                     names.append(path[0][1])
         written = {x.argval for x in dis.get_instructions(fwd.__code__) if x.opname == "STORE_ATTR"}
     _FORWARD_ATTRS[cls] = got = (tuple(names), written)
@@ -38,7 +42,10 @@ def module_sources(modules, names: dict | None = None) -> list:
         read, written = _self_attrs(type(m))
         for a in read:
             v = d.get(a, _SKIP)
-            if isinstance(v, _SCALARS) and not a.startswith("__"):
+            # (and containers of scalars: GraphSAGE's ``self.adj_lists``, a dict of neighbour sets
+            # the forward turns into index constants -- keyed by value up to valuekeys' budget)
+            if (isinstance(v, _SCALARS) or isinstance(v, (list, tuple, dict, set, frozenset))
+                    and guard_value(v)[:1] != ("object",)) and not a.startswith("__"):
                 label = (names or {}).get(id(m)) or type(m).__name__
                 # (a counter forward keeps, ``self.calls += 1``: the step's own change, replayed)
                 out.append(Source("object", m, label, (("attr", a),), "", from_step=a in written))

@@ -240,6 +240,17 @@ def _tolist(t: torch.Tensor, reads: ReadLog):
     return items
 
 
+_HISTORY_FIX = ("compute it inside the step (pass its inputs as arguments), or detach it before the "
+                "call if no gradient should flow into it (x = x.detach(); and x.requires_grad_() when "
+                "the step differentiates with respect to it, as a PINN's torch.autograd.grad(u, x) "
+                "does: x becomes a leaf of its own); for a loss built from many earlier forward calls "
+                "(REINFORCE) capture the forward with stepgraph.graph_module(model) instead of the "
+                "whole step")
+# (a 0-dim tensor with history from the last call: most often a loss kept in a meter)
+_LOSS_KEPT = ("a loss kept from the last call (a meter's sum += loss * n, the QAT tutorial's "
+              "avgloss.update(loss, n)): keep loss.detach() there instead; otherwise ")
+
+
 class _DispatchCheckMode(TorchDispatchMode):
     def __init__(self, problems: list[Problem], cuda_step: bool = False, known: set | None = None,
                  reads: ReadLog | None = None, arrays=()):
@@ -332,15 +343,8 @@ class _DispatchCheckMode(TorchDispatchMode):
                     f"a tensor {str(a.dtype).replace('torch.', '')}{list(a.shape)} computed before the step "
                     f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
                     "values and backpropagate into a graph that no longer exists",
-                    user_frame(stack), ("a loss kept from the last call (a meter's sum += loss * n, "
-                                        "the QAT tutorial's avgloss.update(loss, n)): keep loss.detach() "
-                                        "there instead; otherwise " if a.dim() == 0 else "") +
-                    "compute it inside the step (pass its inputs as arguments), or "
-                    "detach it before the call if no gradient should flow into it (x = x.detach(); and "
-                    "x.requires_grad_() when the step differentiates with respect to it, as a PINN's "
-                    "torch.autograd.grad(u, x) does: x becomes a leaf of its own); for a loss built from "
-                    "many earlier forward calls (REINFORCE) capture the forward with "
-                    "stepgraph.graph_module(model) instead of the whole step", library_frame(stack), plain=True))
+                    user_frame(stack), (_LOSS_KEPT if a.dim() == 0 else "") + _HISTORY_FIX,
+                    library_frame(stack), plain=True))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

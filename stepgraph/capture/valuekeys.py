@@ -1,0 +1,117 @@
+"""How a Python value the step reads is keyed in the guard signature (pyvalues.py): scalars by
+value, small containers of scalars (nested ones too) by value, numpy arrays by their bytes when
+small, tensors and other objects by identity; ``_show`` says it back in a recapture reason."""
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .sigkey import Ident
+
+_SKIP = object()       # a value not guarded (functions, classes, Python modules)
+_MISSING = ("<missing>",)
+_SCALARS = (bool, int, float, complex, str, bytes, type(None))
+_MAX_ITEMS = 256       # containers of scalars up to this size are guarded by value
+
+
+def guard_value(v):
+    """What the guard compares for one value (hashable), or ``_SKIP``."""
+    if isinstance(v, float):
+        return ("nan",) if v != v else v  # nan != nan: key it by name
+    if isinstance(v, _SCALARS):
+        return v
+    if isinstance(v, torch.Tensor):
+        return ("tensor", id(v))
+    if type(v).__name__ == "ndarray" and type(v).__module__ == "numpy":
+        # (its values may be baked into the graph and numpy keeps no version: small arrays are
+        # keyed by their bytes, larger ones by identity -- and refused where read: schedules.py)
+        from .arrays import array_key
+        return array_key(v, read=True)
+    if isinstance(v, (torch.device, torch.dtype, torch.Size, torch.layout, torch.memory_format)):
+        return ("torch", str(v))
+    if isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+                      type, types.BuiltinMethodType)):
+        return _SKIP
+    if isinstance(v, (list, tuple)) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v):
+        return (type(v).__name__, tuple(("nan",) if isinstance(x, float) and x != x else x for x in v))
+    if isinstance(v, dict) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v.values()):
+        try:
+            return ("dict", tuple(v.items()))
+        except TypeError:
+            pass
+    if isinstance(v, (list, tuple)) and 0 < len(v) <= _MAX_ITEMS and _small_arrays(v):
+        # (minimalRL PPO's rollout, ``self.data``: numpy observations that ``torch.tensor(list)``
+        # turns into the batch: keyed by identity and length, a refilled list replayed the old one)
+        from .arrays import array_key
+        return (type(v).__name__, tuple(array_key(x, read=True) if type(x).__name__ == "ndarray" else
+                                        guard_value(x) for x in v))
+    if isinstance(v, (list, tuple, dict, set, frozenset)):
+        # (GraphSAGE's adjacency, a dict of neighbour sets the loop resamples in place: its
+        # members become index constants of the graph. Keyed by identity and length, the same
+        # dict with other members replayed the old neighbours, silently.)
+        nested = _nested_key(v, [_MAX_LEAVES])
+        if nested is not None:
+            return nested
+    if isinstance(v, (list, dict, set)):
+        return ("object", Ident(v), len(v))
+    return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
+
+
+_MAX_LEAVES = 4096     # nested containers of scalars up to this many items are keyed by value
+
+
+def _nested_key(v, budget: list):
+    """A nested container of scalars (a dict of sets of ints) as a hashable value, in its
+    iteration order; None past ``budget`` items or at anything else."""
+    if isinstance(v, _SCALARS):
+        return ("nan",) if isinstance(v, float) and v != v else v
+    if not isinstance(v, (list, tuple, dict, set, frozenset)):
+        return None
+    budget[0] -= len(v)
+    if budget[0] < 0:
+        return None
+    items = v.items() if isinstance(v, dict) else v
+    out = []
+    for x in items:
+        if isinstance(v, dict):
+            k, x = x
+            if not isinstance(k, _SCALARS):
+                return None
+            out.append(k)
+        key = _nested_key(x, budget)
+        if key is None:
+            return None
+        out.append(key)
+    return (type(v).__name__, tuple(out))
+
+
+def _small_arrays(v) -> bool:
+    """Numbers and small numpy arrays only, with one array at least (keyed by value, bytes)."""
+    arrays = [x for x in v if type(x).__name__ == "ndarray" and type(x).__module__ == "numpy"]
+    return bool(arrays) and sum(a.nbytes for a in arrays) <= 65536 and \
+        all(isinstance(x, _SCALARS) or any(x is a for a in arrays) for x in v)
+
+
+def _show(g) -> str:
+    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple") and any(
+            isinstance(x, tuple) and x[:1] == ("ndarray",) for x in g[1]):
+        return f"a {g[0]} of {len(g[1])} holding numpy arrays, values #{hash(g) & 0xffff:04x}"
+    if isinstance(g, tuple) and g[:1] == ("ndarray",) and len(g) == 5 and isinstance(g[4], bytes):
+        import numpy as np   # (arrays.array_key of a small array: its values)
+        vals = np.frombuffer(g[4], dtype=g[1]).reshape(g[2]) if g[2] else np.frombuffer(g[4], dtype=g[1])
+        text = np.array2string(vals, threshold=6, edgeitems=2, separator=", ").replace("\n", "")
+        return f"array {g[1]}{list(g[2])} {text[:40]}"
+    if isinstance(g, tuple) and g[:1] == ("live tensor",):   # (pyeffects.tensor_key)
+        return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
+    if g == ("number",):
+        return "a Python number"
+    if g == "<live>" or isinstance(g, tuple) and g[:1] == ("<live>",):   # (Guards._marker)
+        return "a float read live"
+    if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
+        return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
+    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):
+        s = repr(g[1])
+    else:
+        s = repr(g)
+    return s if len(s) <= 48 else s[:45] + "..."
