@@ -297,3 +297,56 @@ def test_sizes_given_one_by_one_from_a_tracked_number():
         t(k, n)
     assert t.step.stats.captures == 2, t.step.stats.recaptures
     assert any("2 -> 3" in r for r in t.step.stats.recaptures), t.step.stats.recaptures
+
+
+def test_tracked_numbers_reach_numpy_as_plain_numbers():
+    """YOLOv5's ``np.interp(ni, xi, ...)`` and GraphSAGE's ``labels[np.array(batch_nodes)]`` got a
+    proxy numpy did not know (an object array: TypeError, the step ran eagerly, "please report");
+    a prioritized replay's ``weights ** -beta`` with a float32 array promoted to float64."""
+    import numpy as np
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    w32 = np.array([0.5, 0.25], dtype=np.float32)
+    seen = []
+
+    def step(i, beta, x):
+        scale = float(np.interp(i, [0, 10], [1.0, 2.0]))
+        nodes = np.array([i, i + 1])
+        weights = w32 ** (-beta)
+        seen.append((nodes.dtype, weights.dtype))
+        loss = lin(x).square().mean() * scale * float(weights.sum()) + float(nodes.sum()) * 0.0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    for k in range(4):
+        f(2, 0.4, torch.randn(3, 4))
+    assert f.stats.replays == 2 and f.stats.failed_captures == 0
+    assert all(d == (np.dtype(np.int64), np.dtype(np.float32)) for d in seen), seen
+
+
+def test_a_closure_number_that_turns_from_int_to_float_is_a_new_key():
+    """YOLOv5: ``accumulate = max(1, np.interp(...).round())`` is the int 1, then 2.0; the step
+    branches on ``ni - last_opt_step >= accumulate``. Re-keying the graphs captured before the
+    comparison was recorded raised IndexError on the int's key, and the step ran eagerly."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9, nesterov=True)
+    x = torch.randn(8, 4)
+    state = {"last": -1, "acc": 1}
+
+    def step(ni):
+        loss = lin(x).pow(2).mean()
+        loss.backward()
+        if ni - state["last"] >= state["acc"]:
+            opt.step()
+            opt.zero_grad()
+            state["last"] = ni
+        return loss.detach()
+    f = stepgraph.compile(step)
+    for ni in range(8):
+        state["acc"] = 1 if ni < 3 else float(2 + ni % 2)
+        f(ni)
+    assert f.stats.failed_captures == 0 and f.stats.replays >= 1, f.stats

@@ -96,7 +96,10 @@ class LiveKeys:
                     if (oi, gi, k) in added and (v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",)):
                         slots.append(("hypers", (oi, gi, j, k), added[(oi, gi, k)]))
         for i, (src, v) in enumerate(zip(self.py.sources, key.py_values)):
-            if src in added:
+            # (only a graph that read it live answers to the new comparisons: one that keyed it by
+            # value -- YOLOv5's ``accumulate``, the int 1 before it became a float -- keeps its
+            # key; extending that key raised IndexError and the step ran eagerly)
+            if src in added and (v == "<live>" or isinstance(v, tuple) and v[:1] == ("<live>",)):
                 slots.append(("py_values", i, added[src]))
         if not slots:
             return [key]

@@ -111,6 +111,22 @@ class Tracked:
         self._use()
         return complex(self._v)
 
+    # numpy: a proxy is no int or float to it, so ``np.array([i, j])`` made an object array and
+    # ``np.interp(ni, ...)`` raised (YOLOv5's warm-up); ``float32_array ** beta`` promoted to
+    # float64 (PER's importance weights). Handed over as the plain number, used by value.
+    def __array__(self, dtype=None, copy=None):
+        import numpy as np
+        self._use()
+        return np.asarray(self._v, dtype=dtype)
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return getattr(ufunc, method)(*_plain_used(inputs), **dict(zip(kwargs, _plain_used(kwargs.values()))))
+
+    def __array_function__(self, func, types, args, kwargs):
+        import torch.utils._pytree as pytree
+        args, kwargs = pytree.tree_map(_plain_use, (args, kwargs))
+        return func(*args, **kwargs)
+
     def __reduce_ex__(self, protocol):   # copy/pickle hand out a plain number
         self._use()
         return (type(self._v), (self._v,))
@@ -138,6 +154,17 @@ class Tracked:
             raise AttributeError(name)
         self._use()
         return getattr(self._v, name)
+
+
+def _plain_use(x):
+    if type(x) in _PROXIES:
+        x._use(force=True)
+        return x._v
+    return x
+
+
+def _plain_used(xs) -> list:
+    return [_plain_use(x) for x in xs]
 
 
 def _class(self):

@@ -52,7 +52,7 @@ def guard_value(v):
         # dict with other members replayed the old neighbours, silently.)
         nested = _nested_key(v, [_MAX_LEAVES])
         if nested is not None:
-            return nested
+            return ("contents", len(v), nested)
     if isinstance(v, (list, dict, set)):
         return ("object", Ident(v), len(v))
     return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
@@ -104,6 +104,8 @@ def _show(g) -> str:
         return f"array {g[1]}{list(g[2])} {text[:40]}"
     if isinstance(g, tuple) and g[:1] == ("live tensor",):   # (pyeffects.tensor_key)
         return f"a tensor {str(g[1]).replace('torch.', '')}{list(g[3])}"
+    if isinstance(g, tuple) and g[:1] == ("contents",):   # (a nested container, keyed by its members)
+        return f"a {g[2][0]} of {g[1]} items, members #{hash(g) & 0xffff:04x}"
     if g == ("number",):
         return "a Python number"
     if g == "<live>" or isinstance(g, tuple) and g[:1] == ("<live>",):   # (Guards._marker)
