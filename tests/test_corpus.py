@@ -39,6 +39,14 @@ KNOWN = {
     # QAT's disable_observer flips a FakeQuantize flag the forward reads on the host, once: the
     # two paths of the step taken before it (a variant each) take it once more each.
     "qat_mobilenet_fakequant_v0": (harness.RECAPTURES, "self.quant"),
+    # graphsage-simple with its neighbour sampling moved out of the step (the fix named for
+    # ``random.sample``): the batch's node ids are a Python list of numpy ints, a graph per batch;
+    # and the full-batch setting resamples the adjacency dict each call, keyed by its members.
+    "graphsage_simple_sample_outside": (harness.RECAPTURES, "batch_nodes"),
+    "graphsage_simple_sample_outside_fullbatch": (harness.RECAPTURES, "adj_lists"),
+    # YOLOv5's targets hold a different number of boxes in each batch: a graph per shape, never
+    # replayed in 8 steps (max_captures then runs it eagerly, warned).
+    "yolov5_loss_warmup_outside": (harness.EAGER, "never replayed"),
 }
 
 
