@@ -14,11 +14,14 @@ from stepgraph.errors import RunsEagerly
 
 
 def test_a_cuda_step_with_its_own_collectives_and_a_host_read_runs_eagerly():
-    reads = SimpleNamespace(sites=lambda: ["moco.py:109 (ptr = int(self.queue_ptr))"])
+    reads = SimpleNamespace(guards=[("moco.py:109 (ptr = int(self.queue_ptr))", "int()", 4)])
     with pytest.raises(RunsEagerly, match="moco.py:109"):
         refuse_collectives_with_reads(SimpleNamespace(collective_groups=[object()]), "cuda", SimpleNamespace(reads=reads))
     refuse_collectives_with_reads(SimpleNamespace(collective_groups=[object()]), "cpu", SimpleNamespace(reads=reads))
     refuse_collectives_with_reads(SimpleNamespace(collective_groups=[]), "cuda", SimpleNamespace(reads=reads))
+    # a read only logged (an all-reduced loss for a meter) has no guard: the graph stays
+    refuse_collectives_with_reads(SimpleNamespace(collective_groups=[object()]), "cuda",
+                                  SimpleNamespace(reads=SimpleNamespace(guards=[])))
 
 
 def test_runs_eagerly_undoes_the_trace_and_warns_once(monkeypatch):

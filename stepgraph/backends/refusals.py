@@ -137,7 +137,9 @@ def refuse_collectives_with_reads(reg, device: str, tr) -> None:
     with every backend, replay included, while its CPU run (gloo) is bitwise and DINO's
     (all_reduce, a one-time host read) passes. Until the cause is found such steps run eagerly,
     warned -- inside the trace, so that this call is undone and runs eagerly from its start."""
-    sites = tr.reads.sites() if tr.reads is not None else []
+    # (value guards only -- a branch, a position: a read only returned or logged, a DDP script's
+    # all-reduced loss for its meter, has no guard and keeps its graph)
+    sites = list(dict.fromkeys(g[0] for g in tr.reads.guards)) if tr.reads is not None else []
     if device == "cuda" and reg.collective_groups and sites:
         raise RunsEagerly(
             f"it calls torch.distributed collectives itself and reads tensor values on the host "
