@@ -69,3 +69,46 @@ def test_a_write_into_a_moving_slice_is_refused_as_eager_left_it():
     want = run(False, torch.int64, write=True, calls=4)
     with pytest.raises(stepgraph.CaptureError, match="written in place"):
         run(True, torch.int64, write=True, calls=4)
+
+
+class LoaderLite:
+    """build-nanogpt's single-process DataLoaderLite: the position reset to the literal 0."""
+
+    def __init__(self, tokens, B, T):
+        self.tokens, self.B, self.T, self.current_position = tokens, B, T, 0
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = self.tokens[self.current_position: self.current_position + B * T + 1]
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.current_position += B * T
+        if self.current_position + (B * T + 1) > len(self.tokens):
+            self.current_position = 0
+        return x, y
+
+
+def test_a_position_reset_to_a_literal_is_written_again_at_each_replay():
+    """``self.current_position = 0`` when the shard runs out was refused ("the step changes the
+    Python value ... (176 -> 0)"): a number the step's code stores as a literal is written again
+    after each replay of the graph that took that branch."""
+    def run(use_sg):
+        torch.manual_seed(0)
+        loader = LoaderLite(torch.randint(0, 50, (200,)), 2, 8)
+        emb = torch.nn.Embedding(50, 50)
+        opt = torch.optim.AdamW(emb.parameters(), lr=1e-2)
+
+        def step():
+            x, y = loader.next_batch()
+            loss = F.cross_entropy(emb(x).flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        f = stepgraph.compile(step) if use_sg else step
+        out = [(f(), loader.current_position) for _ in range(26)]   # two wrap-arounds
+        return out, emb.weight.detach().clone(), f
+
+    want, got = run(False), run(True)
+    assert all(torch.equal(a, b) and p == q for (a, p), (b, q) in zip(got[0], want[0]))
+    assert torch.equal(got[1], want[1])
+    assert got[2].stats.captures <= 3 and got[2].stats.replays >= 20, got[2].stats.recaptures

@@ -144,6 +144,7 @@ class PyValues:
     """Every source found for one step function, and how to key them."""
     sources: list = field(default_factory=list)
     literals: set = field(default_factory=set)   # numbers written in the step's code
+    const_stores: set = field(default_factory=set)  # (name, number): ``self.pos = 0`` in its code
 
     def key(self, args=()) -> tuple:
         return tuple(s.value(args) for s in self.sources)
@@ -187,6 +188,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     out: dict = {}
     seen: set = set()
     literals: set = set()
+    const_stores: set = set()
 
     def visit(func, depth, bound=None, binds=None, self_is_record=False):
         if isinstance(func, types.MethodType):
@@ -199,6 +201,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         seen.add(id(code))
         literals.update(c for co in _all_code(code) for c in co.co_consts
                         if isinstance(c, (int, float)) and not isinstance(c, bool))
+        const_stores.update(constant_stores(code))
         params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
         stored = {x.argval for c in _all_code(code) for x in dis.get_instructions(c)
                   if x.opname in ("STORE_FAST", "DELETE_FAST")}
@@ -309,7 +312,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         s.calls_only = bool(s.methods) and None not in calls[key]
         s.append_only = s.identity_only and all(appends.get(key, [False]))
     out.update(modules_called)
-    return PyValues(list(out.values()), literals)
+    return PyValues(list(out.values()), literals, const_stores)
 
 
 def _view_of_parent(s: Source, v, args) -> bool:
@@ -327,3 +330,24 @@ def _view_of_parent(s: Source, v, args) -> bool:
         return again is not v and v.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, subclasses)
         return False
+
+
+def constant_stores(code) -> set:
+    """``(name, number)`` for each number literal the code stores as it is into an attribute, a
+    constant subscript or a global/closure variable (build-nanogpt's DataLoaderLite resets
+    ``self.current_position = 0`` when it runs out): a replay can write that number again."""
+    out = set()
+    for c in _all_code(code):
+        ins = [x for x in dis.get_instructions(c) if x.opname not in ("CACHE", "NOP", "EXTENDED_ARG")]
+        for i, x in enumerate(ins):
+            if x.opname != "LOAD_CONST" or not isinstance(x.argval, (int, float)) or isinstance(x.argval, bool):
+                continue
+            nxt = ins[i + 1:i + 4]
+            if nxt and nxt[0].opname in ("STORE_GLOBAL", "STORE_DEREF"):
+                out.add((nxt[0].argval, x.argval))
+            elif len(nxt) >= 2 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "STORE_ATTR":
+                out.add((nxt[1].argval, x.argval))
+            elif len(nxt) == 3 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "LOAD_CONST" \
+                    and nxt[2].opname == "STORE_SUBSCR":
+                out.add((nxt[1].argval, x.argval))
+    return out

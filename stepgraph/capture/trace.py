@@ -195,7 +195,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                         group[k] = v
                 # (the entries a scheduler stepped in the step set: its step is redone after each
                 # replay and sets them again -- no constants of this graph)
-                box["number_effects"] = swap_out(swapped, a) + hyper_effects(reg, saved_hypers, box["sched_set"])
+                box["number_effects"] = swap_out(swapped, a, track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"])
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)

@@ -157,6 +157,7 @@ class TrackPlan:
     sources: list = field(default_factory=list)   # Root("source", Source)
     records: list = field(default_factory=list)   # (Source, [Root("attr", (Source, name))])
     arrays: list = field(default_factory=list)    # Root("source", Source) of numpy schedules (schedules.py)
+    const_stores: set = field(default_factory=set)  # (name, number) the step's code stores as literals
 
     def roots(self) -> list:
         return self.leaves + self.sources + [r for _, attrs in self.records for r in attrs]
@@ -254,7 +255,7 @@ class NumberEffect:
             vars(src.read(args))[name] = value
 
 
-def swap_out(swapped: list, args) -> list:
+def swap_out(swapped: list, args, const_stores=frozenset()) -> list:
     """Put the values back, unless the step assigned new ones (then those stay, as plain
     numbers): what eager leaves. Runs even when the step raised. Returns the
     :class:`NumberEffect` of each number the step assigned from tracked arithmetic."""
@@ -271,9 +272,19 @@ def swap_out(swapped: list, args) -> list:
                     d[r.ref[1]] = v if cur is p else cur._v
             if cur is not p and type(cur) in _PROXIES and getattr(cur, "_e", None) is not None:
                 effects.append(NumberEffect(r, d, cur._e))
+            elif cur is not p and type(cur) in (int, float) and (_slot_name(r, d), cur) in const_stores:
+                effects.append(NumberEffect(r, d, cur))   # (a literal the step's code stores: ``pos = 0``)
         except Exception:  # noqa: BLE001 - the step deleted or replaced the container
             pass
     return effects
+
+
+def _slot_name(r, d):
+    """The attribute, key or variable name a tracked number is stored under."""
+    if d is not None:
+        return r.ref[1]
+    src = r.ref
+    return src.path[-1][1] if src.path else src.name
 
 
 def group_entries(reg, keep):
