@@ -43,7 +43,8 @@ KNOWN = {
     # ``random.sample``): the batch's node ids are a Python list of numpy ints, a graph per batch;
     # and the full-batch setting resamples the adjacency dict each call, keyed by its members.
     "graphsage_simple_sample_outside": (harness.RECAPTURES, "batch_nodes"),
-    "graphsage_simple_sample_outside_fullbatch": (harness.RECAPTURES, "adj_lists"),
+    # (never replayed in some runs: every call a new adjacency -- EAGER; RECAPTURES when a draw repeats)
+    "graphsage_simple_sample_outside_fullbatch": ((harness.RECAPTURES, harness.EAGER), ("adj_lists", "never replayed")),
     # YOLOv5's targets hold a different number of boxes in each batch: a graph per shape, never
     # replayed in 8 steps (max_captures then runs it eagerly, warned).
     "yolov5_loss_warmup_outside": (harness.EAGER, "never replayed"),
@@ -59,6 +60,7 @@ def test_client(name):
     if name in KNOWN:
         status, detail = KNOWN[name]
         statuses = status if isinstance(status, tuple) else (status,)
-        assert r.status in statuses and (r.status == harness.OK or detail in r.detail), r.row()
+        details = detail if isinstance(detail, tuple) else (detail,)
+        assert r.status in statuses and (r.status == harness.OK or any(d in r.detail for d in details)), r.row()
         return
     assert r.status in ACCEPTED, r.row()
