@@ -46,21 +46,14 @@ class LiveFloats:
         scheduler drives a second time. Live under one name and keyed by value under the other,
         every schedule change recaptured (torchvision's reference recipe: 2 recaptures on the
         GPU), and the tracked read turned the optimizer's ``-lr`` into a value check."""
-        from .capture.trackplan import _parent
-        groups = {id(grp): (oi, gi) for oi, (_, opt) in enumerate(self.reg.optimizers)
-                  for gi, grp in enumerate(opt.param_groups)}
+        from .capture.trackplan import slot_of
+        hypers = {(id(grp), k): (oi, gi, k) for oi, (_, opt) in enumerate(self.reg.optimizers)
+                  for gi, grp in enumerate(opt.param_groups) for k in grp}
         out = set(new)
         for s in self.guards.py.sources:
-            if not s.path or s.path[-1][0] != "item":
-                continue
-            try:
-                at = groups.get(id(_parent(s, args)))
-            except Exception:  # noqa: BLE001 - a path that does not resolve now names nothing
-                continue
-            if at is not None:
-                h = (*at, s.path[-1][1])
-                if h in out or s in out:
-                    out |= {h, s}
+            h = hypers.get(slot_of(s, args)) if s.path and s.path[-1][0] == "item" else None
+            if h is not None and (h in out or s in out):
+                out |= {h, s}
         return out - self.baked
 
     def before_prepare(self, backend_name: str, device: str, args, reason, last_key, key):

@@ -28,7 +28,7 @@ import operator
 import sys
 
 from .hostscalar import HostFloat
-from .numchecks import Op
+from .numchecks import Op, _kind
 
 _NUMBERS = (int, float, bool)
 
@@ -169,8 +169,7 @@ def _plain_used(xs) -> list:
 
 def _class(self):
     """``isinstance(x, int)`` asks this: the answer depends on the number's type, checked."""
-    # (a live hyper-parameter stepgraph put in the group, a HostFloat, is the user's float)
-    t = float if isinstance(self._v, HostFloat) else type(self._v)
+    t = _kind(self._v)   # (a live hyper-parameter stepgraph put in the group is the user's float)
     if self._log.active and not _in_sink():
         self._log.decide(Op(type, (self._e,)), t, _where())
     return t

@@ -344,9 +344,4 @@ def names_slot(src, args, slots) -> bool:
     """``src`` reads a param-group entry that is live as a hyper-parameter (the step's own
     ``optimizer.param_groups[0]["lr"]``): that substitution serves both names (two would leave
     the first's stand-in in the group when the second is put back)."""
-    if not src.path or src.path[-1][0] != "item":
-        return False
-    try:
-        return (id(_parent(src, args)), src.path[-1][1]) in slots
-    except Exception:  # noqa: BLE001 - a path that does not resolve names no slot
-        return False
+    return bool(src.path) and src.path[-1][0] == "item" and slot_of(src, args) in slots
