@@ -134,6 +134,8 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
                    and id(getattr(o, "__dict__", None)) in dict_ids]
     del refs, dicts
     from torch.utils._python_dispatch import _disable_current_modes
+
+    from .rollback import before_write
     consts = {id(getattr(mode.tracer.root, n.target, None)) for n in mode.tracer.graph.nodes if n.op == "get_attr"}
     out, seen = [], set()
     root = getattr(mode.tracer, "root", None)   # (make_fx's scratch module: its constants)
@@ -152,6 +154,7 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
             read = old is not None and old is not v and id(old) in consts and old.shape == v.shape \
                 and old.dtype == v.dtype and old.device == v.device and not old.requires_grad
             if read:   # (self.running_mean = 0.9 * self.running_mean + ...: a graph constant)
+                before_write(old)   # (undone with the rest if the capture fails after this)
                 with _disable_current_modes(), torch.no_grad():
                     old.copy_(v)   # (replays read what this call left)
             out.append((AttrStore(o, name, const=old if read else None), v))

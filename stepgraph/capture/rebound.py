@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from .rollback import before_write
+
 
 def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: int) -> list:
     """For each buffer ``escapes[i]`` (its tensor before the step ``olds[i]``, its new value the
@@ -36,6 +38,7 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
                 ref = consts[id(old)] = gm.graph.get_attr(name)
             gm.graph.call_function(torch.ops.aten.copy_.default, (ref, outs[first + i]))
         drop.add(first + i)
+        before_write(old)   # (undone with the rest if the capture fails after this)
         with torch.no_grad():
             old.copy_(new)
         s.set(old)

@@ -21,6 +21,7 @@ run decides -- if eager raises too, the caller gets eager's exception).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -162,6 +163,28 @@ class Rollback:
         for set_state, state in self.host_rng:
             set_state(state)
         return True
+
+
+_TRACING: list = []   # the Rollback of the trace running now
+
+
+@contextlib.contextmanager
+def saving_writes(rollback: Rollback | None):
+    """While the trace runs: what stepgraph itself writes into the user's tensors outside
+    CopyOnWrite's view is saved first too (``before_write``)."""
+    _TRACING.append(rollback)
+    try:
+        yield
+    finally:
+        _TRACING.pop()
+
+
+def before_write(t: torch.Tensor) -> None:
+    """stepgraph is about to write ``t`` in place while tracing (a rebound buffer bound back
+    to its old tensor: attrstores.py, rebound.py). DINO's center took two updates without it when
+    the call was undone after its trace and ran again eagerly."""
+    if _TRACING and _TRACING[-1] is not None:
+        _TRACING[-1].save(t)
 
 
 class CopyOnWrite(TorchDispatchMode):

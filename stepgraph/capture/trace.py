@@ -35,7 +35,7 @@ from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .rnns import RnnDecomposition
 from . import pycalls, pyeffects
-from .rollback import CopyOnWrite, Rollback
+from .rollback import CopyOnWrite, Rollback, saving_writes
 from .datarebind import data_assignments
 from .schedules import array_conversions
 from .sinks import TrackMode, scrub, sinks, sized_calls, unwrap_result
@@ -277,7 +277,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
     try:
         with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])), \
-                _one_fake_mode(), inline_compiled():
+                _one_fake_mode(), inline_compiled(), saving_writes(rollback):
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors,
                                                                                     source_tensors)
     finally:
@@ -289,8 +289,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         odd = rebind_array_constants(gm, {phs[tensor_pos.index(i)]: user_tensors[tensor_pos.index(i)]
                                           for i in array_pos})
         array_reads += [(tensor_pos[phs.index(ph)], "a view of another dtype") for ph in odd]
-    # (a buffer the step rebinds: copied into the old one by the graph, rebound.py)
-    box["escapes"] = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
+    with saving_writes(rollback):   # (a buffer the step rebinds: copied into its old one, rebound.py)
+        box["escapes"] = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
