@@ -15,7 +15,7 @@ from .capture.trace import TraceResult
 from .capture import argtree
 from .capture.arrays import as_input
 from .capture.numchecks import checks_hold, evaluate, roots_of, set_call
-from .errors import StepGraphError
+from .errors import GuardMiss, StepGraphError
 from .passes import GraphSummary
 
 
@@ -120,12 +120,19 @@ class CapturedStep:
             inputs[m.index] = inputs[m.index].to(m.device)
         inputs += [p.grad for p, _ in tr.grad_inputs]
         inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
+        # (MoCo's torch.randperm(n).cuda() is drawn here, before the graph: a sibling graph
+        # whose guard misses gives the draw back, as the graph's own rewind cannot)
+        drawn = torch.default_generator.get_state() if self.prologue is not None and self.prologue.draws else None
         if self.prologue is not None:   # (torch.randint(...).to(device): drawn now, as eager does)
             inputs += self.prologue(inputs)
         if self.device_scalars is not None:
             inputs.append(self.device_scalars.pack())
         try:
             outs = self.run(inputs)
+        except GuardMiss:
+            if drawn is not None:
+                torch.default_generator.set_state(drawn)
+            raise
         except RuntimeError as e:
             if not self.distributed:
                 raise

@@ -26,6 +26,7 @@ class Prologue:
     module: fx.GraphModule
     reads: tuple          # positions among the graph's inputs that the prologue reads
     n_outputs: int
+    draws: bool = False   # it draws from the CPU generator (given back when the graph's guard misses)
 
     def __call__(self, inputs: list) -> list:
         out = self.module(*[inputs[i] for i in self.reads])
@@ -95,4 +96,5 @@ def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | Non
     for n in reversed(host):
         gm.graph.erase_node(n)
     gm.recompile()
-    return Prologue(module, tuple(reads), len(outs))
+    draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in host)
+    return Prologue(module, tuple(reads), len(outs), draws)
