@@ -216,7 +216,7 @@ def optimizer_states(reg) -> int:
     return sum(len(opt.state) for _, opt in reg.optimizers)
 
 
-def warmed_up(step, result):
+def warmed_up(step, result, why: str = "this call created optimizer state"):
     """The traced call created optimizer state: the first ``optimizer.step()`` after warm-up
     calls that did not step (gradient accumulation, MAE's ``update_grad=(i + 1) % accum == 0``).
     Its graph, keyed by the state before, would never replay (each later call missed it with
@@ -227,7 +227,7 @@ def warmed_up(step, result):
     step.stats.branches[Branch.CAPTURE] -= 1
     step.stats.took(Branch.WARMUP)
     step._last = step._last_quick = None   # (the state changed: the quick key is recomputed)
-    logging.getLogger("stepgraph").info("stepgraph: %s: this call created optimizer state; it counts as a warm-up", step.__name__)
+    logging.getLogger("stepgraph").info("stepgraph: %s: %s; this call counts as a warm-up", step.__name__, why)
     return plain_floats(result)
 
 

@@ -1,6 +1,7 @@
 """``StepFunction.explain()``: what was captured, as text (ops, state by source, guards)."""
 from __future__ import annotations
 
+from .capture import fetches
 from .capture.numchecks import describe, roots_of
 from .capture.sigkey import TensorMeta
 from .passes.analysis import collective_nodes
@@ -40,6 +41,7 @@ def explain(self) -> str:
     if reg is not None:
         lines.append("  state found: modules " + (", ".join(n for n, _ in reg.modules) or "-")
                      + "; optimizers " + (", ".join(n for n, _ in reg.optimizers) or "-"))
+    lines += [f"  {line}" for line in fetches.describe(self._fetch)]
     for r in self.stats.recaptures:
         lines.append(f"  recapture: {r}")
     for site, n in self.stats.guard_misses.items():

@@ -31,7 +31,7 @@ from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream
 from .backends.refusals import refuse_collectives_with_reads, refuse_uncapturable
 from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
-from .capture import collectives, distributed, fsdp
+from .capture import collectives, distributed, fetches, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
 from .capture.effects import resolve_bindings
@@ -117,6 +117,11 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
         traced = trace(step, plan, args, kwargs, done)
         if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
             return warmed_up(step, traced.trace.result)
+        if traced.trace.fetches and not step._fetch:   # (next(loader) in the step: fetches.py)
+            step._fetch = fetches.plan(traced.trace.fetches, step._guards.py.sources, args)
+            if step._fetch:
+                return warmed_up(step, traced.trace.result, "it takes its batches with next(): from the next "
+                                 "call on they are taken before the step and fed in as inputs")
         clean(step, plan, traced, args)
         lowered = lower(step, plan, traced)
     except BaseException as e:
@@ -187,7 +192,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                             generators=generator_states(guards.py, args),
                             library_state=library_scalars(guards.py, args, redone=calls_at),
                             training_before=[(m, m.training) for m in reg.all_modules])
-            traced.trace = trace_step(step.fn, args, kwargs, reg, plan.device,
+            traced.trace = trace_step(fetches.calling(step.fn, step._fetch, step.__name__), args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,

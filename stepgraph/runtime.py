@@ -17,7 +17,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
-from .capture import collectives, distributed
+from .capture import collectives, distributed, fetches
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
@@ -76,6 +76,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._live: LiveFloats | None = None  # which floats captures read live (livefloats.py)
             self._recapture_kinds: set = set()  # reasons already shown at WARNING
             self._moving_numbers: set = set()   # tracked numbers a value check saw change (UseLog.moving)
+            self._fetch: list | None = None     # batches the step takes with next(), taken first (fetches.py)
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False
@@ -112,6 +113,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 self._rescan = False
             if self._reg.device_hypers:
                 absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
+            if self._fetch:   # (its batches, taken now and handed to its next(): inputs like arguments)
+                kwargs = fetches.take(self._fetch, args, kwargs)
             last = self._last
             if last is not None:
                 try:
@@ -177,4 +180,4 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
 
     def _eager(self, args, kwargs):
         self.stats.eager_calls += 1
-        return self.fn(*args, **kwargs)
+        return fetches.call(self.fn, self._fetch, args, kwargs, self.__name__)

@@ -85,6 +85,10 @@
     recapture (test_pyvalues.py). A larger one is keyed by identity and length: changed in place
     with the same length, the graph keeps the members it was traced with. Pass such indices as a
     tensor argument, or make a new container (a new object recaptures).
+(x) A step that takes its batches with ``next(iterator)`` (EDM's loop) gets them taken before its
+    code runs, from the iterator its source holds at the call (capture/fetches.py): an exception
+    of the iterator (``StopIteration``) comes before anything the step does, and a call that
+    takes fewer batches than the one before leaves the extra ones skipped (warned).
 """
 import copy
 import sys
@@ -500,3 +504,26 @@ def test_w_a_large_container_changed_in_place_keeps_the_traced_members():
     small.reverse()
     sg2(x)
     assert sg2.stats.captures == 2
+
+
+def test_x_batches_taken_with_next_are_taken_before_the_step_runs():
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    data = iter([batch(i) for i in range(4)])
+    seen = []
+
+    def step():
+        seen.append(1)                       # (Python the step runs before its next())
+        x, y = next(data)
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for _ in range(4):
+        sg()
+    assert sg.stats.replays == 1 and len(seen) == 3   # warm-up, the call that found next(), capture
+    with pytest.raises(StopIteration):
+        sg()
+    assert len(seen) == 3                    # eager would have run the step up to its next()

@@ -118,15 +118,43 @@ def _once(problems: list, marker: str, make, where: str) -> None:
         problems.append(make())
 
 
-def _next_watch(problems: list, named):
+def _draw_states() -> tuple:
+    """The global random generators' states (torch's CPU one, ``random``, numpy's), comparable."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        out = [bytes(torch.default_generator.get_state().numpy()), random.getstate()]
+    np = sys.modules.get("numpy")
+    if np is not None:
+        st = np.random.get_state(legacy=False)["state"]
+        out.append((st["pos"], st["key"].tobytes()))
+    return tuple(out)
+
+
+def _next_watch(problems: list, named, seen=None):
     orig = builtins.next
+    start = _draw_states() if seen is not None else None
+    inside = [False]   # (_draw_states' own context managers call next())
 
     def watched(*a):
+        if inside[0]:
+            return orig(*a)
+        inside[0] = True
+        try:
+            before = _draw_states() if seen is not None else None
+        finally:
+            inside[0] = False
         out = orig(*a)
         from .pyvalues import _user_code
         caller = sys._getframe(1).f_code
         if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(a[0], out, named):
             where = user_frame(traceback.extract_stack())
+            if seen is not None:   # (fetches.py: taken before the step from the next call on)
+                from .fetches import SeenNext
+                inside[0] = True
+                try:
+                    seen.append(SeenNext(a[0], where, before != start, _draw_states() != before))
+                finally:
+                    inside[0] = False
             _once(problems, "next(", lambda: Problem(
                 f"the step takes its data with next({type(a[0]).__name__}): a replay runs no Python "
                 "code, so the iterator would not advance and every replay would train on this "
@@ -141,12 +169,12 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # stepgrap
 
 
 @contextlib.contextmanager
-def host_random_watch(problems: list, named=lambda t: False):
+def host_random_watch(problems: list, named=lambda t: False, seen=None):
     """While the step is traced: each module-level draw of ``random`` / ``numpy.random``, and
     each ``next()`` in user code that returns tensors ``named`` does not know, adds a problem
     (once per call site). Draws made from inside another draw are not counted twice."""
     saved, inside = [], [False]
-    orig_next, watched = _next_watch(problems, named)
+    orig_next, watched = _next_watch(problems, named, seen)
     saved.append((builtins, "next", orig_next))
     builtins.next = watched
 

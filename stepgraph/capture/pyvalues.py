@@ -59,6 +59,7 @@ class Source:
     calls_only: bool = False     # a library object the code only calls, as statements (pycalls.py)
     append_only: bool = False    # a list the code only appends to (``losses.append(x)``, ``+=``)
     methods: tuple = ()          # methods of a library object the code calls as statements
+    fetched: bool = False        # an iterator the step takes its batches from (fetches.py)
 
     def describe(self) -> str:
         s = self.name
@@ -110,6 +111,8 @@ class Source:
 
     def key_for(self, v):
         """The key of the value ``v`` read here (untracked sources)."""
+        if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
+            return ("fetched from", type(v))
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)
             return ("calls", type(v))
         if self.append_only and type(v) is list:

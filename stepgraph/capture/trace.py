@@ -81,6 +81,7 @@ class TraceResult:
     read_roots: list = field(default_factory=list)      # (Root("read"), output position): number effects' reads
     array_reads: list = field(default_factory=list)     # leaf positions of input arrays read in Python (arrays.py)
     to_host: frozenset = frozenset()   # user outputs copied to the host after each run (tohost.py)
+    fetches: list = field(default_factory=list)   # fetches.SeenNext: batches the step took with next()
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -95,9 +96,8 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
 
 @contextlib.contextmanager
 def _call_patches(track, reg):
-    """torch callables patched while traced: sizes given one by one (sinks.sized_calls),
-    conversions of the numpy views the step is handed (schedules.array_conversions) and
-    ``t.data = new`` (datarebind.py)."""
+    """torch callables patched while traced: sizes given one by one (sinks.sized_calls), conversions
+    of the numpy views the step is handed (schedules.array_conversions), ``t.data = new`` (datarebind.py)."""
     with sized_calls(), array_conversions(track), data_assignments(reg.name_of):
         yield
 
@@ -164,7 +164,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None,
                                                                          hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced), \
-                math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None), \
+                math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None, box.setdefault("fetches", [])), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
                                        box.setdefault("sched_set", [])), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
@@ -305,7 +305,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
                        append_effects=appends, call_effects=calls, call_notes=call_notes,
-                       array_reads=sorted({i for i, _ in array_reads}), to_host=to_host)
+                       array_reads=sorted({i for i, _ in array_reads}), to_host=to_host, fetches=box["fetches"])
 
 
 def _output_reads(gm, out_leaves: list) -> list:

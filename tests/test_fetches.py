@@ -1,0 +1,122 @@
+"""Batches a step takes with ``next(iterator)`` are taken before each call and fed in as inputs
+(capture/fetches.py): NVlabs EDM's training loop (``images, labels = next(dataset_iterator)``
+once per accumulation round) was refused. Each test runs the step eagerly and under stepgraph
+from the same seed and compares every loss and parameter bitwise."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+from stepgraph import CaptureError
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
+
+
+class Noisy(torch.utils.data.Dataset):
+    """A dataset whose ``__getitem__`` draws from torch's global generator (an augmentation)."""
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.data[i] + 0.1 * torch.rand(())
+
+
+def _edm_like(use_sg, epochs=3, rounds=2, dataset=None, shuffle=True):
+    """EDM's step: ``rounds`` batches per call from a loader the loop makes anew each epoch
+    (a global of the test's module reached through a dict), CPU noise drawn between them."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    data = torch.randn(30, 4)
+    dl = torch.utils.data.DataLoader(dataset or torch.utils.data.TensorDataset(data), batch_size=4, shuffle=shuffle)
+    loop = {}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for _ in range(rounds):
+            batch = next(loop["it"])
+            x = batch[0] if isinstance(batch, (list, tuple)) else batch
+            noise = torch.randn_like(x)                     # (EDM's sigma and noise: drawn here)
+            loss = net(x + 0.1 * noise).square().mean()
+            loss.backward()
+            total = total + loss.detach()
+        opt.step()
+        return total
+    f = stepgraph.compile(step) if use_sg else step
+    losses = []
+    for _ in range(epochs):
+        loop["it"] = iter(dl)   # a new iterator each epoch: read through its source at each call
+        for _ in range(len(dl) // rounds):
+            losses.append(f())
+    return losses, [p.detach().clone() for p in net.parameters()], f
+
+
+def test_edm_batches_per_round_are_eagers_bitwise():
+    want, pw, _ = _edm_like(False)
+    got, pg, f = _edm_like(True)
+    assert len(got) == len(want) == 12
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
+    assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+    s = f.stats
+    # call 2 found the next() (a warm-up), 3 captured; the partial last batch (2 of 30) has its
+    # own graph; every other call of the three epochs replays
+    assert s.captures == 2 and s.replays == 8 and s.eager_calls == 2, s
+    assert "batches taken before each call and fed in as inputs (2 per call): next(loop['it'])" in f.explain()
+
+
+def test_a_loader_that_draws_in_each_batch_after_the_step_drew_is_still_refused():
+    """Taken first, the dataset's draw for the second batch would come before the step's noise
+    for the first: not eager's order, so the refusal stands."""
+    with pytest.raises(CaptureError, match="takes its data with next"):
+        _edm_like(True, epochs=1, dataset=Noisy(torch.randn(30, 4)))
+
+
+def test_a_loader_that_draws_with_one_batch_per_call_is_fed_in():
+    """One next() per call, first in the step: its draws come before the step's own, as in eager."""
+    data = torch.randn(30, 4, generator=torch.Generator().manual_seed(1))
+    want, pw, _ = _edm_like(False, rounds=1, dataset=Noisy(data))
+    got, pg, f = _edm_like(True, rounds=1, dataset=Noisy(data))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+    assert f.stats.replays >= 15, f.stats
+
+
+def test_an_iterator_made_inside_the_step_is_refused():
+    net = nn.Linear(4, 1)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+
+    def step():
+        (x,) = next(iter(dl))
+        loss = net(x).square().mean()
+        loss.backward()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    f()
+    with pytest.raises(CaptureError, match="takes its data with next"):
+        f()
+
+
+def test_a_call_taking_fewer_batches_warns_that_they_were_skipped():
+    net = nn.Linear(4, 1)
+    data = iter([torch.randn(2, 4) for _ in range(20)])
+    cfg = {"rounds": 2}
+
+    def step():
+        loss = 0.0
+        for _ in range(cfg["rounds"]):
+            loss = loss + net(next(data)).square().mean()
+        loss.backward()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    for _ in range(3):
+        f()
+    cfg["rounds"] = 1
+    with pytest.warns(UserWarning, match="took 1 batch\\(es\\) fewer than before from data"):
+        f()
