@@ -91,7 +91,7 @@ def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     out_r = torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, out_r)
     _restore(before)
     restore_vars()
-    out_e = fetches.call(stepfn.fn, stepfn._fetch, args, kwargs, stepfn.__name__)
+    out_e = fetches.call(stepfn.fn, stepfn.fetches, args, kwargs, stepfn.__name__)
     worst = (0.0, "")
     for name, t in _state(reg):
         r = after_r.get(name)

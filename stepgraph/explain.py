@@ -41,7 +41,7 @@ def explain(self) -> str:
     if reg is not None:
         lines.append("  state found: modules " + (", ".join(n for n, _ in reg.modules) or "-")
                      + "; optimizers " + (", ".join(n for n, _ in reg.optimizers) or "-"))
-    lines += [f"  {line}" for line in fetches.describe(self._fetch)]
+    lines += [f"  {line}" for line in fetches.describe(self.fetches)]
     for r in self.stats.recaptures:
         lines.append(f"  recapture: {r}")
     for site, n in self.stats.guard_misses.items():

@@ -30,6 +30,11 @@ class StepViews:
         return self._reg
 
     @property
+    def fetches(self) -> tuple:
+        """The ``next()`` calls whose batches each call takes before the step (capture/fetches.py)."""
+        return tuple(self._fetch or ())
+
+    @property
     def prepared_notes(self) -> tuple[str, ...]:
         """What stepgraph changed on the user's state for its graphs (capturable optimizers,
         device-held hyper-parameters, backend fallbacks), for explain()."""
