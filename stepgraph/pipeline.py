@@ -203,7 +203,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                                                              or plan.backend.segmented is not None))
             refuse_collectives_with_reads(reg, plan.device, traced.trace)
     except BaseException as e:
-        done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kwargs))[2])
+        back, kw = fetches.given_back(rollback.taken, kwargs)   # (batches the trace took: the rerun's)
+        done.result = after_failed_trace(e, rollback, lambda: (restore_vars(), restore_lists(), step._eager(args, kw, back))[2])
         raise
     finally:
         rollback = None   # its copies of the state: not kept past the trace

@@ -178,6 +178,6 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self.stats.took(Branch.CAPTURE)
             return capture(self, sig, args, kwargs)
 
-    def _eager(self, args, kwargs):
+    def _eager(self, args, kwargs, fetched=None):
         self.stats.eager_calls += 1
-        return fetches.call(self.fn, self._fetch, args, kwargs, self.__name__)
+        return fetches.call(self.fn, fetched or self._fetch, args, kwargs, self.__name__)

@@ -43,6 +43,7 @@ class SeenNext:
     where: str
     after_draws: bool   # a global random generator moved in the step before this next()
     draws: bool         # taking the batch moved one (a RandomSampler's seed, an augmentation)
+    batch: object = None   # a copy of what it returned: the eager rerun after an undone trace gets it
 
 
 def plan(seen: list, sources: list, args) -> list | None:
@@ -62,6 +63,29 @@ def plan(seen: list, sources: list, args) -> list | None:
     for f in out:
         f.source.fetched = True   # (keyed by the iterator's type: a new one per epoch is no new graph)
     return out
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A source stand-in for an iterator a trace took batches from."""
+    it: object
+
+    def read(self, args=()):
+        return self.it
+
+    def read_or(self, args=(), default=None):
+        return self.it
+
+    def describe(self) -> str:
+        return type(self.it).__name__
+
+
+def given_back(seen: list, kwargs: dict) -> tuple[list | None, dict]:
+    """A trace that took batches and was undone: the plan and kwargs with which the eager rerun
+    of the call gets those batches again (the iterator cannot give them twice: a batch skipped)."""
+    if not seen or FETCH_KW in kwargs:
+        return None, kwargs
+    return [Fetch(_Held(s.iterator), s.where) for s in seen], {**kwargs, FETCH_KW: [s.batch for s in seen]}
 
 
 def take(fetches: list, args, kwargs: dict) -> dict:

@@ -130,6 +130,13 @@ def _draw_states() -> tuple:
     return tuple(out)
 
 
+def _copy(batch):
+    """A batch as ``next()`` returned it, before the step writes into it (timm's in-place mixup)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, batch)
+
+
 def _next_watch(problems: list, named, seen=None):
     orig = builtins.next
     start = _draw_states() if seen is not None else None
@@ -152,7 +159,7 @@ def _next_watch(problems: list, named, seen=None):
                 from .fetches import SeenNext
                 inside[0] = True
                 try:
-                    seen.append(SeenNext(a[0], where, before != start, _draw_states() != before))
+                    seen.append(SeenNext(a[0], where, before != start, _draw_states() != before, _copy(out)))
                 finally:
                     inside[0] = False
             _once(problems, "next(", lambda: Problem(

@@ -90,6 +90,7 @@ class Rollback:
     created: set = field(default_factory=set)     # data_ptrs of storages the trace allocated
     objects: dict = field(default_factory=dict)   # id -> (object, copy of its __dict__)
     lost: str | None = None         # why some write could not be copied (nothing is undone then)
+    taken: list = field(default_factory=list)     # fetches.SeenNext: batches the trace took with next()
 
     @classmethod
     def take(cls, reg, leaves) -> "Rollback":

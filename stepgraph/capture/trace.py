@@ -164,7 +164,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None,
                                                                          hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced), \
-                math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None, box.setdefault("fetches", [])), \
+                math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None, box.setdefault("fetches", rollback.taken if rollback else [])), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
                                        box.setdefault("sched_set", [])), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
