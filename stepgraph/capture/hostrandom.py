@@ -121,8 +121,11 @@ def _once(problems: list, marker: str, make, where: str) -> None:
 def _draw_states() -> tuple:
     """The global random generators' states (torch's CPU one, ``random``, numpy's), comparable."""
     from torch.utils._python_dispatch import _disable_current_modes
-    with _disable_current_modes():
-        out = [bytes(torch.default_generator.get_state().numpy()), random.getstate()]
+    try:   # (inside torch.func's transforms, DP-SGD's per-sample grads, a tensor may have no storage)
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch._C._DisableFuncTorch():
+            out = [bytes(torch.default_generator.get_state().numpy()), random.getstate()]
+    except Exception:  # noqa: BLE001 - unknown: counted as a draw (fetches.plan then refuses)
+        return (object(),)
     np = sys.modules.get("numpy")
     if np is not None:
         st = np.random.get_state(legacy=False)["state"]
@@ -133,7 +136,7 @@ def _draw_states() -> tuple:
 def _copy(batch):
     """A batch as ``next()`` returned it, before the step writes into it (timm's in-place mixup)."""
     from torch.utils._python_dispatch import _disable_current_modes
-    with _disable_current_modes(), torch._C.DisableTorchFunction():
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch._C._DisableFuncTorch():
         return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, batch)
 
 
