@@ -78,6 +78,7 @@ class CapturedStep:
     to_device: tuple = ()      # passes.moved_arguments.MovedArgument: CPU arguments the step moves
     prologue: object = None    # passes.host_prologue.Prologue: the step's CPU work, before the graph
     arrays: bool = False       # some inputs are numpy arrays (capture/arrays.py)
+    draws_used: int | None = None  # host draws taken before the call that its path makes (fetches.py)
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)

@@ -117,17 +117,16 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
         traced = trace(step, plan, args, kwargs, done)
         if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
             return warmed_up(step, traced.trace.result)
-        if traced.trace.fetches and not step._fetch:   # (next(loader) in the step: fetches.py)
-            step._fetch = fetches.plan(traced.trace.fetches, step._guards.py.sources, args)
-            if step._fetch:
-                return warmed_up(step, traced.trace.result, "it takes its batches with next(): from the next "
-                                 "call on they are taken before the step and fed in as inputs")
+        new = traced.trace.fetches and fetches.replan(step._fetch, step._replans, traced.trace.fetches, step._guards.py.sources, args)
+        if new:   # (next(loader), host random draws in the step: fetches.py)
+            step._replans, step._fetch = step._replans + (step._fetch is not None), new
+            return warmed_up(step, traced.trace.result, "it takes its own inputs (next(), host random draws): "
+                             "from the next call on they are taken before the step and fed in")
         clean(step, plan, traced, args)
         lowered = lower(step, plan, traced)
     except BaseException as e:
         step.stats.failed_captures += 1
-        # The user's own exceptions (and Ctrl-C) propagate and leave capture on (failures.py).
-        return capture_failed(step, e, done.result)
+        return capture_failed(step, e, done.result)   # (the user's own exceptions propagate: failures.py)
     return keep(step, plan, traced, lowered, args, kwargs, sibling_of)
 
 
@@ -198,7 +197,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
                                       append_sources=appends_at, append_lens=append_lens,
-                                      moving_numbers=step._moving_numbers, call_sources=calls_at,
+                                      moving_numbers=step._moving_numbers | fetches.draw_labels(step._fetch), call_sources=calls_at,
                                       lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
                                                                              or plan.backend.segmented is not None))
             refuse_collectives_with_reads(reg, plan.device, traced.trace)
@@ -240,6 +239,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     if reg.fsdp and config.get("fsdp2_temporaries"):
         storages_to_temporaries(gm)   # FSDP2's freed storages as graph temporaries: no resizes left
     traced.checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
+    fetches.refuse_draw_checks(step.fetches, traced.checks, step.max_captures)   # (drawn numbers: fetches.py)
     traced.guard_plan = place_guards(gm, plan.device, reg.name_of)
     traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")
     traced.summary = summarize(gm, reg.name_of)
@@ -372,7 +372,7 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         + [(m, "training", m.training) for m, before in traced.training_before if m.training != before],
         guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
         to_device=lowered.moved, prologue=lowered.prologue,
-        arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos))
+        arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos), draws_used=fetches.consumed() if step._fetch else None)
     if sibling_of is not None:
         sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
     else:

@@ -10,6 +10,7 @@ import warnings
 from .captured import Branch
 from .check import checked_call
 from .errors import GuardMiss
+from .capture import fetches
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -77,6 +78,7 @@ class ReplayPaths:
             else:
                 out = replay()
                 entry.number_effects(args, kwargs)
+            fetches.after_replay(entry.draws_used)   # (draws taken first that its path does not make)
             self.stats.took(Branch.REPLAY)
             return out, None
         except GuardMiss as miss:

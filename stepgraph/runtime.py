@@ -76,7 +76,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._live: LiveFloats | None = None  # which floats captures read live (livefloats.py)
             self._recapture_kinds: set = set()  # reasons already shown at WARNING
             self._moving_numbers: set = set()   # tracked numbers a value check saw change (UseLog.moving)
-            self._fetch: list | None = None     # batches the step takes with next(), taken first (fetches.py)
+            self._fetch: list | None = None     # inputs the step takes itself (next(), draws), taken first (fetches.py)
+            self._replans = 0                   # times that plan grew (fetches.MAX_REPLANS)
             self._last: CapturedStep | None = None
             self._last_quick = None
             self._warned_cap = False

@@ -68,7 +68,7 @@ def test_edm_batches_per_round_are_eagers_bitwise():
     # call 2 found the next() (a warm-up), 3 captured; the partial last batch (2 of 30) has its
     # own graph; every other call of the three epochs replays
     assert s.captures == 2 and s.replays == 8 and s.eager_calls == 2, s
-    assert "batches taken before each call and fed in as inputs (2 per call): next(loop['it'])" in f.explain()
+    assert "taken before each call and fed in as inputs (2 per call): next(loop['it'])" in f.explain()
 
 
 def test_a_loader_that_draws_in_each_batch_after_the_step_drew_is_still_refused():
@@ -163,3 +163,102 @@ def test_a_trace_undone_after_next_gives_the_rerun_the_same_batch(monkeypatch):
     got, pg = run(True, fail=True)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
     assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+
+
+TEACHER_FORCING_RATIO = 0.5   # (a global float: read live, guarded where a decision uses it)
+
+
+def _drawing(use_sg, body, calls=12, seed=3):
+    """``body(net, x)`` draws on the host inside the step; eager and stepgraph from the same
+    seeds; returns the losses, the parameters, numpy's and random's state after, the step."""
+    import random
+
+    import numpy as np
+    random.seed(seed), np.random.seed(seed), torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 4))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    def step(x, y):
+        loss = F.mse_loss(body(net, x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    f = stepgraph.compile(step) if use_sg else step
+    g = torch.Generator().manual_seed(0)
+    out = [f(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)) for _ in range(calls)]
+    return out, [p.detach().clone() for p in net.parameters()], (random.random(), np.random.rand()), f
+
+
+def _same_as_eager(body, **kw):
+    want, pw, rw, _ = _drawing(False, body, **kw)
+    got, pg, rg, f = _drawing(True, body, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
+    assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+    assert rg == rw   # (random's and numpy's streams left where eager left them)
+    return f
+
+
+def test_a_teacher_forcing_coin_picks_one_of_two_graphs():
+    """The PyTorch seq2seq tutorial's ``train()``: ``use_teacher_forcing = True if random.random()
+    < teacher_forcing_ratio else False`` (refused before: a replay would reuse the first coin)."""
+    import random
+
+    def body(net, x):
+        use_teacher_forcing = True if random.random() < TEACHER_FORCING_RATIO else False
+        return net(x) if use_teacher_forcing else net(torch.tanh(net(x)))
+    f = _same_as_eager(body)
+    assert f.stats.captures == 2 and f.stats.replays == 8, f.stats
+    assert "random.random() at" in f.explain()
+
+
+def test_a_mixing_weight_drawn_with_numpy_is_read_live():
+    """mixup's ``lam = np.random.beta(alpha, alpha)`` mixing the batch with its reverse: the value
+    enters the graph (live from its first change), one graph for every call."""
+    import numpy as np
+
+    def body(net, x):
+        lam = np.random.beta(0.4, 0.4)
+        return net(lam * x + (1 - lam) * x.flip(0))
+    f = _same_as_eager(body)
+    assert f.stats.replays >= 8, f.stats
+
+
+def test_a_draw_only_one_branch_makes_is_given_back_on_the_other():
+    """timm's mixup draws its weight only when its coin says mix: taken first, that draw is
+    given back (random's and numpy's state rewound) on a call whose coin says no, eager's or a
+    replay's."""
+    import numpy as np
+
+    def body(net, x):
+        lam = 1.0
+        if np.random.rand() < 0.5:
+            lam = np.random.beta(1.0, 1.0)
+        return net(lam * x + (1 - lam) * x.flip(0))
+    f = _same_as_eager(body, seed=0)   # (the first coin says no: the plan grows at the first mix)
+    assert f.stats.replays >= 5 and f.stats.captures <= 4, f.stats
+
+
+@pytest.mark.parametrize("kind", ["numpy math", "coins"])
+def test_draws_no_graph_can_follow_are_refused_with_state_as_eager(kind):
+    """timm's cutmix box from ``np.sqrt(1 - lam)`` (a value no graph reads live: every call would
+    capture again) and bentrevett's coin at each of 4 decoder steps (16 paths over max_captures=8):
+    refused at the first capture, after a call that drew as eager did."""
+    import math
+    import random
+
+    import numpy as np
+
+    def body(net, x):
+        if kind == "numpy math":
+            lam = np.random.beta(1.0, 1.0)
+            cut = int(x.shape[1] * math.sqrt(1 - lam))
+            return net(torch.cat([x[:, :cut] * 0, x[:, cut:]], 1))
+        h = x
+        for _ in range(4):
+            h = net(h) if random.random() < 0.5 else torch.tanh(net(h))
+        return h
+    with pytest.raises(CaptureError, match="draws host random numbers with") as e:
+        _drawing(True, body)
+    assert "test_fetches.py" in e.value.where and "torch.rand" in e.value.fix
+    assert ("no graph can read it live" if kind == "numpy math" else "branches on 4 draws") in str(e.value)

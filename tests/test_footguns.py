@@ -85,10 +85,11 @@
     recapture (test_pyvalues.py). A larger one is keyed by identity and length: changed in place
     with the same length, the graph keeps the members it was traced with. Pass such indices as a
     tensor argument, or make a new container (a new object recaptures).
-(x) A step that takes its batches with ``next(iterator)`` (EDM's loop) gets them taken before its
-    code runs, from the iterator its source holds at the call (capture/fetches.py): an exception
-    of the iterator (``StopIteration``) comes before anything the step does, and a call that
-    takes fewer batches than the one before leaves the extra ones skipped (warned).
+(x) A step that takes its batches with ``next(iterator)`` (EDM's loop) or draws numbers with
+    ``random`` / ``numpy.random`` gets them taken before its code runs, from the iterator its
+    source holds at the call (capture/fetches.py): an exception of the iterator (``StopIteration``)
+    comes before anything the step does, and a call that takes fewer batches than the one before
+    leaves the extra ones skipped (warned); draws it does not make are given back.
 """
 import copy
 import sys

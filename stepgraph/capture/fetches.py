@@ -1,39 +1,62 @@
-"""Batches the step takes with ``next(iterator)``: taken before the call, fed in as arguments.
+"""Host inputs the step takes itself: batches from ``next(iterator)`` and host random draws.
+Taken before the call, in the step's order, and fed in as arguments.
 
 NVlabs EDM's loop takes its batches inside the step (``images, labels = next(dataset_iterator)``,
-once per accumulation round), as do trainers built on ``cycle(DataLoader)``. A replay runs no
-Python, so the iterator would not advance and every replay would train on the capture's batch
-(refused, hostrandom.py). Instead, the capture that meets such a ``next()`` records how the
-step reaches each iterator (a global, a closure cell, an attribute: a pyvalues ``Source``) and
-how many batches a call takes, and counts as a warm-up; from the next call on, those batches
-are taken *before* the step runs, in the step's order, and handed to it as a hidden keyword
-argument. Their tensors are then inputs like an argument's (a partial last batch is a new
-signature, with its own graph), and the step's ``next()`` returns them (``handing_back``) in an
-eager call, in the trace and in check mode alike. The iterator is read through its source at
-each call: a new iterator per epoch is no new graph.
+once per accumulation round); the PyTorch seq2seq tutorial's ``train()`` flips its teacher-forcing
+coin with ``random.random()``; GAN loops draw their noise with ``np.random.normal``. A replay
+runs no Python, so the iterator would not advance and every replay would reuse the capture's
+batch and draws (refused, hostrandom.py). Instead, the capture that meets them records each one
+in call order -- how the step reaches the iterator (a pyvalues ``Source``: a global, a closure
+cell, an attribute), or the ``random``/``numpy.random`` function and its constant arguments --
+and counts as a warm-up. From the next call on, they are taken *before* the step runs, in that
+order, and handed to it as a hidden keyword argument (``FETCH_KW``): tensors are inputs like an
+argument's (a partial last batch is a new signature, with its own graph), drawn numbers are tracked
+like a numeric argument (a coin's ``< p`` picks one of two sibling graphs, a mixing weight is
+read live), and the step's ``next()``/draw returns them (``handing_back``) in an eager call, in
+the trace and in check mode alike. An iterator is read through its source at each call: a new
+one per epoch is no new graph. A draw the step makes otherwise than recorded (another function,
+other arguments) or leaves out rewinds ``random``/numpy to where eager would draw it.
 
-Not planned (the refusal stands): an iterator no source reaches (made inside the step); a
-``next()`` that draws from a global random generator (an augmentation in ``__getitem__``) after
-the step drew from one, or any but the first: taken first, the draws would come in another
-order than eager's.
+Not planned (the refusal stands): an iterator no source reaches (made inside the step); a draw
+given something other than constants (``random.sample(buffer, n)``) or giving other than a
+number (``np.random.randint(0, n, size=b)``: an array the step may read in Python, which no
+graph input could stand for: a replay buffer's indices); a ``next()`` that draws
+from torch's generator after the step drew from it, or any but the first (taken first, its draws
+would come before the step's own); one that draws from ``random``/numpy when the step draws too.
 """
 from __future__ import annotations
 
 import builtins
 import contextlib
 import logging
+import random
+import sys
+import threading
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-FETCH_KW = "_stepgraph_batches"   # the hidden keyword argument that carries the call's batches
+FETCH_KW = "_stepgraph_batches"   # the hidden keyword argument that carries the call's inputs
+_TAKEN = threading.local()         # the last take(): host random states before each draw
 
 
 @dataclass(frozen=True)
 class Fetch:
-    """One ``next()`` of the step, in call order: the iterator's source and the user's line."""
-    source: object   # pyvalues.Source
+    """One ``next()`` (``source`` set) or draw (``fn`` set) of the step, in call order."""
     where: str
+    source: object = None   # pyvalues.Source of the iterator
+    fn: tuple = ()          # ("random" | "numpy.random", function name)
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if self.source is not None:
+            return f"next({self.source.describe()})"
+        return f"{self.fn[0]}.{self.fn[1]}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs.items()])})"
+
+    def function(self):
+        mod = random if self.fn[0] == "random" else sys.modules["numpy"].random
+        return getattr(mod, self.fn[1])
 
 
 @dataclass(frozen=True)
@@ -41,28 +64,236 @@ class SeenNext:
     """A ``next()`` the trace saw return data (hostrandom._next_watch)."""
     iterator: object
     where: str
-    after_draws: bool   # a global random generator moved in the step before this next()
-    draws: bool         # taking the batch moved one (a RandomSampler's seed, an augmentation)
+    after_draws: bool   # torch's generator moved in the step before this next()
+    draws: bool         # taking the batch moved it (a RandomSampler's seed, an augmentation)
     batch: object = None   # a copy of what it returned: the eager rerun after an undone trace gets it
+    host_draws: bool = False   # taking the batch moved ``random``'s or numpy's generator
+
+
+@dataclass(frozen=True)
+class SeenDraw:
+    """A draw of ``random`` / ``numpy.random`` the trace saw (hostrandom.host_random_watch)."""
+    module: str
+    name: str
+    args: tuple
+    kwargs: dict
+    where: str
+    value: object
+
+
+def _constant(x) -> bool:
+    from .tracked import plain
+    x = plain(x)
+    if isinstance(x, (tuple, list)):
+        return all(_constant(v) for v in x)
+    return x is None or type(x) in (bool, int, float, str)
+
+
+def _plain(x):
+    from .tracked import plain
+    return tuple(_plain(v) for v in x) if isinstance(x, (tuple, list)) else plain(x)
 
 
 def plan(seen: list, sources: list, args) -> list | None:
-    """Fetches for the ``next()`` calls a trace saw, or None when one cannot be taken before
-    the step (no source reaches its iterator, or a random draw would change order)."""
+    """Fetches for what a trace saw, or None when one cannot be taken before the step."""
+    nexts = [s for s in seen if isinstance(s, SeenNext)]
+    draws = [s for s in seen if isinstance(s, SeenDraw)]
     # Taken first, a batch's draws move before the step's own: the same order as eager's only for
     # the first next() with no draw before it (a new DataLoader iterator's RandomSampler seed).
-    if not seen or any(s.draws and (k or s.after_draws) for k, s in enumerate(seen)):
+    if not seen or any(s.draws and (k or s.after_draws) for k, s in enumerate(nexts)) \
+            or (draws and any(s.host_draws for s in nexts)) \
+            or not all(_constant(d.args) and _constant(list(d.kwargs.values())) and type(d.value) in (int, float, bool)
+                       for d in draws):
         return None
     out = []
     for s in seen:
+        if isinstance(s, SeenDraw):
+            out.append(Fetch(s.where, fn=(s.module, s.name), args=_plain(s.args),
+                             kwargs={k: _plain(v) for k, v in s.kwargs.items()}))
+            continue
         src = next((x for x in sources if not x.path and x.read_or(args) is s.iterator), None) \
             or next((x for x in sources if x.read_or(args) is s.iterator), None)
         if src is None:
             return None
-        out.append(Fetch(src, s.where))
+        out.append(Fetch(s.where, source=src))
     for f in out:
-        f.source.fetched = True   # (keyed by the iterator's type: a new one per epoch is no new graph)
+        if f.source is not None:
+            f.source.fetched = True   # (keyed by the iterator's type: a new one per epoch is no new graph)
     return out
+
+
+MAX_REPLANS = 3   # (a draw that alternates between two forms would replan at every call)
+
+
+def replan(old: list | None, replans: int, seen: list, sources: list, args) -> list | None:
+    """The plan after a trace that saw inputs the plan did not take: the first plan, or an old
+    plan of draws extended by the draws a longer path made past those it was handed (timm's
+    mixup coin said no at the first call, mix at a later one). None: refused as before."""
+    if old is None:
+        return plan(seen, sources, args)
+    used = consumed()
+    if used is None or replans >= MAX_REPLANS or any(isinstance(s, SeenNext) for s in seen):
+        return None
+    more = plan(seen, sources, args)
+    if more is None:
+        return None
+    kept, k = [], 0
+    for f in old:
+        if f.source is None:
+            k += 1
+            if k > used:
+                continue
+        kept.append(f)
+    return kept + more
+
+
+def input_label(k: int) -> str:
+    """How messages name the ``k``-th input a call took (its leaf in the hidden argument)."""
+    return f"the step's host input #{k} (taken before the call)"
+
+
+def draw_labels(fetches: list | None) -> frozenset:
+    """The labels of the drawn numbers: read live in tensor ops from their first capture."""
+    return frozenset(input_label(k) for k, f in enumerate(fetches or ()) if f.source is None)
+
+
+def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:
+    """A drawn number a graph holds by value (numpy math on mixup's weight, a cutmix box), or
+    more coins than ``max_captures`` graphs cover (bentrevett's coin at every decoder step):
+    each call would miss and capture again. Refused at the first capture, as torch draws read on
+    the host are (randomreads.py); a coin or two stays guarded (a graph each side)."""
+    from ..errors import CaptureError
+    from .numchecks import roots_of
+    labels = draw_labels(fetches)
+    on = [c for c in checks if any(r.label in labels for r in roots_of(c.expr))] if labels else []
+    values = [c for c in on if not c.decided]
+    if values or 2 ** len(on) > max_captures:
+        c = (values or on)[0]
+        k = int(next(r.label for r in roots_of(c.expr) if r.label in labels).split("#")[1].split(" ")[0])
+        f = fetches[k]
+        why = ("uses its value where no graph can read it live" if values else
+               f"branches on {len(on)} draws: up to {2 ** len(on)} graphs")
+        raise CaptureError(
+            f"the step draws host random numbers with {f.describe()} and {why}: each call would "
+            f"capture again", op=f"{f.fn[0]}.{f.fn[1]}()", where=c.where or f.where,
+            fix="draw them in the loop outside the step and pass the result (the decision, the value) as "
+                "arguments; or draw with torch inside the step (torch.rand / torch.randint), which the graph "
+                "replays; a coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")
+
+
+def _host_states() -> tuple:
+    np = sys.modules.get("numpy")
+    return random.getstate(), (np.random.get_state() if np is not None else None)
+
+
+def _set_host_states(states) -> None:
+    random.setstate(states[0])
+    if states[1] is not None:
+        sys.modules["numpy"].random.set_state(states[1])
+
+
+def take(fetches: list, args, kwargs: dict) -> dict:
+    """The call's kwargs with its inputs, taken now in the step's order."""
+    values, states = [], []
+    for f in fetches:
+        if f.source is not None:
+            values.append(builtins.next(f.source.read(args)))
+            continue
+        states.append(_host_states())   # (where eager would draw it, if the step does otherwise)
+        values.append(f.function()(*f.args, **f.kwargs))
+    _TAKEN.last = states   # (the call's: the trace hands back copies of ``values``, no identity)
+    return {**kwargs, FETCH_KW: values}
+
+
+
+@contextlib.contextmanager
+def handing_back(fetches: list, values: list, args, name: str):
+    """While the step runs: its ``next()`` on a planned iterator and its planned draws return
+    what was taken for them."""
+    last = getattr(_TAKEN, "last", None)
+    n_draws = sum(1 for f in fetches if f.source is None)
+    states = iter(last if last is not None and len(last) == n_draws else ())
+    queues: dict = {}
+    draws: deque = deque()
+    for f, v in zip(fetches, values):
+        if f.source is not None:
+            queues.setdefault(id(f.source.read_or(args)), (f, deque()))[1].append(v)
+        else:
+            draws.append((f, v, next(states, None)))
+    saved = [(builtins, "next", builtins.next)]
+
+    def handed(*a):
+        q = queues.get(id(a[0])) if a else None
+        if q is not None and q[1]:
+            return q[1].popleft()
+        return saved[0][2](*a)
+
+    def drawing(f, orig):
+        def draw(*a, **k):
+            if draws and draws[0][0].fn == f.fn and _plain(a) == draws[0][0].args \
+                    and {x: _plain(y) for x, y in k.items()} == draws[0][0].kwargs:
+                return draws.popleft()[1]
+            rewind()   # (drawn otherwise than recorded: from where eager draws it)
+            return orig(*a, **k)
+        return draw
+
+    def rewind():
+        if draws and draws[0][2] is not None:
+            _set_host_states(draws[0][2])
+        draws.clear()
+    builtins.next = handed
+    for f in {d[0].fn: d[0] for d in draws}.values():
+        mod = random if f.fn[0] == "random" else sys.modules["numpy"].random
+        saved.append((mod, f.fn[1], getattr(mod, f.fn[1])))
+        setattr(mod, f.fn[1], drawing(f, saved[-1][2]))
+    n = len(draws)
+    try:
+        yield
+    finally:
+        for mod, attr, orig in reversed(saved):
+            setattr(mod, attr, orig)
+        _TAKEN.consumed = n - len(draws)   # (how many this path made: a replay of it makes as many)
+        rewind()   # (draws the step did not make this call: not made)
+    left = [(f, len(q)) for f, q in queues.values() if q]
+    if left:
+        msg = (f"stepgraph: {name} took {left[0][1]} batch(es) fewer than before from "
+               f"{left[0][0].source.describe()} ({left[0][0].where}): stepgraph had taken them before "
+               "the call, so they were skipped; take the batch in the loop and pass it as an argument")
+        warnings.warn(msg, stacklevel=4)
+        logging.getLogger("stepgraph").warning(msg)
+
+
+def consumed() -> int | None:
+    """How many of its taken draws the last call that handed them back made (the trace's path)."""
+    return getattr(_TAKEN, "consumed", None)
+
+
+def after_replay(used: int | None) -> None:
+    """A replayed graph whose path made ``used`` of the call's taken draws (timm's mixup draws its
+    weight only when its coin says mix): the others are given back, as eager never made them."""
+    last = getattr(_TAKEN, "last", None)
+    if used is not None and last is not None and used < len(last):
+        _set_host_states(last[used])
+
+
+def call(fn, fetches: list | None, args, kwargs: dict, name: str = "step"):
+    """``fn(*args, **kwargs)`` with the call's inputs handed back to its ``next()`` and draws."""
+    if FETCH_KW not in kwargs:
+        return fn(*args, **kwargs)
+    kw = dict(kwargs)
+    values = kw.pop(FETCH_KW)
+    with handing_back(fetches or [], values, args, name):
+        return fn(*args, **kw)
+
+
+def calling(fn, fetches: list | None, name: str):
+    """``fn`` taking the hidden keyword argument (what the trace calls)."""
+    if not fetches:
+        return fn
+
+    def run(*args, **kwargs):
+        return call(fn, fetches, args, kwargs, name)
+    return run
 
 
 @dataclass(frozen=True)
@@ -82,67 +313,17 @@ class _Held:
 
 def given_back(seen: list, kwargs: dict) -> tuple[list | None, dict]:
     """A trace that took batches and was undone: the plan and kwargs with which the eager rerun
-    of the call gets those batches again (the iterator cannot give them twice: a batch skipped)."""
-    if not seen or FETCH_KW in kwargs:
+    of the call gets those batches again (the iterator cannot give them twice: a batch skipped).
+    Its draws are not given back: the undo rewound ``random`` and numpy (rollback._host_rng)."""
+    nexts = [s for s in seen if isinstance(s, SeenNext)]
+    if not nexts or FETCH_KW in kwargs:
         return None, kwargs
-    return [Fetch(_Held(s.iterator), s.where) for s in seen], {**kwargs, FETCH_KW: [s.batch for s in seen]}
-
-
-def take(fetches: list, args, kwargs: dict) -> dict:
-    """The call's kwargs with its batches, taken now from each iterator in the step's order."""
-    return {**kwargs, FETCH_KW: [builtins.next(f.source.read(args)) for f in fetches]}
-
-
-@contextlib.contextmanager
-def handing_back(fetches: list, batches: list, args, name: str):
-    """While the step runs: its ``next()`` on a planned iterator returns the batch taken for it."""
-    queues: dict = {}
-    for f, b in zip(fetches, batches):
-        queues.setdefault(id(f.source.read_or(args)), (f, deque()))[1].append(b)
-    orig = builtins.next
-
-    def handed(*a):
-        q = queues.get(id(a[0])) if a else None
-        if q is not None and q[1]:
-            return q[1].popleft()
-        return orig(*a)
-    builtins.next = handed
-    try:
-        yield
-    finally:
-        builtins.next = orig
-    left = [(f, len(q)) for f, q in queues.values() if q]
-    if left:
-        msg = (f"stepgraph: {name} took {left[0][1]} batch(es) fewer than before from "
-               f"{left[0][0].source.describe()} ({left[0][0].where}): stepgraph had taken them before "
-               "the call, so they were skipped; take the batch in the loop and pass it as an argument")
-        warnings.warn(msg, stacklevel=4)
-        logging.getLogger("stepgraph").warning(msg)
-
-
-def call(fn, fetches: list | None, args, kwargs: dict, name: str = "step"):
-    """``fn(*args, **kwargs)`` with the call's batches handed back to its ``next()``."""
-    if FETCH_KW not in kwargs:
-        return fn(*args, **kwargs)
-    kw = dict(kwargs)
-    batches = kw.pop(FETCH_KW)
-    with handing_back(fetches or [], batches, args, name):
-        return fn(*args, **kw)
-
-
-def calling(fn, fetches: list | None, name: str):
-    """``fn`` taking the hidden keyword argument (what the trace calls)."""
-    if not fetches:
-        return fn
-
-    def run(*args, **kwargs):
-        return call(fn, fetches, args, kwargs, name)
-    return run
+    return [Fetch(s.where, source=_Held(s.iterator)) for s in nexts], {**kwargs, FETCH_KW: [s.batch for s in nexts]}
 
 
 def describe(fetches: list | None) -> list[str]:
     """explain() lines."""
     if not fetches:
         return []
-    names = ", ".join(dict.fromkeys(f"next({f.source.describe()}) at {f.where}" for f in fetches))
-    return [f"batches taken before each call and fed in as inputs ({len(fetches)} per call): {names}"]
+    names = ", ".join(dict.fromkeys(f"{f.describe()} at {f.where}" for f in fetches))
+    return [f"taken before each call and fed in as inputs ({len(fetches)} per call): {names}"]

@@ -119,18 +119,19 @@ def _once(problems: list, marker: str, make, where: str) -> None:
 
 
 def _draw_states() -> tuple:
-    """The global random generators' states (torch's CPU one, ``random``, numpy's), comparable."""
+    """(torch's CPU generator's state, (``random``'s, numpy's global one)), comparable."""
     from torch.utils._python_dispatch import _disable_current_modes
     try:   # (inside torch.func's transforms, DP-SGD's per-sample grads, a tensor may have no storage)
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch._C._DisableFuncTorch():
-            out = [bytes(torch.default_generator.get_state().numpy()), random.getstate()]
+            cpu = bytes(torch.default_generator.get_state().numpy())
     except Exception:  # noqa: BLE001 - unknown: counted as a draw (fetches.plan then refuses)
-        return (object(),)
+        cpu = object()
+    host = [random.getstate()]
     np = sys.modules.get("numpy")
     if np is not None:
         st = np.random.get_state(legacy=False)["state"]
-        out.append((st["pos"], st["key"].tobytes()))
-    return tuple(out)
+        host.append((st["pos"], st["key"].tobytes()))
+    return cpu, tuple(host)
 
 
 def _copy(batch):
@@ -162,7 +163,9 @@ def _next_watch(problems: list, named, seen=None):
                 from .fetches import SeenNext
                 inside[0] = True
                 try:
-                    seen.append(SeenNext(a[0], where, before != start, _draw_states() != before, _copy(out)))
+                    now = _draw_states()
+                    seen.append(SeenNext(a[0], where, before[0] != start[0], now[0] != before[0],
+                                         _copy(out), now[1] != before[1]))
                 finally:
                     inside[0] = False
             _once(problems, "next(", lambda: Problem(
@@ -209,7 +212,11 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                     f"the step draws host random numbers with {label}.{name}(): a replay runs no "
                     "Python code, so it would reuse this call's draw at every step (the same batch, "
                     "the same branch)", where, fix, lib, plain=True), where)
-                return orig(*a, **k)
+                out = orig(*a, **k)
+                if seen is not None:   # (fetches.py: drawn before the step from the next call on)
+                    from .fetches import SeenDraw
+                    seen.append(SeenDraw(label, name, a, k, where, out))
+                return out
             finally:
                 inside[0] = False
         draw.__wrapped__ = orig

@@ -9,6 +9,7 @@ import torch
 
 import torch.utils._pytree as pytree
 
+from . import fetches
 from .sigkey import DIFF_ORDER, SECTION_NAMES, SignatureKey, TensorMeta
 
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
@@ -158,6 +159,9 @@ def leaf_names(params: list[str], args, kwargs) -> list[str]:
             i = rest[0].idx
             label = f"arg {i}" + (f" ({params[i]})" if i < len(params) else "")
             rest = rest[1:]
+        elif rest and getattr(rest[0], "key", None) == fetches.FETCH_KW and len(rest) > 1:
+            label = fetches.input_label(rest[1].idx)
+            rest = rest[2:]
         elif rest:
             label = f"kwarg {rest[0].key!r}" if hasattr(rest[0], "key") else "kwarg"
             rest = rest[1:]

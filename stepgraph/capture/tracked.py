@@ -27,7 +27,7 @@ import math
 import operator
 import sys
 
-from .hostscalar import HostFloat
+from .hostscalar import HostFloat, HyperFloat
 from .numchecks import Op, _kind
 
 _NUMBERS = (int, float, bool)
@@ -238,6 +238,10 @@ def _compare(op):
         if not log.active:
             return op(self._v, plain(other))
         got = _operand(self, other)
+        if got is None and isinstance(other, HyperFloat):
+            # (``random.random() < teacher_forcing_ratio``, that ratio a global float read live:
+            # its value is guarded -- float() bakes it -- and the answer is the decision)
+            got = (float(other), float(other))
         if got is None:
             if isinstance(other, __import__("torch").Tensor):
                 return NotImplemented
