@@ -328,3 +328,32 @@ def test_a_numpy_copy_read_in_a_python_loop_and_dropped_is_refused():
     sg(torch.randn(5, 4))
     with pytest.raises(stepgraph.CaptureError, match=r"numpy\(\) of a value the step computes: its values are used"):
         sg(torch.randn(5, 4))
+
+
+class _ReplayBuffer:
+    """sfujim/TD3's ReplayBuffer: numpy arrays indexed by the sampled indices."""
+    def __init__(self, n=64):
+        rs = np.random.RandomState(0)
+        self.state = rs.randn(n, 3).astype(np.float32)
+        self.reward = rs.randn(n, 1).astype(np.float32)
+
+
+BUFFER = _ReplayBuffer()
+
+
+@pytest.mark.parametrize("where", ["global", "attribute"])
+def test_indices_passed_in_for_a_numpy_buffer_are_read(where):
+    """TD3 with the fix stepgraph names for its ``np.random.randint`` in the step applied: the
+    indices are drawn in the loop and passed in, the step indexes the buffer's numpy arrays with
+    them (``torch.FloatTensor(self.state[ind])``). numpy reads an index array's memory in C, past
+    every method of the watched view: the capture's batch was baked and every replay trained on
+    it, silently. The indices are values read in Python: keyed by them."""
+    buf = BUFFER if where == "global" else _ReplayBuffer()
+
+    def make(model, opt, data):
+        def step(ind):
+            state = torch.FloatTensor(BUFFER.state[ind] if where == "global" else buf.state[ind])
+            return _sgd_step(model, opt, state)
+        return step
+    stats = _run(make, lambda rng, i: (rng.integers(0, 64, size=8),))
+    assert stats.replays == 0 or stats.captures > 1, stats

@@ -155,6 +155,16 @@ def _torch_indexing(frame) -> bool:
         _NB_SUBSCR is not None and code[i] == dis.opmap.get("BINARY_OP") and code[i + 1] == _NB_SUBSCR)
 
 
+def read_as_index(k) -> None:
+    """``k`` indexes a numpy array: numpy reads a watched array in it by its memory, in C, past
+    every method of the view (TD3's ``self.state[ind]``), so the read is marked here."""
+    if not _WATCHED:
+        return
+    for x in k if type(k) is tuple else (k,):
+        if isinstance(x, _WATCHED[0]):
+            x._read("an index into another array")
+
+
 def watch(x, pos: int, reads: list):
     """The view of input array ``x`` the traced step gets."""
     v = x.view(_watched_class())

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 
+from .arrays import read_as_index
 from .numchecks import Op
 from .tracked import TrackedInt, plain
 
@@ -87,6 +88,7 @@ def _view_class():
         sg_uses = None    # the trace's UseLog
 
         def __getitem__(self, k):
+            read_as_index(k)   # (indices passed in: values read, arrays.py)
             arr = self.view(np.ndarray)
             uses = self.sg_uses
             e = _index_expr(k) if uses is not None and uses.active else None
@@ -98,6 +100,7 @@ def _view_class():
             return arr[k]
 
         def __setitem__(self, k, v):
+            read_as_index(k)
             _refuse(self, "item assignment", write=True)
             self.view(np.ndarray)[k] = v
 
