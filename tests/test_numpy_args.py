@@ -341,7 +341,7 @@ class _ReplayBuffer:
 BUFFER = _ReplayBuffer()
 
 
-@pytest.mark.parametrize("where", ["global", "attribute"])
+@pytest.mark.parametrize("where", ["global", "attribute", "argument"])
 def test_indices_passed_in_for_a_numpy_buffer_are_read(where):
     """TD3 with the fix stepgraph names for its ``np.random.randint`` in the step applied: the
     indices are drawn in the loop and passed in, the step indexes the buffer's numpy arrays with
@@ -351,9 +351,9 @@ def test_indices_passed_in_for_a_numpy_buffer_are_read(where):
     buf = BUFFER if where == "global" else _ReplayBuffer()
 
     def make(model, opt, data):
-        def step(ind):
-            state = torch.FloatTensor(BUFFER.state[ind] if where == "global" else buf.state[ind])
-            return _sgd_step(model, opt, state)
+        def step(ind, states=None):
+            arr = BUFFER.state if where == "global" else buf.state if where == "attribute" else states
+            return _sgd_step(model, opt, torch.FloatTensor(arr[ind]))
         return step
-    stats = _run(make, lambda rng, i: (rng.integers(0, 64, size=8),))
+    stats = _run(make, lambda rng, i: (rng.integers(0, 64, size=8),) + ((buf.state,) if where == "argument" else ()))
     assert stats.replays == 0 or stats.captures > 1, stats

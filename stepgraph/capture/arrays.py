@@ -93,7 +93,12 @@ def _watched_class():
 
         def __getitem__(self, k):
             self._read("indexing")
+            read_as_index(k)
             return self.view(np.ndarray)[k]
+
+        def __setitem__(self, k, v):
+            read_as_index(k)
+            np.ndarray.__setitem__(self, k, v)
 
         def __len__(self):
             # torch's C indexing walks a non-tuple sequence index item by item (is it a list of
