@@ -263,3 +263,15 @@ def test_draws_no_graph_can_follow_are_refused_with_state_as_eager(kind):
         _drawing(True, body)
     assert "test_fetches.py" in e.value.where and "torch.rand" in e.value.fix
     assert ("no graph can read it live" if kind == "numpy math" else "branches on 4 draws") in str(e.value)
+
+
+def test_a_step_that_seeds_before_it_draws_is_refused_as_before():
+    """``random.seed(k)`` then ``random.random()`` in the step: drawn before the call, the coin
+    would come from the unseeded stream."""
+    import random
+
+    def body(net, x):
+        random.seed(7)
+        return net(x) if random.random() < 0.5 else net(torch.tanh(x))
+    with pytest.raises(CaptureError, match="host random"):
+        _drawing(True, body)

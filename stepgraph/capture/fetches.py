@@ -103,7 +103,7 @@ def plan(seen: list, sources: list, args) -> list | None:
     if not seen or any(s.draws and (k or s.after_draws) for k, s in enumerate(nexts)) \
             or (draws and any(s.host_draws for s in nexts)) \
             or not all(_constant(d.args) and _constant(list(d.kwargs.values())) and type(d.value) in (int, float, bool)
-                       for d in draws):
+                       for d in draws):   # (a seeding, ``random.seed(k)``, has no value: never taken first)
         return None
     out = []
     for s in seen:
@@ -241,11 +241,21 @@ def handing_back(fetches: list, values: list, args, name: str):
         if draws and draws[0][2] is not None:
             _set_host_states(draws[0][2])
         draws.clear()
+    def seeding(orig):
+        def seed(*a, **k):
+            draws.clear()   # (seeded in the step: what it draws next comes from the new state)
+            return orig(*a, **k)
+        return seed
     builtins.next = handed
     for f in {d[0].fn: d[0] for d in draws}.values():
         mod = random if f.fn[0] == "random" else sys.modules["numpy"].random
         saved.append((mod, f.fn[1], getattr(mod, f.fn[1])))
         setattr(mod, f.fn[1], drawing(f, saved[-1][2]))
+    for mod in ((random, sys.modules["numpy"].random) if "numpy" in sys.modules else (random,)) if draws else ():
+        for attr in ("seed", "setstate", "set_state"):
+            if callable(getattr(mod, attr, None)):
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, seeding(saved[-1][2]))
     n = len(draws)
     try:
         yield

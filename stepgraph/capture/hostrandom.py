@@ -181,6 +181,18 @@ def _next_watch(problems: list, named, seen=None):
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # stepgraph's own code
 
 
+SEEDING = ("seed", "setstate", "set_state")
+
+
+def _seeding(seen: list, label: str, name: str, orig):
+    def seeding(*a, **k):
+        from .fetches import SeenDraw
+        seen.append(SeenDraw(label, name, a, k, user_frame(traceback.extract_stack()), None))
+        return orig(*a, **k)
+    seeding.__wrapped__ = orig
+    return seeding
+
+
 @contextlib.contextmanager
 def host_random_watch(problems: list, named=lambda t: False, seen=None):
     """While the step is traced: each module-level draw of ``random`` / ``numpy.random``, and
@@ -228,6 +240,11 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                 continue
             saved.append((mod, name, orig))
             setattr(mod, name, wrap(label, name, orig))
+        for name in SEEDING if seen is not None else ():
+            orig = getattr(mod, name, None)
+            if callable(orig):   # (seeded in the step: its draws cannot be taken before it, fetches.py)
+                saved.append((mod, name, orig))
+                setattr(mod, name, _seeding(seen, label, name, orig))
     try:
         yield
     finally:
