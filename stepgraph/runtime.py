@@ -116,6 +116,9 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 absorb_floats(self._reg)  # e.g. OneCycleLR's new float betas -> the device tensors
             if self._fetch:   # (its batches, taken now and handed to its next(): inputs like arguments)
                 kwargs = fetches.take(self._fetch, args, kwargs)
+                if not fetches.taken_all(self._fetch, kwargs):   # (an iterator ran out: eager's except)
+                    self.stats.took(Branch.EAGER)
+                    return self._eager(args, kwargs)
             last = self._last
             if last is not None:
                 try:

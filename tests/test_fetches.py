@@ -275,3 +275,38 @@ def test_a_step_that_seeds_before_it_draws_is_refused_as_before():
         return net(x) if random.random() < 0.5 else net(torch.tanh(x))
     with pytest.raises(CaptureError, match="host random"):
         _drawing(True, body)
+
+
+def test_mingpt_restarts_its_iterator_when_it_runs_out():
+    """karpathy/minGPT's ``Trainer.run``: ``try: batch = next(data_iter) except StopIteration:
+    data_iter = iter(train_loader); batch = next(data_iter)``. Taken before the call, the
+    StopIteration would escape before the step's own ``except``: that call runs eagerly instead,
+    its ``except`` makes the new iterator, and the next calls take from it."""
+    def run(use_sg):
+        torch.manual_seed(0)
+        net = nn.Linear(4, 1)
+        opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(20, 4), torch.randn(20, 1)),
+                                         batch_size=4, shuffle=True)
+        trainer = {"data_iter": iter(dl)}
+
+        def step():
+            try:
+                batch = next(trainer["data_iter"])
+            except StopIteration:
+                trainer["data_iter"] = iter(dl)
+                batch = next(trainer["data_iter"])
+            x, y = batch
+            loss = F.mse_loss(net(x), y)
+            net.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+            opt.step()
+            return loss.detach()
+        f = stepgraph.compile(step) if use_sg else step
+        return [f() for _ in range(17)], [p.detach().clone() for p in net.parameters()], f
+    want, pw, _ = run(False)
+    got, pg, f = run(True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
+    assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+    assert f.stats.replays >= 10, f.stats

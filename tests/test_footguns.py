@@ -87,9 +87,10 @@
     tensor argument, or make a new container (a new object recaptures).
 (x) A step that takes its batches with ``next(iterator)`` (EDM's loop) or draws numbers with
     ``random`` / ``numpy.random`` gets them taken before its code runs, from the iterator its
-    source holds at the call (capture/fetches.py): an exception of the iterator (``StopIteration``)
-    comes before anything the step does, and a call that takes fewer batches than the one before
-    leaves the extra ones skipped (warned); draws it does not make are given back.
+    source holds at the call (capture/fetches.py): an iterator's exception other than
+    ``StopIteration`` (which makes that call run eagerly, the step's own ``except`` seeing it) comes
+    before anything the step does, and a call that takes fewer batches than the one before leaves
+    the extra ones skipped (warned); draws it does not make are given back.
 """
 import copy
 import sys
@@ -526,5 +527,16 @@ def test_x_batches_taken_with_next_are_taken_before_the_step_runs():
         sg()
     assert sg.stats.replays == 1 and len(seen) == 3   # warm-up, the call that found next(), capture
     with pytest.raises(StopIteration):
+        sg()                                 # (run eagerly: the step's own next() raises, as in eager)
+    assert len(seen) == 4
+
+    class Broken:
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            raise RuntimeError("worker died")
+    data = Broken()
+    with pytest.raises(RuntimeError, match="worker died"):
         sg()
-    assert len(seen) == 3                    # eager would have run the step up to its next()
+    assert len(seen) == 4                    # eager would have run the step up to its next()

@@ -193,11 +193,16 @@ def _set_host_states(states) -> None:
 
 
 def take(fetches: list, args, kwargs: dict) -> dict:
-    """The call's kwargs with its inputs, taken now in the step's order."""
+    """The call's kwargs with its inputs, taken now in the step's order. Fewer than planned when
+    an iterator ran out (``taken_all`` says so): that call runs eagerly, the step's own ``except
+    StopIteration`` (minGPT's restart of its loader) handling it, the inputs taken handed back."""
     values, states = [], []
     for f in fetches:
         if f.source is not None:
-            values.append(builtins.next(f.source.read(args)))
+            try:
+                values.append(builtins.next(f.source.read(args)))
+            except StopIteration:
+                break
             continue
         states.append(_host_states())   # (where eager would draw it, if the step does otherwise)
         values.append(f.function()(*f.args, **f.kwargs))
@@ -206,12 +211,16 @@ def take(fetches: list, args, kwargs: dict) -> dict:
 
 
 
+def taken_all(fetches: list, kwargs: dict) -> bool:
+    return len(kwargs.get(FETCH_KW, ())) == len(fetches)
+
+
 @contextlib.contextmanager
 def handing_back(fetches: list, values: list, args, name: str):
     """While the step runs: its ``next()`` on a planned iterator and its planned draws return
     what was taken for them."""
     last = getattr(_TAKEN, "last", None)
-    n_draws = sum(1 for f in fetches if f.source is None)
+    n_draws = sum(1 for f in fetches[:len(values)] if f.source is None)
     states = iter(last if last is not None and len(last) == n_draws else ())
     queues: dict = {}
     draws: deque = deque()
