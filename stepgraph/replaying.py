@@ -1,7 +1,8 @@
 """The replay side of ``StepFunction``'s call policy (a mixin of it): replay the graph found
 for a call's key or one of its siblings, fall back on a host-read guard miss (the graph undid
 its writes), give up on a value that keeps changing past ``max_captures``, remember the quick
-key for the next call, and drop a stale graph with its siblings."""
+key for the next call, drop a stale graph with its siblings, and run a call eagerly (the inputs
+taken before it handed back)."""
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,11 @@ log = logging.getLogger("stepgraph")
 
 
 class ReplayPaths:
+    def _eager(self, args, kwargs, fetched=None):
+        """The step run eagerly, the inputs taken before the call handed back (fetches.py)."""
+        self.stats.eager_calls += 1
+        return fetches.call(self.fn, fetched or self._fetch, args, kwargs, self.__name__)
+
     def _replay_entry(self, entry, sig, args, kwargs, older=None):
         """Replay the graph for this key whose host reads hold (one per distinct value seen).
         ``older``: the graphs under this call's live key (LiveFloats.read_live_key), captured

@@ -182,6 +182,3 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self.stats.took(Branch.CAPTURE)
             return capture(self, sig, args, kwargs)
 
-    def _eager(self, args, kwargs, fetched=None):
-        self.stats.eager_calls += 1
-        return fetches.call(self.fn, fetched or self._fetch, args, kwargs, self.__name__)
