@@ -169,7 +169,7 @@ def test_a_trace_undone_after_next_gives_the_rerun_the_same_batch(monkeypatch):
 TEACHER_FORCING_RATIO = 0.5   # (a global float: read live, guarded where a decision uses it)
 
 
-def _drawing(use_sg, body, calls=12, seed=3):
+def _drawing(use_sg, body, calls=12, seed=3, **compile_kw):
     """``body(net, x)`` draws on the host inside the step; eager and stepgraph from the same
     seeds; returns the losses, the parameters, numpy's and random's state after, the step."""
     import random
@@ -185,15 +185,15 @@ def _drawing(use_sg, body, calls=12, seed=3):
         loss.backward()
         opt.step()
         return loss.detach()
-    f = stepgraph.compile(step) if use_sg else step
+    f = stepgraph.compile(step, **compile_kw) if use_sg else step
     g = torch.Generator().manual_seed(0)
     out = [f(torch.randn(6, 4, generator=g), torch.randn(6, 4, generator=g)) for _ in range(calls)]
     return out, [p.detach().clone() for p in net.parameters()], (random.random(), np.random.rand()), f
 
 
-def _same_as_eager(body, **kw):
+def _same_as_eager(body, compile_kw=None, **kw):
     want, pw, rw, _ = _drawing(False, body, **kw)
-    got, pg, rg, f = _drawing(True, body, **kw)
+    got, pg, rg, f = _drawing(True, body, **kw, **(compile_kw or {}))
     assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
     assert all(torch.equal(a, b) for a, b in zip(pg, pw))
     assert rg == rw   # (random's and numpy's streams left where eager left them)
@@ -310,3 +310,20 @@ def test_mingpt_restarts_its_iterator_when_it_runs_out():
     assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
     assert all(torch.equal(a, b) for a, b in zip(pg, pw))
     assert f.stats.replays >= 10, f.stats
+
+
+def test_a_branch_drawing_with_another_function_draws_from_eagers_state():
+    """A call whose path draws with a function the plan does not hold: the draws taken for the
+    other path are given back first, so it draws from where eager does (it went to the
+    unpatched function, from a stream moved by draws eager never made)."""
+    import random
+
+    import numpy as np
+
+    def body(net, x):
+        if random.random() < 0.5:
+            w = np.random.uniform(0.5, 1.0)
+        else:
+            w = random.uniform(0.0, 0.5)
+        return net(x * w)
+    _same_as_eager(body, compile_kw={"on_capture_error": "eager"}, seed=1, calls=16)

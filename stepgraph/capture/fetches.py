@@ -210,7 +210,6 @@ def take(fetches: list, args, kwargs: dict) -> dict:
     return {**kwargs, FETCH_KW: values}
 
 
-
 def taken_all(fetches: list, kwargs: dict) -> bool:
     return len(kwargs.get(FETCH_KW, ())) == len(fetches)
 
@@ -237,12 +236,12 @@ def handing_back(fetches: list, values: list, args, name: str):
             return q[1].popleft()
         return saved[0][2](*a)
 
-    def drawing(f, orig):
+    def drawing(fn, orig):
         def draw(*a, **k):
-            if draws and draws[0][0].fn == f.fn and _plain(a) == draws[0][0].args \
+            if draws and draws[0][0].fn == fn and _plain(a) == draws[0][0].args \
                     and {x: _plain(y) for x, y in k.items()} == draws[0][0].kwargs:
                 return draws.popleft()[1]
-            rewind()   # (drawn otherwise than recorded: from where eager draws it)
+            rewind()   # (drawn otherwise than recorded, or not recorded: from where eager draws it)
             return orig(*a, **k)
         return draw
 
@@ -250,21 +249,20 @@ def handing_back(fetches: list, values: list, args, name: str):
         if draws and draws[0][2] is not None:
             _set_host_states(draws[0][2])
         draws.clear()
+
     def seeding(orig):
         def seed(*a, **k):
             draws.clear()   # (seeded in the step: what it draws next comes from the new state)
             return orig(*a, **k)
         return seed
     builtins.next = handed
-    for f in {d[0].fn: d[0] for d in draws}.values():
-        mod = random if f.fn[0] == "random" else sys.modules["numpy"].random
-        saved.append((mod, f.fn[1], getattr(mod, f.fn[1])))
-        setattr(mod, f.fn[1], drawing(f, saved[-1][2]))
-    for mod in ((random, sys.modules["numpy"].random) if "numpy" in sys.modules else (random,)) if draws else ():
-        for attr in ("seed", "setstate", "set_state"):
-            if callable(getattr(mod, attr, None)):
-                saved.append((mod, attr, getattr(mod, attr)))
-                setattr(mod, attr, seeding(saved[-1][2]))
+    from .hostrandom import SEEDING, _modules
+    for label, mod, names in _modules() if draws else ():   # (every draw function: one not planned rewinds too)
+        for attr in names + SEEDING:
+            orig = getattr(mod, attr, None)
+            if callable(orig):
+                saved.append((mod, attr, orig))
+                setattr(mod, attr, seeding(orig) if attr in SEEDING else drawing((label, attr), orig))
     n = len(draws)
     try:
         yield
