@@ -36,6 +36,8 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
+from .rollback import _host_rng
+
 FETCH_KW = "_stepgraph_batches"   # the hidden keyword argument that carries the call's inputs
 _TAKEN = threading.local()         # the last take(): host random states before each draw
 
@@ -181,15 +183,10 @@ def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:
                 "replays; a coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")
 
 
-def _host_states() -> tuple:
-    np = sys.modules.get("numpy")
-    return random.getstate(), (np.random.get_state() if np is not None else None)
-
-
 def _set_host_states(states) -> None:
-    random.setstate(states[0])
-    if states[1] is not None:
-        sys.modules["numpy"].random.set_state(states[1])
+    """Back to ``rollback._host_rng()``'s snapshot (its setters are the unpatched ones)."""
+    for set_state, state in states:
+        set_state(state)
 
 
 def take(fetches: list, args, kwargs: dict) -> dict:
@@ -204,7 +201,7 @@ def take(fetches: list, args, kwargs: dict) -> dict:
             except StopIteration:
                 break
             continue
-        states.append(_host_states())   # (where eager would draw it, if the step does otherwise)
+        states.append(_host_rng())   # (where eager would draw it, if the step does otherwise)
         values.append(f.function()(*f.args, **f.kwargs))
     _TAKEN.last = states   # (the call's: the trace hands back copies of ``values``, no identity)
     return {**kwargs, FETCH_KW: values}
