@@ -534,35 +534,88 @@ def test_a_ring_buffer_pointer_names_the_tensor_fix_that_works(form):
         assert (sg.stats.captures, sg.stats.replays) == (1, 8), sg.stats.recaptures
 
 
-def test_a_clock_read_in_the_step_is_named_at_capture(recwarn):
-    """pytorch/examples imagenet: ``data_time.update(time.time() - end)`` inside the step. A replay
-    runs no Python: what the step computes from the clock is the capture's value at every replay
-    (stale, then negative durations), which nothing said. Named once, at capture."""
+class _Meter:
+    """pytorch/examples imagenet's AverageMeter."""
+    def __init__(self):
+        self.val = self.avg = self.sum = 0.0
+        self.count = 0
+
+    def update(self, val, n=1):
+        self.val = val
+        self.sum += val * n
+        self.count += n
+        self.avg = self.sum / self.count
+
+
+def _timed_loop(compiled: bool, monkeypatch, device="cpu"):
+    """pytorch/examples imagenet: ``data_time.update(time.time() - end)`` at the top of the
+    step and ``end = time.time()`` at its end, on a clock the test drives."""
     import time
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    torch.manual_seed(0)
+    model = nn.Linear(2, 1).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data_time, seen = _Meter(), []
+    box = {"end": time.time()}
 
-    class Meter:
-        def __init__(self):
-            self.val = 0.0
-
-        def update(self, v):
-            self.val = v
-    meter = Meter()
-    model = nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    end = time.time()
-
-    @stepgraph.compile
     def step(x):
-        meter.update(time.time() - end)
+        data_time.update(time.time() - box["end"])
         loss = model(x).pow(2).mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
+        box["end"] = time.time()
         return loss
-    for _ in range(4):
-        step(torch.randn(8, 2))
+    fn = stepgraph.compile(step) if compiled else step
+    for i in range(6):
+        now[0] += 0.25 * (i + 1)   # (the loader's time)
+        fn(torch.randn(8, 2, device=device))
+        seen.append((data_time.val, data_time.sum, data_time.count, data_time.avg, box["end"]))
+        now[0] += 0.5   # (the rest of the loop)
+    return seen, fn, model
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+def test_a_clock_read_in_the_step_is_read_again_at_each_replay(monkeypatch, recwarn, device):
+    """``time.time()`` in the step is a number read from the clock: the meter it updates and the
+    ``end`` it sets are evaluated again after each replay, as eager's Python would (they used to
+    keep the capture's values: stale, then negative durations)."""
+    want, _, m_eager = _timed_loop(False, monkeypatch, device)
+    got, fn, m = _timed_loop(True, monkeypatch, device)
+    assert fn.stats.replays >= 3, fn.stats
+    assert not [w for w in recwarn if "backend" in str(w.message)], [str(w.message) for w in recwarn]
+    assert got == want
+    assert torch.equal(m.weight, m_eager.weight)
+    assert not [w for w in recwarn if "reads the clock" in str(w.message)]
+
+
+def test_a_clock_value_the_graph_needs_is_named_at_capture(monkeypatch, recwarn):
+    """A duration fed to a tensor op is read live on the CPU; a clock value the step converts
+    with ``int()`` keeps the capture's value at every replay: named once, at capture."""
+    import time
+    now = [1000.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    start = time.time()
+
+    @stepgraph.compile
+    def step(x):
+        elapsed = torch.tensor(time.time() - start)
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss, elapsed, int(time.time())
+    for i in range(5):
+        now[0] += 1
+        _, elapsed, stamp = step(torch.randn(8, 2))
+        assert float(elapsed) == i + 1 and stamp == (1000 + i + 1 if i < 2 else 1002)
+    assert step.stats.replays == 3, step.stats
     msgs = [str(w.message) for w in recwarn if "reads the clock" in str(w.message)]
-    assert len(msgs) == 1 and "test_host_reads.py" in msgs[0] and "time.time() - end" in msgs[0], msgs
+    assert len(msgs) == 1 and "test_host_reads.py" in msgs[0], msgs
 
 
 def test_packed_batch_sizes_behind_dropout_are_no_random_read():
@@ -651,3 +704,35 @@ def test_after_a_flag_flips_for_good_the_graph_that_last_ran_is_tried_first():
     # the new graph is the one the chain last ran)
     assert sum(f.stats.guard_misses.values()) == 2, f.stats.guard_misses
     assert f.stats.captures == 2 and f.stats.replays == 7
+
+
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_float_read_live_reset_to_a_literal_at_a_logging_step(every):
+    """pytorch/examples word_language_model: ``total_loss += loss.item()`` every batch and
+    ``total_loss = 0`` after printing every ``log_interval`` batches. The reset was refused (a
+    Python value changed); it is now written again after each replay of that branch's graph --
+    also when every call resets it (the value before the step is then that same literal)."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        total_loss, seen = 0., []
+
+        def train_batch(batch, x):
+            nonlocal total_loss
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total_loss += loss.item()
+            if batch % every == 0 and batch > 0:
+                total_loss = 0
+        fn = stepgraph.compile(train_batch) if compiled else train_batch
+        for batch in range(8):
+            fn(batch, torch.randn(4, 3))
+            seen.append(total_loss)
+        return seen, fn
+    want, _ = run(False)
+    got, fn = run(True)
+    assert got == want, (got, want)
+    assert fn.stats.replays >= 4, fn.stats

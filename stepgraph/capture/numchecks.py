@@ -25,10 +25,11 @@ def call_values() -> tuple:
 
 @dataclass(eq=False)
 class Root:
-    """Where a tracked number comes from: a leaf of the call's arguments, a Source (pyvalues)
-    or an attribute of the object a Source reads (a meter's ``count``)."""
-    kind: str          # "leaf" | "source" | "attr" | "read"
-    ref: object        # leaf index | Source | (Source, attribute name) | hostreads.ReadRef
+    """Where a tracked number comes from: a leaf of the call's arguments, a Source (pyvalues),
+    an attribute of the object a Source reads (a meter's ``count``) or the clock (``time.time()``
+    called by the step: read again wherever a replay evaluates it)."""
+    kind: str          # "leaf" | "source" | "attr" | "read" | "clock"
+    ref: object        # leaf index | Source | (Source, attribute name) | hostreads.ReadRef | the clock
     label: str
 
     def read(self, leaves, args):
@@ -37,6 +38,8 @@ class Root:
             raise LookupError(f"{self.label} is known only after a replay")
         if self.kind == "leaf":
             return plain(leaves[self.ref])
+        if self.kind == "clock":
+            return self.ref()
         if self.kind == "source":
             return plain(self.ref.read(args))
         src, name = self.ref

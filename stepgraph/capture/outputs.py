@@ -207,9 +207,9 @@ def read_side_effects(tr, step_name: str) -> list:
     notes = []
     clocks = list(dict.fromkeys(tr.uses.clocks if tr.uses is not None else ()))
     if clocks:
-        notes.append(f"reads the clock at {', '.join(clocks[:3])}: a replay runs no Python, so what "
-                     "the step computes from it (a duration, a rate) is this capture's value at every "
-                     "replay; time the call outside the step")
+        notes.append(f"reads the clock at {', '.join(clocks[:3])} and uses that value where a replay "
+                     "cannot read it again (int(), a value a CUDA graph takes): there it is this "
+                     "capture's value at every replay; time the call outside the step")
     if plain:
         notes.append(f"calls print() at {', '.join(plain[:3])}: that runs only at warm-up and capture; "
                      "replays print nothing (return the values and print them outside the step)")

@@ -157,16 +157,22 @@ def _sink(orig):
 _CLOCKS = ("time", "perf_counter", "monotonic", "time_ns", "perf_counter_ns", "monotonic_ns")
 
 
-def _clock(orig, log):
-    """``time.time()`` called by the step's own code: its value is this capture's at every replay
-    (an imagenet loop's ``data_time.update(time.time() - end)`` went stale, then negative):
-    named at capture (outputs.read_side_effects). Library code's clocks (a log record's time)
-    are not the step's values."""
+def _clock(orig, log, name):
+    """``time.time()`` called by the step's own code is a tracked number read from the clock
+    (numchecks.Root "clock"): an imagenet loop's ``data_time.update(time.time() - end)`` and
+    ``end = time.time()`` are evaluated again after each replay with the clock read then, as
+    eager's Python would (they used to keep this capture's values: durations went stale, then
+    negative). A use that needs its value in the graph keeps this capture's value and is named
+    at capture (uselog.used, outputs.read_side_effects). Library code's clocks (a log record's
+    time) are not the step's values."""
+    from .numchecks import Root
+
     def clock():
-        from ..errors import library_file, user_frame
+        from ..errors import library_file
+        value = orig()
         if log.active and not library_file(sys._getframe(1).f_code.co_filename):
-            log.clocks.append(user_frame())
-        return orig()
+            return log.wrap(value, Root("clock", orig, f"time.{name}()"))
+        return value
     clock.__wrapped__ = orig
     return clock
 
@@ -184,7 +190,7 @@ class sinks:
         import time
         self.saved = [(time, name, getattr(time, name)) for name in _CLOCKS]
         for owner, name, orig in self.saved:
-            setattr(owner, name, _clock(orig, self.log))
+            setattr(owner, name, _clock(orig, self.log, name))
         self.saved += [(builtins, "print", builtins.print)]
         self.saved += [(owner, name, getattr(owner, name)) for owner in (logging.Logger, logging)
                        for name in _LOG_METHODS if hasattr(owner, name)]

@@ -185,17 +185,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
             finally:
-                # Put the values back, unless the step assigned new ones (a scheduler stepped
-                # inside it): those are what eager leaves.
-                for group, k, v, live in reversed(saved_hypers):
-                    if k is None:
-                        if group.read(a) is live:
-                            group.write(v, a)  # a Source
-                    elif group.get(k) is live:
-                        group[k] = v
-                # (the entries a scheduler stepped in the step set: its step is redone after each
-                # replay and sets them again -- no constants of this graph)
-                box["number_effects"] = swap_out(swapped, a, track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"])
+                # (the values put back, unless the step assigned new ones: trackplan.hyper_effects)
+                box["number_effects"] = swap_out(swapped, a, cs := track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"], cs, a)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)

@@ -306,21 +306,39 @@ def _same_float(v, old) -> bool:
     return type(v) is float and isinstance(old, float) and float.__float__(old) == v
 
 
-def hyper_effects(reg, assigned=(), scheduled=()) -> list:
-    """A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
+def hyper_effects(reg, assigned=(), scheduled=(), const_stores=frozenset(), args=()) -> list:
+    """Put back the live values the trace put in (``assigned``: ``(group, key, old value, live
+    value)``, a Source where key is None), unless the step assigned new ones (a scheduler
+    stepped inside it): those are what eager leaves. Runs even when the step raised.
+
+    A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
-    checked it), left plain now. Runs even when the step raised. ``assigned``: the live
-    hyper-parameters' ``(group, key, old value, live value)`` of the trace; one the step
-    replaced by a constant of this graph (DINO's ``g['lr'] = lr_schedule[it]``, a numpy float
-    picked by guarded values) is written again after each replay too, as eager leaves it --
-    unless an LR scheduler stepped inside the step set it (``scheduled``: ``(group, key,
-    value)``, libraries.record_scheduler_steps): the scheduler, run again after each replay,
-    sets the next value itself (DLRM's ``lr_scheduler.step()``: the lr froze at this one)."""
+    checked it), left plain now. One the step replaced by a constant of this graph (DINO's
+    ``g['lr'] = lr_schedule[it]``, a numpy float picked by guarded values) is written again
+    after each replay too, as eager leaves it -- unless an LR scheduler stepped inside the step
+    set it (``scheduled``: ``(group, key, value)``, libraries.record_scheduler_steps): the
+    scheduler, run again after each replay, sets the next value itself (DLRM's
+    ``lr_scheduler.step()``: the lr froze at this one). A float variable read live that the
+    step set from tracked numbers (imagenet's ``end = time.time()``) or to a literal of its
+    code (``total_loss = 0`` at a logging step) is written again after each replay too."""
     from .pyvalues import Source
     effects = []
-    for group, k, old, live in assigned:   # (before the tracked ones below are made plain)
-        v = group.get(k, live) if k is not None else live
-        if v is live or type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor) \
+    for group, k, old, live in reversed(assigned):
+        if k is None:   # a Source
+            cur = group.read(args)
+            if cur is live:
+                group.write(old, args)
+            elif type(cur) in _PROXIES and getattr(cur, "_e", None) is not None:
+                effects.append(NumberEffect(Root("source", group, group.describe()), None, cur._e))
+                group.write(cur._v, args)
+            elif type(cur) in (int, float) and (_slot_name(Root("source", group, ""), None), cur) in const_stores:
+                effects.append(NumberEffect(Root("source", group, group.describe()), None, cur))
+            continue
+        if group.get(k) is live:
+            group[k] = old
+            continue
+        v = group.get(k, live)
+        if type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor) \
                 or v is old or _same_float(v, old):   # (left as it was, or a plain copy of it)
             continue
         if any(g is group and key == k and x is v for g, key, x in scheduled):

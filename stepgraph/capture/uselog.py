@@ -48,7 +48,7 @@ class UseLog:
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
     prints: list = field(default_factory=list)      # sites of print() calls the step made (sinks.py)
-    clocks: list = field(default_factory=list)      # sites of time.time() & co. in the step's code (sinks.py)
+    clocks: list = field(default_factory=list)      # sites where a value from time.time() & co. is used as a constant
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU, for backends that run Python at replay: pipeline.trace's ``lift_numbers``).
@@ -61,7 +61,8 @@ class UseLog:
     dynamic_slices: list = field(default_factory=list)  # (copy, its version, where): dynslice.py
 
     def moving(self, proxy) -> bool:
-        return bool(self.moving_labels) and any(r.label in self.moving_labels for r in roots_of(proxy._e))
+        # (the clock moves at every call: ``time.time() - end`` with ``end`` a float read live)
+        return any(r.kind == "clock" or r.label in self.moving_labels for r in roots_of(proxy._e))
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
@@ -81,6 +82,11 @@ class UseLog:
         return p
 
     def used(self, expr, value, where=""):
+        if any(r.kind == "clock" for r in roots_of(expr)):
+            # (a value the clock gives differs at every call: a check would miss at each one.
+            # Kept as this capture's value and named at capture: outputs.read_side_effects)
+            self.clocks.append(where or _where(3))
+            return
         expr = _settle(expr)
         self.found.setdefault(("=", describe(expr)), Check(expr, value, where))
 
@@ -106,7 +112,7 @@ class UseLog:
                 return e
             if e.kind == "read":
                 return e.ref.node
-            of_call = e.kind == "leaf" or (e.ref if e.kind == "source" else e.ref[0]).kind == "arg"
+            of_call = e.kind == "leaf" or e.kind != "clock" and (e.ref if e.kind == "source" else e.ref[0]).kind == "arg"
             if of_call and e.label not in self.moving_labels:
                 raise LookupError(e.label)   # (an argument that never changed stays checked)
             if id(e) not in self.lifted:
