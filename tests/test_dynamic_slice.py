@@ -87,13 +87,32 @@ class LoaderLite:
         return x, y
 
 
-def test_a_position_reset_to_a_literal_is_written_again_at_each_replay():
+class LoaderLiteTuple(LoaderLite):
+    """The same with the reset as a tuple assignment (spinningup's ``self.ptr,
+    self.path_start_idx = 0, 0``), which compiles to other bytecode."""
+
+    def __init__(self, *a):
+        super().__init__(*a)
+        self.start = 0
+
+    def next_batch(self):
+        B, T = self.B, self.T
+        buf = self.tokens[self.current_position: self.current_position + B * T + 1]
+        x, y = buf[:-1].view(B, T), buf[1:].view(B, T)
+        self.current_position += B * T
+        if self.current_position + (B * T + 1) > len(self.tokens):
+            self.current_position, self.start = 0, 0
+        return x, y
+
+
+@pytest.mark.parametrize("loader_cls", [LoaderLite, LoaderLiteTuple])
+def test_a_position_reset_to_a_literal_is_written_again_at_each_replay(loader_cls):
     """``self.current_position = 0`` when the shard runs out was refused ("the step changes the
     Python value ... (176 -> 0)"): a number the step's code stores as a literal is written again
     after each replay of the graph that took that branch."""
     def run(use_sg):
         torch.manual_seed(0)
-        loader = LoaderLite(torch.randint(0, 50, (200,)), 2, 8)
+        loader = loader_cls(torch.randint(0, 50, (200,)), 2, 8)
         emb = torch.nn.Embedding(50, 50)
         opt = torch.optim.AdamW(emb.parameters(), lr=1e-2)
 
