@@ -217,16 +217,16 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     tr, guards, reg = traced.trace, step._guards, step._reg
     raise_problems(tr.problems + generator_draws(traced.generators))
     refuse_library_changes(traced.library_state, redone=[e.source for e in tr.call_effects],
-                           replayed=[e.source for e in tr.number_effects + tr.source_effects])
+                           replayed=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None])
     if traced.fsdp_record is not None:
         traced.fsdp_record.raise_problems()
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
-                               replayed=[e.source for e in tr.number_effects + tr.source_effects],
+                               replayed=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None],
                                slots=tr.escapes, args=args)
     slots_after = container_slots(guards.py, args)
     refuse_slot_stores(guards.py, traced.sizes_before, slots_after, args,
-                       covered=[e.source for e in tr.number_effects + tr.source_effects])
+                       covered=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None])
     traced.notes = warn_appends(guards.py, traced.sizes_before, slots_after, step.__name__,
                                 replayed={id(e.source) for e in tr.append_effects})
     live_outputs(tr, reg, guards.py, args, step.__name__)

@@ -138,7 +138,7 @@ class Guards(Reasons, LiveKeys):
         """The numbers a capture of this call tracks (trackplan.py)."""
         leaves = argtree.leaves(args, kwargs)
         labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
-        track = plan(self.py.sources, leaves, labels, args, self.live | self.keyed)
+        track = plan(self.py.sources, leaves, labels, args, self.live | self.keyed, self.reg.slots())
         track.const_stores = self.py.const_stores
         return track
 

@@ -28,8 +28,9 @@ class Root:
     """Where a tracked number comes from: a leaf of the call's arguments, a Source (pyvalues),
     an attribute of the object a Source reads (a meter's ``count``) or the clock (``time.time()``
     called by the step: read again wherever a replay evaluates it)."""
-    kind: str          # "leaf" | "source" | "attr" | "read" | "clock"
+    kind: str          # "leaf" | "source" | "attr" | "read" | "clock" | "slot"
     ref: object        # leaf index | Source | (Source, attribute name) | hostreads.ReadRef | the clock
+    #                    | (state.Slot, its key)
     label: str
 
     def read(self, leaves, args):
@@ -40,6 +41,8 @@ class Root:
             return plain(leaves[self.ref])
         if self.kind == "clock":
             return self.ref()
+        if self.kind == "slot":   # (an optimizer's per-parameter ``state['step']`` held as a Python int)
+            return plain(self.ref[0].get())
         if self.kind == "source":
             return plain(self.ref.read(args))
         src, name = self.ref

@@ -158,13 +158,19 @@ class TrackPlan:
     records: list = field(default_factory=list)   # (Source, [Root("attr", (Source, name))])
     arrays: list = field(default_factory=list)    # Root("source", Source) of numpy schedules (schedules.py)
     const_stores: set = field(default_factory=set)  # (name, number) the step's code stores as literals
+    counters: list = field(default_factory=list)  # Root("slot", (Slot, key)): optimizers' Python numbers
 
     def roots(self) -> list:
-        return self.leaves + self.sources + [r for _, attrs in self.records for r in attrs]
+        return self.leaves + self.sources + [r for _, attrs in self.records for r in attrs] + self.counters
 
 
-def plan(sources, leaves, leaf_labels, args, exclude) -> TrackPlan:
+def plan(sources, leaves, leaf_labels, args, exclude, slots=()) -> TrackPlan:
     p = TrackPlan()
+    # An optimizer that keeps its step count as a Python number in its per-parameter state
+    # (``state['step'] += 1``: microsoft/LoRA's AdamW, transformers' Adafactor, torch's
+    # SparseAdam): the count is tracked, so the arithmetic on it is read live at each replay and
+    # the increment is written again after it (NumberEffect), as the optimizer's Python would.
+    p.counters = [Root("slot", (s, s.key), s.source) for s in slots if s.kind == "optstate" and number(s.get())]
     for i, x in enumerate(leaves):
         if number(x):
             p.leaves.append(Root("leaf", i, leaf_labels[i] if i < len(leaf_labels) else f"input {i}"))
@@ -217,6 +223,12 @@ def swap_in(track: TrackPlan, uses, args) -> list:
             p = schedules.view(v, r, uses)
             write(r.ref, p, args)
             swapped.append((r, None, v, p))
+        for r in track.counters:
+            slot = r.ref[0]
+            v = slot.get()
+            if number(v) and type(v) not in _PROXIES:
+                slot.owner[slot.key] = p = uses.wrap(v, r)
+                swapped.append((r, slot.owner, v, p))
         for s, attrs in track.records:
             d = vars(s.read(args))
             for r in attrs:
@@ -241,6 +253,9 @@ class NumberEffect:
 
     @property
     def source(self):
+        """The pyvalues Source written (None for an optimizer's state entry: a state slot)."""
+        if self.root.kind == "slot":
+            return None
         return self.root.ref if self.container is None else self.root.ref[0]
 
     def value(self, leaves, args, memo):
@@ -250,6 +265,8 @@ class NumberEffect:
     def write(self, value, args) -> None:
         if self.container is None:
             write(self.root.ref, value, args)
+        elif self.root.kind == "slot":
+            self.root.ref[0].set(value)
         else:   # the record found by its path now (a meter made anew each epoch)
             src, name = self.root.ref
             vars(src.read(args))[name] = value

@@ -61,8 +61,9 @@ class UseLog:
     dynamic_slices: list = field(default_factory=list)  # (copy, its version, where): dynslice.py
 
     def moving(self, proxy) -> bool:
-        # (the clock moves at every call: ``time.time() - end`` with ``end`` a float read live)
-        return any(r.kind == "clock" or r.label in self.moving_labels for r in roots_of(proxy._e))
+        # (the clock moves at every call: ``time.time() - end`` with ``end`` a float read live;
+        # so does an optimizer's Python step counter)
+        return any(r.kind in ("clock", "slot") or r.label in self.moving_labels for r in roots_of(proxy._e))
 
     def wrap(self, value, root: Root):
         p = (TrackedFloat if isinstance(value, float) else TrackedInt)(plain(value), root, self)
@@ -112,7 +113,7 @@ class UseLog:
                 return e
             if e.kind == "read":
                 return e.ref.node
-            of_call = e.kind == "leaf" or e.kind != "clock" and (e.ref if e.kind == "source" else e.ref[0]).kind == "arg"
+            of_call = e.kind == "leaf" or e.kind not in ("clock", "slot") and (e.ref if e.kind == "source" else e.ref[0]).kind == "arg"
             if of_call and e.label not in self.moving_labels:
                 raise LookupError(e.label)   # (an argument that never changed stays checked)
             if id(e) not in self.lifted:
