@@ -39,7 +39,8 @@ def make_capturable(reg) -> list[str]:
 
     Step counters move to the device, ``capturable=True``, and a float ``lr`` becomes a
     0-dim device tensor that LR schedulers update in place (``fill_``), so a schedule never
-    forces a recapture. The numerics are PyTorch's own capturable path.
+    forces a recapture. The numerics are PyTorch's own capturable path with a float lr: Adam's
+    and AdamW's foreach form divide by the lr as by a float (capture/effects.lr_reciprocal).
     """
     changed = []
     for oname, opt in reg.optimizers:
@@ -53,9 +54,13 @@ def make_capturable(reg) -> list[str]:
                 group["capturable"] = True
                 changed.append(f"{oname}.param_groups[{gi}]['capturable'] = True")
             # Only these read a tensor lr on the device in every form; others would .item() it.
-            tensor_lr_ok = fused or type(opt).__name__ in ("Adam", "AdamW")
+            # (torch's own classes: microsoft/LoRA's optimizer is also named AdamW, and its Python
+            # step arithmetic takes the lr as a float)
+            tensor_lr_ok = fused or type(opt) in (torch.optim.Adam, torch.optim.AdamW)
             if tensor_lr_ok and isinstance(group.get("lr"), float):
-                group["lr"] = torch.tensor(group["lr"], device=dev)
+                # float64 for the foreach form, whose division by it is then written as PyTorch's
+                # division by a float (capture/effects.lr_reciprocal): bitwise with a float lr
+                group["lr"] = torch.tensor(group["lr"], device=dev, dtype=torch.float32 if fused else torch.float64)
                 # A loop that assigns a float lr every iteration (nanoGPT's get_lr idiom) then
                 # fills this tensor in place (capture/effects.absorb_floats): no recapture.
                 reg.device_hypers.append((group, "lr", group["lr"]))
@@ -112,7 +117,7 @@ def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
     already: ``make_capturable``.) Returns what changed, or None (each new value recaptures)."""
     name, opt = reg.optimizers[oi]
     group = opt.param_groups[gi]
-    if type(opt).__name__ not in ("Adam", "AdamW") or group.get("fused") or not group.get("capturable"):
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW) or group.get("fused") or not group.get("capturable"):
         return None
     dev = next((p.device for p in group["params"] if p.is_cuda), None)
     if dev is None or key != "betas" or any(k == key and g is group for g, k, _ in reg.device_hypers):
