@@ -274,3 +274,29 @@ def test_a_scheduler_stepped_with_the_steps_own_counter_follows_it():
     want, got = run(False), run(True)
     assert got[3].stats.replays >= 5
     assert got[:2] == want[:2] and torch.equal(got[2], want[2])
+
+
+def test_a_float64_device_lr_divides_as_a_float_lr_does():
+    """(The mechanism of test_cuda_live's bitwise Adam with an lr assigned every iteration, here
+    on the CPU.) While an optimizer holding a float64 lr tensor steps, ``_foreach_div_`` by that
+    lr multiplies by the reciprocal taken in double then rounded to float32, as PyTorch's CUDA
+    foreach division by a Python float does; other divisions and later calls are untouched."""
+    from stepgraph.backends.cudagraph import _divide_as_by_a_float, _divide_plainly
+    lr = torch.tensor(3e-4, dtype=torch.float64)
+    other = torch.tensor(3e-4, dtype=torch.float64)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    opt.param_groups[0]["lr"] = lr
+    xs = [torch.tensor([-0.1], dtype=torch.float32), torch.tensor([-0.0019], dtype=torch.float32)]
+    want = [x * torch.tensor(1 / 3e-4, dtype=torch.float32) for x in xs]
+    plain = torch._foreach_div_
+    _divide_as_by_a_float(opt, (), {})
+    try:
+        got = [x.clone() for x in xs]
+        torch._foreach_div_(got, lr)
+        kept = [x.clone() for x in xs]
+        torch._foreach_div_(kept, other)
+    finally:
+        _divide_plainly(opt, (), {})
+    assert torch._foreach_div_ is plain
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, x / other) for a, x in zip(kept, xs))

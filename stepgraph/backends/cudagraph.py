@@ -40,7 +40,7 @@ def make_capturable(reg) -> list[str]:
     Step counters move to the device, ``capturable=True``, and a float ``lr`` becomes a
     0-dim device tensor that LR schedulers update in place (``fill_``), so a schedule never
     forces a recapture. The numerics are PyTorch's own capturable path with a float lr: Adam's
-    and AdamW's foreach form divide by the lr as by a float (capture/effects.lr_reciprocal).
+    and AdamW's foreach form divide by the lr as by a float (_divide_as_by_a_float).
     """
     changed = []
     for oname, opt in reg.optimizers:
@@ -59,7 +59,7 @@ def make_capturable(reg) -> list[str]:
             tensor_lr_ok = fused or type(opt) in (torch.optim.Adam, torch.optim.AdamW)
             if tensor_lr_ok and isinstance(group.get("lr"), float):
                 # float64 for the foreach form, whose division by it is then written as PyTorch's
-                # division by a float (capture/effects.lr_reciprocal): bitwise with a float lr
+                # division by a float (_divide_as_by_a_float): bitwise with a float lr
                 group["lr"] = torch.tensor(group["lr"], device=dev, dtype=torch.float32 if fused else torch.float64)
                 # A loop that assigns a float lr every iteration (nanoGPT's get_lr idiom) then
                 # fills this tensor in place (capture/effects.absorb_floats): no recapture.
@@ -67,6 +67,11 @@ def make_capturable(reg) -> list[str]:
                 changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
             if not (group.get("capturable") or fused):
                 continue  # e.g. Adagrad: no capturable form; its counters stay host scalars
+            if isinstance(group.get("lr"), torch.Tensor) and group["lr"].dtype == torch.float64 \
+                    and not getattr(opt, "_stepgraph_lr_division", False):
+                opt._stepgraph_lr_division = True
+                opt.register_step_pre_hook(_divide_as_by_a_float)
+                opt.register_step_post_hook(_divide_plainly)
             for p in params:
                 st = opt.state.get(p) or {}
                 for k, s in list(st.items()):
@@ -74,6 +79,33 @@ def make_capturable(reg) -> list[str]:
                     if isinstance(s, torch.Tensor) and s.dim() == 0 and s.device != p.device:
                         st[k] = s.to(device=p.device, dtype=torch.float32 if k == "step" else s.dtype)
     return changed
+
+
+_FOREACH_DIV_ = torch._foreach_div_
+
+
+def _divide_as_by_a_float(opt, args, kwargs) -> None:
+    """While ``opt`` steps (eager or traced): its foreach division by a float64 lr it holds on
+    the device is written as the multiply by the reciprocal that PyTorch's CUDA foreach division
+    by a Python float does (``scalar_reciprocal``: ``1 / lr`` in double, then the kernel's
+    float). Capturable Adam/AdamW's ``_foreach_div_(bias_correction1, lr)`` then rounds as with
+    the float lr a loop assigns every iteration: bitwise on an H200, where a float32 lr tensor's
+    true division moved 1e-9 a step from it (EDM's Adam: 1.6e-3 from eager after 8 steps)."""
+    held = {id(g["lr"]) for g in opt.param_groups
+            if isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float64}
+    if not held:
+        return
+
+    def div_(tensors, other):
+        if isinstance(other, torch.Tensor) and id(other) in held and tensors:
+            dt = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
+            return torch._foreach_mul_(tensors, torch.reciprocal(other).to(dt))
+        return _FOREACH_DIV_(tensors, other)
+    torch._foreach_div_ = div_
+
+
+def _divide_plainly(opt, args, kwargs) -> None:
+    torch._foreach_div_ = _FOREACH_DIV_
 
 
 class capture_stream:

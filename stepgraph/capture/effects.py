@@ -180,7 +180,6 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
 
     def pre_hook(opt, args, kwargs):
         STEP_SITES[opt] = user_frame()   # (refusals about this optimizer's state name it: trace.py)
-        lr_reciprocal(reg, opt)
         if all(o is not opt for _, o in reg.optimizers):
             # (``reg.optimizers`` is a fresh list of the held ones: assign, not append)
             reg.optimizers = reg.optimizers + [(f"optimizer#{len(reg.optimizers)}", opt)]
@@ -191,8 +190,6 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
             entered.append(opt)
 
     def post_hook(opt, args, kwargs):
-        if vars(torch).get("_foreach_div_") is not _FOREACH_DIV_:
-            torch._foreach_div_ = _FOREACH_DIV_
         if entered and entered[-1] is opt:
             entered.pop()
             mode.__exit__(None, None, None)
@@ -200,34 +197,9 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
     try:
         yield
     finally:
-        torch._foreach_div_ = _FOREACH_DIV_   # (a step that raised: its post hook never ran)
         for h in handles:
             h.remove()
         reg.refresh_names()
-
-
-_FOREACH_DIV_ = torch._foreach_div_
-
-
-def lr_reciprocal(reg: StateRegistry, opt) -> None:
-    """While ``opt`` steps in a trace: its foreach division by a float64 lr held on the device
-    (backends/cudagraph.make_capturable) is written as the multiply by the reciprocal that
-    PyTorch's CUDA foreach division by a Python float does (``scalar_reciprocal``: ``1 / lr`` in
-    double, then the kernel's float). Capturable Adam/AdamW's ``_foreach_div_(bias_correction1,
-    lr)`` then rounds as with the float lr a loop assigns every iteration: bitwise on an H200,
-    where a float32 lr tensor's true division left EDM's Adam 1.6e-3 from eager after 8 steps
-    (1e-9 per step, grown by the model)."""
-    held = {id(h) for g, k, h in reg.device_hypers if k == "lr" and isinstance(h, torch.Tensor)
-            and h.dtype == torch.float64 and any(g is pg for pg in opt.param_groups)}
-    if not held:
-        return
-
-    def div_(tensors, other):
-        if isinstance(other, torch.Tensor) and id(other) in held and tensors:
-            dt = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
-            return torch._foreach_mul_(tensors, torch.reciprocal(other).to(dt))
-        return _FOREACH_DIV_(tensors, other)
-    torch._foreach_div_ = div_
 
 
 @contextlib.contextmanager
