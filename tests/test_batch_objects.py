@@ -56,3 +56,43 @@ def test_a_new_batch_object_each_call_replays_one_graph(kind):
         assert torch.equal(sg(MAKERS[kind](src, tgt)), eager(MAKERS[kind](src, tgt)))
     assert sg.stats.captures == 1 and sg.stats.replays == 4, (sg.stats, sg.stats.recaptures)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+class TrainState:
+    """The Annotated Transformer's TrainState: counters, and ``tokens``, which becomes a tensor
+    (``train_state.tokens += batch.ntokens``) and so makes the object opened like a batch."""
+    step: int = 0
+    accum_step: int = 0
+    tokens: int = 0
+
+
+def test_numbers_the_step_sets_on_an_opened_argument_object_reach_the_users_object():
+    """The trace runs the step on a copy of an opened object: ``train_state.step += 1`` changed
+    the copy only, so the capturing call left the user's count one behind eager's, silently
+    (replays then wrote theirs); now the copy's changes are set on the user's object."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        state, seen = TrainState(), []
+
+        def step(i, x, train_state):
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            train_state.step += 1
+            train_state.tokens += torch.tensor(x.shape[0])
+            if i % 2 == 0:
+                opt.step()
+                opt.zero_grad()
+                train_state.accum_step += 1
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        for i in range(7):
+            fn(i, torch.randn(4, 3), state)
+            seen.append((state.step, state.accum_step, int(state.tokens)))
+        return seen, fn, model
+    want, _, m0 = run(False)
+    got, fn, m1 = run(True)
+    assert got == want, (got, want)
+    assert fn.stats.replays >= 3, fn.stats
+    assert torch.equal(m0.weight, m1.weight)

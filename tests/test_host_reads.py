@@ -736,3 +736,35 @@ def test_a_float_read_live_reset_to_a_literal_at_a_logging_step(every):
     got, fn = run(True)
     assert got == want, (got, want)
     assert fn.stats.replays >= 4, fn.stats
+
+
+def test_a_tensor_variable_reset_to_a_literal_at_a_logging_step():
+    """The Annotated Transformer's run_epoch: ``tokens += batch.ntokens`` (a tensor) every batch
+    and ``tokens = 0`` after printing every 40: the reset was refused ("rebinds tokens to a
+    value it did not compute"); the literal is now written again after each replay of that
+    branch's graph."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        tokens, seen = 0, []
+
+        def run_batch(i, x):
+            nonlocal tokens
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            tokens += (x > 0).sum()
+            if i % 3 == 1:
+                tokens = 0
+            return loss.detach()
+        fn = stepgraph.compile(run_batch) if compiled else run_batch
+        for i in range(9):
+            fn(i, torch.randn(4, 3))
+            seen.append(int(tokens))
+        return seen, fn
+    want, _ = run(False)
+    got, fn = run(True)
+    assert got == want, (got, want)
+    assert fn.stats.replays >= 3, fn.stats

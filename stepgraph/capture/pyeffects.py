@@ -133,7 +133,8 @@ def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
     return SourceEffect(s, "read", node=v.node)
 
 
-def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=()) -> tuple[list, list]:
+def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=(),
+            const_stores=frozenset()) -> tuple[list, list]:
     """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
     appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
     cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
@@ -156,6 +157,13 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         elif kind == "read":
             reads.append(_effect(s, new, kind, graph_outs))
             s.write(_plain(new))   # eager leaves a plain float there
+        elif number(new) and isinstance(number_effects, list) and \
+                (s.path[-1][1] if s.path else s.name, new) in const_stores:
+            # (``tokens = 0`` at a logging step, a tensor before: the Annotated Transformer's
+            # run_epoch) the literal the step's code stores is written again after each replay
+            from .numchecks import Root
+            from .trackplan import NumberEffect
+            number_effects.append(NumberEffect(Root("source", s, s.describe()), None, new))
         elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor) or rec is not None:
             problems.append(Problem(
                 f"the step rebinds {s.describe()} to a value it did not compute (a tensor from "

@@ -142,7 +142,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                                    moving_labels=frozenset(moving_numbers)))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
-        a, kw = pytree.tree_unflatten(flat, in_spec)
+        (a, kw), made = argtree.unflatten_recording(flat, in_spec)
         swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
@@ -187,6 +187,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             finally:
                 # (the values put back, unless the step assigned new ones: trackplan.hyper_effects)
                 box["number_effects"] = swap_out(swapped, a, cs := track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"], cs, a)
+                argtree.write_back(made, rollback.keep_object if rollback is not None else None)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)
@@ -222,7 +223,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
-                                           box.get("number_effects", ()))
+                                           box.get("number_effects", ()), track.const_stores if track else ())
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
