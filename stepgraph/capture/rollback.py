@@ -89,6 +89,7 @@ class Rollback:
     copies: dict = field(default_factory=dict)    # storage data_ptr -> (bytes view, saved bytes)
     created: set = field(default_factory=set)     # data_ptrs of storages the trace allocated
     objects: dict = field(default_factory=dict)   # id -> (object, copy of its __dict__)
+    containers: dict = field(default_factory=dict)   # id -> (a dict/list passed in, its contents)
     lost: str | None = None         # why some write could not be copied (nothing is undone then)
     taken: list = field(default_factory=list)     # fetches.SeenNext: batches the trace took with next()
 
@@ -104,6 +105,10 @@ class Rollback:
     def keep_object(self, obj) -> None:
         """A Python object the step is about to change (an LR scheduler): its attributes now."""
         self.objects.setdefault(id(obj), (obj, dict(obj.__dict__)))
+
+    def keep_container(self, c, contents) -> None:
+        """A dict or list passed to the step, about to be changed (capture/argchanges.py)."""
+        self.containers.setdefault(id(c), (c, contents))
 
     def save(self, t: torch.Tensor) -> None:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
@@ -156,6 +161,12 @@ class Rollback:
         for obj, attrs in self.objects.values():
             obj.__dict__.clear()
             obj.__dict__.update(attrs)
+        for c, contents in self.containers.values():
+            if isinstance(c, list):
+                c[:] = contents
+            else:
+                c.clear()
+                c.update(contents)
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)

@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
-from . import argtree
+from . import argchanges, argtree
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
 from .hostreads import ReadLog, math_patches
@@ -143,6 +143,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
         (a, kw), made = argtree.unflatten_recording(flat, in_spec)
+        argw = argchanges.watch((a, kw), (args, kwargs))
         swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
@@ -224,6 +225,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
                                            box.get("number_effects", ()), track.const_stores if track else ())
+        argchanges.check(argw, [e.source for e in box["number_effects"] + box["effects"][0] + box["effects"][1] if e.source is not None],
+                         a, problems, user_frame(), rollback.keep_container if rollback is not None else None)
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)

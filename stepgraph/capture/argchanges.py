@@ -1,0 +1,104 @@
+"""Python containers and objects the step changes through its arguments.
+
+``def step(batch, stats): ... stats["step"] += 1`` or ``history.append(loss.item())`` with
+``history`` passed in, or ``meter.update(loss.item())`` on a meter passed in: the trace runs the
+step on the arguments as pytree rebuilt them (a dict or list argument is a *copy*), and a replay
+runs no Python. The capturing call's change went to the copy, and replays made none: the user's
+dict, list or meter silently stopped changing (a step counter in a dict left the lr schedule
+frozen). State the step's own variables reach (globals, closure cells) is replayed by
+trackplan/pyeffects; through arguments it is not. Here such a change is found after the trace,
+set on the user's own container (so the capturing call leaves what eager leaves, and an undone
+capture puts it back), and refused with the fix the user can apply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .effects import Problem
+from .trackplan import plain_object, slot_of
+
+_GONE = object()
+
+
+@dataclass
+class ArgWatch:
+    """What the call's arguments held when the trace began: each dict/list the trace rebuilt
+    (with the user's own at the same place) and each plain object passed in, shallow."""
+    containers: list = field(default_factory=list)   # (path, trace's copy, user's, contents then)
+    objects: list = field(default_factory=list)      # (path, object, its attributes then)
+
+
+def _contents(c):
+    return dict(c) if isinstance(c, dict) else list(c)
+
+
+def watch(trace_args, user_args) -> ArgWatch:
+    """``trace_args``/``user_args``: ``(args tuple, kwargs dict)`` of the trace and of the call."""
+    w = ArgWatch()
+
+    def walk(t, u, path):
+        if type(t) in (dict, list) and type(u) is type(t):
+            if t is not u:
+                w.containers.append((path, t, u, _contents(t)))
+            keys = list(t) if isinstance(t, dict) else range(len(t))
+            for k in keys:
+                if (k in u) if isinstance(u, dict) else k < len(u):
+                    walk(t[k], u[k], path + (k,))
+        elif type(t) is tuple and type(u) is tuple:
+            for k, (x, y) in enumerate(zip(t, u)):
+                walk(x, y, path + (k,))
+        elif plain_object(t):
+            w.objects.append((path, t, dict(vars(t))))
+    walk((tuple(trace_args[0]), trace_args[1]), (tuple(user_args[0]), user_args[1]), ())
+    return w
+
+
+def _name(path) -> str:
+    """``(0, i, ...)``: positional argument i; ``(1, name, ...)``: keyword argument ``name``."""
+    if len(path) < 2:
+        return "its arguments"
+    head = f"argument #{path[1]}" if path[0] == 0 else f"argument {path[1]!r}"
+    return head + "".join(f"[{k!r}]" for k in path[2:])
+
+
+def check(w: ArgWatch, covered_sources, trace_args, problems: list, where: str, keep=None) -> None:
+    """After the step (inside the trace): a rebuilt container that changed is set on the user's
+    (``keep(container, contents)`` first: the undo's record) and refused; so is an attribute of
+    an object passed in that changed, unless a replay writes it (``covered_sources``: the
+    Sources of number and source effects)."""
+    from .tracked import plain
+    covered = {slot_of(s, trace_args) for s in covered_sources}
+    for path, t, u, then in w.containers:
+        now = _contents(t)
+        same = len(now) == len(then) and (all(a is b for a, b in zip(now, then)) if isinstance(now, list)
+                                          else all(k in then and then[k] is v for k, v in now.items()))
+        if same:
+            continue
+        if keep is not None:
+            keep(u, _contents(u))
+        if isinstance(u, list):
+            u[:] = [plain(x) for x in now]
+        else:
+            u.clear()
+            u.update({k: plain(v) for k, v in now.items()})
+        problems.append(Problem(
+            f"the step changes {_name(path)}, a {type(u).__name__} passed to it (its "
+            f"{'length ' + str(len(then)) + ' -> ' + str(len(now)) if len(now) != len(then) else 'items'}): "
+            "a replay runs no Python code, so it would not change it again", where,
+            "keep that value in a variable the step reads instead of passing it in (a global, a "
+            "closure variable or an attribute: replays update those), or return it from the step",
+            plain=True))
+        return
+    for path, obj, then in w.objects:
+        now = vars(obj)
+        changed = [k for k in list(now) + [k for k in then if k not in now]
+                   if then.get(k, _GONE) is not now.get(k, _GONE) and (id(obj), k) not in covered]
+        if changed:
+            problems.append(Problem(
+                f"the step changes {_name(path)}.{changed[0]}, an attribute of a "
+                f"{type(obj).__name__} passed to it: a replay runs no Python code, so it would not "
+                "change it again", where,
+                f"keep the {type(obj).__name__} in a variable the step reads instead of passing it "
+                "in (a global, a closure variable or an attribute: replays update those), or return "
+                "the value from the step", plain=True))
+            return

@@ -1,0 +1,106 @@
+"""Python containers and objects a step changes through its arguments (capture/argchanges.py).
+
+``def step(x, stats): ... stats["n"] += 1``, ``history.append(loss.item())`` with ``history``
+passed in, ``meter.update(loss.item())`` on a meter passed in: the trace ran the step on the
+dict or list pytree rebuilt (a copy), and a replay runs no Python, so the user's container
+silently stopped changing (the capturing call's change was lost too) -- a step counter kept in
+a dict argument froze the lr schedule computed from it. Now the change is set on the user's
+container at the capturing call (as eager leaves it) and the capture is refused, with a fix."""
+import types
+
+import pytest
+import torch
+
+import stepgraph
+
+
+class Meter:
+    def __init__(self):
+        self.sum, self.n = 0.0, 0
+
+    def update(self, v):
+        self.sum += v
+        self.n += 1
+
+
+CASES = {
+    "list_append": (list, lambda a, loss: a.append(loss.item()), lambda a: [round(x, 6) for x in a]),
+    "dict_counter": (dict, lambda a, loss: a.__setitem__("step", a.get("step", 0) + 1), lambda a: a.get("step")),
+    "namespace_counter": (lambda: types.SimpleNamespace(n=0), lambda a, loss: setattr(a, "n", a.n + 1), lambda a: a.n),
+    "meter_update": (Meter, lambda a, loss: a.update(loss.item()), lambda a: (round(a.sum, 6), a.n)),
+}
+
+
+def _run(case, compiled, calls):
+    make, body, show = CASES[case]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x, acc):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        body(acc, loss)
+        return loss.detach()
+    fn = stepgraph.compile(step) if compiled else step
+    acc, g = make(), torch.Generator().manual_seed(1)
+    for _ in range(calls):
+        fn(torch.randn(4, 3, generator=g), acc)
+    return show(acc), model
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_change_through_an_argument_is_refused_as_eager_left_it(case):
+    want, m0 = _run(case, False, 2)
+    with pytest.raises(stepgraph.CaptureError) as e:
+        _run(case, True, 2)
+    assert "passed to it" in str(e.value) and "a replay runs no Python code" in str(e.value)
+    assert "closure variable" in e.value.fix
+    assert __file__ in e.value.where
+    # the refused (capturing) call ran eagerly: the user's container holds what eager's does
+    got = _run_until_error(case)
+    assert got == want, (got, want)
+
+
+def _run_until_error(case):
+    make, body, show = CASES[case]
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x, acc):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        body(acc, loss)
+        return loss.detach()
+    acc, g = make(), torch.Generator().manual_seed(1)
+    for _ in range(2):
+        try:
+            step(torch.randn(4, 3, generator=g), acc)
+        except stepgraph.CaptureError:
+            pass
+    return show(acc)
+
+
+def test_a_model_and_a_batch_dict_passed_in_are_no_change():
+    """What a step only reads through its arguments (a model, a batch dict it indexes, an
+    optimizer) replays as before."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(batch, model, opt):
+        loss = model(batch["x"]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    for _ in range(5):
+        step({"x": torch.randn(4, 3)}, model, opt)
+    assert step.stats.replays == 3, step.stats
