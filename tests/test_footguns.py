@@ -91,6 +91,13 @@
     ``StopIteration`` (which makes that call run eagerly, the step's own ``except`` seeing it) comes
     before anything the step does, and a call that takes fewer batches than the one before leaves
     the extra ones skipped (warned); draws it does not make are given back.
+(y) A dict, list or plain object passed to the step as an argument and changed by it (a counter
+    in a dict, an append, a meter's update) is refused at the capturing call, which leaves it as
+    eager does: replays would not change it (capture/argchanges.py). The step's own variables
+    (globals, closure cells, attributes they reach) are replayed instead.
+(z) ``time.time()`` & co. called by the step's code are read again wherever a replay evaluates
+    what the step computed from them (a meter, ``end = time.time()``), after the graph ran: a
+    duration measured inside the step covers the replay's host work, not the kernels' own time.
 """
 import copy
 import sys
@@ -540,3 +547,45 @@ def test_x_batches_taken_with_next_are_taken_before_the_step_runs():
     with pytest.raises(RuntimeError, match="worker died"):
         sg()
     assert len(seen) == 4                    # eager would have run the step up to its next()
+
+
+def test_y_an_argument_the_step_changes_is_refused_as_eager_left_it():
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x, stats):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        stats["step"] += 1
+        return loss.detach()
+    stats = {"step": 0}
+    step(torch.randn(3, 2), stats)
+    with pytest.raises(stepgraph.CaptureError, match="passed to it"):
+        step(torch.randn(3, 2), stats)
+    assert stats["step"] == 2
+
+
+def test_z_the_clock_is_read_again_after_each_replay(monkeypatch):
+    import time
+    now = [0.0]
+    monkeypatch.setattr(time, "time", lambda: now[0])
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    box = {"end": 0.0, "took": []}
+
+    @stepgraph.compile
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        box["end"] = time.time()
+        return loss.detach()
+    for i in range(5):
+        now[0] = float(i)
+        step(torch.randn(3, 2))
+        assert box["end"] == float(i)
+    assert step.stats.replays == 3
