@@ -104,3 +104,31 @@ def test_a_model_and_a_batch_dict_passed_in_are_no_change():
     for _ in range(5):
         step({"x": torch.randn(4, 3)}, model, opt)
     assert step.stats.replays == 3, step.stats
+
+
+def test_a_scheduler_passed_in_and_stepped_in_the_step_is_no_refused_change():
+    """The Annotated Transformer's run_batch(..., optimizer, scheduler, ...) calls
+    ``scheduler.step()``: an LR scheduler stepped in the step is run again after each replay, so
+    its ``last_epoch`` changing is no change to refuse (it was, on the H200 corpus run)."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+
+        def step(x, opt, sched):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(1)
+        for _ in range(6):
+            fn(torch.randn(4, 3, generator=g), opt, sched)
+        return model.weight.detach().clone(), sched.last_epoch, fn
+    want, we, _ = run(False)
+    got, ge, fn = run(True)
+    assert torch.equal(got, want) and ge == we == 6
+    assert fn.stats.replays >= 3, fn.stats

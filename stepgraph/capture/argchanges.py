@@ -12,8 +12,12 @@ capture puts it back), and refused with the fix the user can apply.
 """
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field
 
+import torch
+
+from ..errors import library_file
 from .effects import Problem
 from .trackplan import plain_object, slot_of
 
@@ -47,10 +51,23 @@ def watch(trace_args, user_args) -> ArgWatch:
         elif type(t) is tuple and type(u) is tuple:
             for k, (x, y) in enumerate(zip(t, u)):
                 walk(x, y, path + (k,))
-        elif plain_object(t):
+        elif plain_object(t) and _users(t):
             w.objects.append((path, t, dict(vars(t))))
     walk((tuple(trace_args[0]), trace_args[1]), (tuple(user_args[0]), user_args[1]), ())
     return w
+
+
+def _users(obj) -> bool:
+    """An object of the user's own classes (or a SimpleNamespace). A library's (an LR scheduler
+    stepped in the step, a progress bar) is stepgraph's to redo (LR schedulers, pycalls.py) or
+    libstate.py's to refuse, by name."""
+    import sys
+    if type(obj) is types.SimpleNamespace:
+        return True
+    if isinstance(obj, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+        return False   # (stepped in the step: redone after each replay, trace.py's scheduler_steps)
+    f = getattr(sys.modules.get(type(obj).__module__), "__file__", None)
+    return f is None or not library_file(f)
 
 
 def _name(path) -> str:
