@@ -240,6 +240,35 @@ def test_a_draw_only_one_branch_makes_is_given_back_on_the_other():
     assert f.stats.replays >= 5 and f.stats.captures <= 4, f.stats
 
 
+def test_gan_noise_drawn_with_numpy_is_an_input():
+    """PyTorch-GAN's every model: ``z = Variable(Tensor(np.random.normal(0, 1, (imgs.shape[0],
+    opt.latent_dim))))`` in the loop body. A float array drawn with constant arguments is taken
+    before each call and fed in as a numpy argument is (its memory the graph's input): was
+    refused (a replay would reuse the capture's noise). ``torch.FloatTensor(noise)`` asks the
+    array's ``__index__`` first (is it a size?), which numpy refuses without reading: no value
+    read, so no graph per draw."""
+    import numpy as np
+
+    def body(net, x):
+        z = torch.FloatTensor(np.random.normal(0, 1, (x.shape[0], 4)))
+        return net(x + z)
+    f = _same_as_eager(body)
+    assert f.stats.captures == 1 and f.stats.replays >= 9, f.stats
+
+
+def test_drawn_indices_stay_refused():
+    """``np.random.randint(0, n, size=b)``: indices the step reads in Python to pick items (a
+    replay buffer's): not taken before the call; refused as before."""
+    import numpy as np
+    rows = [torch.randn(4) for _ in range(10)]
+
+    def body(net, x):
+        idx = np.random.randint(0, 10, size=x.shape[0])
+        return net(x + torch.stack([rows[i] for i in idx]))
+    with pytest.raises(CaptureError, match="draws host random numbers with numpy.random.randint"):
+        _drawing(True, body)
+
+
 @pytest.mark.parametrize("kind", ["numpy math", "coins"])
 def test_draws_no_graph_can_follow_are_refused_with_state_as_eager(kind):
     """timm's cutmix box from ``np.sqrt(1 - lam)`` (a value no graph reads live: every call would

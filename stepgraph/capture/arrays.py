@@ -137,8 +137,11 @@ def number_slots(cls, read) -> None:
 
     def converting(name):
         def method(self):
+            # (reported once it succeeded: numpy refuses an array of several items without
+            # reading it, as ``torch.FloatTensor(noise)`` asks ``__index__`` first -- is it a size?)
+            out = getattr(self.view(np.ndarray), name)()
             read(self, f"{name.strip('_')}()")
-            return getattr(self.view(np.ndarray), name)()
+            return out
         method.__name__ = name
         return method
     for name in ("__float__", "__int__", "__bool__", "__index__", "__complex__"):

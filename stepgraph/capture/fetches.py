@@ -19,8 +19,8 @@ other arguments) or leaves out rewinds ``random``/numpy to where eager would dra
 
 Not planned (the refusal stands): an iterator no source reaches (made inside the step); a draw
 given something other than constants (``random.sample(buffer, n)``) or giving other than a
-number (``np.random.randint(0, n, size=b)``: an array the step may read in Python, which no
-graph input could stand for: a replay buffer's indices); a ``next()`` that draws
+number or a float array (``np.random.randint(0, n, size=b)``: a replay buffer's indices, read in
+Python to pick items); a ``next()`` that draws
 from torch's generator after the step drew from it, or any but the first (taken first, its draws
 would come before the step's own); one that draws from ``random``/numpy when the step draws too.
 """
@@ -91,6 +91,18 @@ def _constant(x) -> bool:
     return x is None or type(x) in (bool, int, float, str)
 
 
+def _value_kind(v) -> bool:
+    """A number, or a numpy array of floats (PyTorch-GAN's noise, ``Tensor(np.random.normal(0, 1,
+    (n, latent_dim)))``): taken before the call, the array is an argument like a numpy array
+    passed in (capture/arrays.py: its memory an input; read on the host, its values are keyed).
+    Not an integer array (``np.random.randint(0, n, size=b)``: a replay buffer's indices, read
+    in Python to pick items: each call's new values would capture again)."""
+    if type(v) in (int, float, bool):
+        return True
+    np = sys.modules.get("numpy")
+    return np is not None and type(v) is np.ndarray and v.dtype.kind == "f" and v.size > 0
+
+
 def _plain(x):
     from .tracked import plain
     return tuple(_plain(v) for v in x) if isinstance(x, (tuple, list)) else plain(x)
@@ -104,7 +116,7 @@ def plan(seen: list, sources: list, args) -> list | None:
     # the first next() with no draw before it (a new DataLoader iterator's RandomSampler seed).
     if not seen or any(s.draws and (k or s.after_draws) for k, s in enumerate(nexts)) \
             or (draws and any(s.host_draws for s in nexts)) \
-            or not all(_constant(d.args) and _constant(list(d.kwargs.values())) and type(d.value) in (int, float, bool)
+            or not all(_constant(d.args) and _constant(list(d.kwargs.values())) and _value_kind(d.value)
                        for d in draws):   # (a seeding, ``random.seed(k)``, has no value: never taken first)
         return None
     out = []
