@@ -749,3 +749,29 @@ def test_a_dict_of_neighbour_sets_is_keyed_by_its_members(where):
     (le, pe), (ls, ps) = run(False), run(True)
     assert all(torch.equal(a, b) for a, b in zip(ls, le))
     assert all(torch.equal(a, b) for a, b in zip(ps, pe))
+
+
+def test_an_rnn_state_the_step_detaches_is_named_a_carried_state():
+    """``nonlocal hidden; hidden = tuple(h.detach() for h in hidden); out, hidden = rnn(x, hidden)``:
+    the last call's state (with its history) is refused as any tensor from before the step, but
+    the fix the message gave ("detach it before the call") was what the step already does: it
+    now names the form that replays, the state passed in and returned."""
+    torch.manual_seed(0)
+    rnn, head = nn.LSTM(4, 8), nn.Linear(8, 4)
+    opt = torch.optim.SGD(list(rnn.parameters()) + list(head.parameters()), lr=0.1)
+    hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
+
+    @stepgraph.compile
+    def step(x, y):
+        nonlocal hidden
+        hidden = tuple(h.detach() for h in hidden)
+        out, hidden = rnn(x, hidden)
+        loss = F.mse_loss(head(out), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    step(torch.randn(5, 2, 4), torch.randn(5, 2, 4))
+    with pytest.raises(stepgraph.CaptureError, match="computed before the step") as e:
+        step(torch.randn(5, 2, 4), torch.randn(5, 2, 4))
+    assert "h.detach()" in e.value.where and "return the new one" in e.value.fix

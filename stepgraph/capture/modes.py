@@ -240,14 +240,14 @@ def _tolist(t: torch.Tensor, reads: ReadLog):
     return items
 
 
-_HISTORY_FIX = ("compute it inside the step (pass its inputs as arguments), or detach it before the "
-                "call if no gradient should flow into it (x = x.detach(); and x.requires_grad_() when "
-                "the step differentiates with respect to it, as a PINN's torch.autograd.grad(u, x) "
-                "does: x becomes a leaf of its own); for a loss built from many earlier forward calls "
-                "(REINFORCE) capture the forward with stepgraph.graph_module(model) instead of the "
-                "whole step")
-# (a 0-dim tensor with history from the last call: most often a loss kept in a meter)
-_LOSS_KEPT = ("a loss kept from the last call (a meter's sum += loss * n, the QAT tutorial's "
+_CARRIED_FIX = ("the step detaches it: a state carried from call to call (an RNN's hidden state) is an input and "
+                "an output of the graph -- pass it to the step and return the new one (loss, hidden = step(x, hidden))")
+_HISTORY_FIX = ("compute it inside the step (pass its inputs as arguments), or detach it before the call if no "
+                "gradient should flow into it (x = x.detach(); and x.requires_grad_() when the step differentiates "
+                "with respect to it, as a PINN's torch.autograd.grad(u, x) does: x becomes a leaf of its own); for a "
+                "loss built from many earlier forward calls (REINFORCE) capture the forward with "
+                "stepgraph.graph_module(model) instead of the whole step")
+_LOSS_KEPT = ("a loss kept from the last call (a meter's sum += loss * n, the QAT tutorial's "   # (0-dim)
               "avgloss.update(loss, n)): keep loss.detach() there instead; otherwise ")
 
 
@@ -330,7 +330,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         base = t._base if t._base is not None else t
         return any(base is b for b in self.batch_sizes)
 
-    def _foreign_history(self, args, kwargs) -> None:
+    def _foreign_history(self, args, kwargs, func=None) -> None:
         """A tensor computed *before* the step, with autograd history (REINFORCE's saved
         log-probs): the graph would hold this call's values and its backward would run into
         the autograd graph of one past call. Parameters (leaves) are fine: read by reference."""
@@ -343,12 +343,13 @@ class _DispatchCheckMode(TorchDispatchMode):
                     f"a tensor {str(a.dtype).replace('torch.', '')}{list(a.shape)} computed before the step "
                     f"(grad_fn={type(a.grad_fn).__name__}) is used in it: a replay would reuse this call's "
                     "values and backpropagate into a graph that no longer exists",
-                    user_frame(stack), (_LOSS_KEPT if a.dim() == 0 else "") + _HISTORY_FIX,
+                    user_frame(stack), _CARRIED_FIX if func is torch.ops.aten.detach.default else
+                    (_LOSS_KEPT if a.dim() == 0 else "") + _HISTORY_FIX,
                     library_frame(stack), plain=True))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self._foreign_history(args, kwargs)
+        self._foreign_history(args, kwargs, func)
         folded = self.constants.fold(func, args, kwargs)
         if folded is not NotImplemented:
             return folded
