@@ -167,10 +167,12 @@ def _clock(orig, log, name):
     time) are not the step's values."""
     from .numchecks import Root
 
+    thread = threading.get_ident()   # (another thread's clock -- a logger's, a loader's -- is its own)
+
     def clock():
         from ..errors import library_file
         value = orig()
-        if log.active and not library_file(sys._getframe(1).f_code.co_filename):
+        if log.active and threading.get_ident() == thread and not library_file(sys._getframe(1).f_code.co_filename):
             return log.wrap(value, Root("clock", orig, f"time.{name}()"))
         return value
     clock.__wrapped__ = orig
