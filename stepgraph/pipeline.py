@@ -40,11 +40,11 @@ from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_ef
 from .capture.hostrandom import generator_draws, generator_states
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
-from .capture.pycalls import call_sources, reads_of, tensors_of, warn_notes
+from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.libstate import library_scalars, refuse_library_changes
-from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_python_side_effects,
-                              refuse_slot_stores, warn_appends)
+from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_host_python,
+                              refuse_python_side_effects, refuse_slot_stores, warn_appends)
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
@@ -246,37 +246,6 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
     traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind in ("tensor", "numpy")) \
         + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor") + tensors_of(tr.call_effects)
-
-
-def refuse_host_python(tr: TraceResult) -> None:
-    """NeedsReplay for a CUDA graph without segments (Inductor's) whose Python values come from
-    host reads: numbers computed from them, variables and lists they are written back to. The
-    cudagraph backend's segments run that Python between and after its graphs."""
-    if tr.uses.lifted:
-        # A Python number read at each replay (``meter.sum += loss.item() * n``, an lr computed
-        # from the iteration argument) is a Python node one compiled graph cannot hold; baked
-        # instead, it missed at every call (a recapture per step, 1-4 s each: timm, torchvision
-        # on an H100).
-        labels = {n.target.number_label for n in tr.uses.lifted.values()}
-        names = ", ".join(sorted(labels, key=lambda x: (x.startswith("global "), x))[:4])
-        raise NeedsReplay(
-            f"the step computes Python numbers from values that change at each call ({names}; e.g. "
-            "a meter's sum += loss.item(), an lr from the iteration): one compiled graph cannot "
-            "recompute them at each replay",
-            op="Python number read at each replay", where="the step function",
-            fix="use backend='cudagraph' (CUDA) or 'replay' (backend='auto' does so), or keep "
-                "that Python outside the step (an lr assigned to the param groups before the call "
-                "is read live; a meter updated from a returned tensor)")
-    reads_kept = [(e.source.describe(), e.source.where) for e in tr.source_effects + tr.append_effects
-                  if e.kind == "read"] + [(f"{c.source.describe()}.{c.method}()", c.where)
-                                          for c in tr.call_effects if any(True for _ in reads_of([c]))]
-    if reads_kept:
-        raise NeedsReplay(
-            f"the step hands a value read on the host to {reads_kept[0][0]}: one graph cannot run "
-            "that Python at each replay", op="host read kept in a Python variable",
-            where=reads_kept[0][1] or "the step function",
-            fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or accumulate a tensor "
-                "(total += loss.detach()) and read it outside the step")
 
 
 def lower(step, plan: Plan, traced: Traced) -> Lowered:

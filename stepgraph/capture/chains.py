@@ -3,7 +3,8 @@
 Each ``LOAD_GLOBAL`` / ``LOAD_DEREF`` / argument load followed by attribute loads and constant
 subscripts is one chain (``args.clip``, ``cfg['lr']``); a chain that ends in a method load says
 whether the call's result is dropped (``("call", m)``: ``pbar.update(1)`` as a statement,
-pycalls.py) or used (``("method", m)``).
+pycalls.py) or used (``("method", m)``). And the number literals the code stores
+(:func:`constant_stores`), which a replay writes again.
 """
 from __future__ import annotations
 
@@ -167,3 +168,67 @@ def statement_calls(code: types.CodeType, name: str) -> bool:
                 return True
     return False
 
+
+def constant_stores(code) -> set:
+    """``(name, number)`` for each number literal the code stores as it is into an attribute, a
+    constant subscript or a global/closure variable (build-nanogpt's DataLoaderLite resets
+    ``self.current_position = 0`` when it runs out): a replay can write that number again. Also
+    in a tuple assignment (spinningup's ``self.ptr, self.path_start_idx = 0, 0``)."""
+    out = set()
+    for c in _all_code(code):
+        ins = [x for x in dis.get_instructions(c) if x.opname not in ("CACHE", "NOP", "EXTENDED_ARG")]
+        for i, x in enumerate(ins):
+            if x.opname != "LOAD_CONST":
+                continue
+            if _number(x.argval):
+                got = _store_target(ins, i + 1)
+                if got is not None and got[0] is not None:
+                    out.add((got[0], x.argval))
+            values, j = _unpacked(ins, i)
+            for v in values:
+                got = _store_target(ins, j)
+                if got is None:
+                    break
+                if _number(v) and got[0] is not None:
+                    out.add((got[0], v))
+                j = got[1]
+    return out
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _store_target(ins, j):
+    """``(name, next index)`` of the store starting at ``ins[j]``, or None."""
+    nxt = ins[j:j + 3]
+    if nxt and nxt[0].opname in ("STORE_FAST", "STORE_NAME"):
+        return None, j + 1   # (a local: no value a replay must write)
+    if nxt and nxt[0].opname in ("STORE_GLOBAL", "STORE_DEREF"):
+        return nxt[0].argval, j + 1
+    if len(nxt) >= 2 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "STORE_ATTR":
+        return nxt[1].argval, j + 2
+    if len(nxt) == 3 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "LOAD_CONST" \
+            and nxt[2].opname == "STORE_SUBSCR":
+        return nxt[1].argval, j + 3
+    return None
+
+
+def _unpacked(ins, i):
+    """The values a tuple assignment starting at ``ins[i]`` stores, in target order (None where
+    not a constant), and the index of its first store: ``LOAD_CONST (0, 0); UNPACK_SEQUENCE``,
+    or n loads then ``SWAP n`` (CPython 3.11+ for ``a, b, c = 0, 0, size``)."""
+    x = ins[i]
+    if isinstance(x.argval, tuple) and i + 1 < len(ins) and ins[i + 1].opname == "UNPACK_SEQUENCE" \
+            and ins[i + 1].argval == len(x.argval):
+        return list(x.argval), i + 2
+    if i > 0 and ins[i - 1].opname.startswith("LOAD_"):
+        return [], i   # (only from the first load of a run)
+    run = []
+    j = i
+    while j < len(ins) and ins[j].opname.startswith("LOAD_") and ins[j].opname != "LOAD_ATTR":
+        run.append(ins[j].argval if ins[j].opname == "LOAD_CONST" else None)
+        j += 1
+    if len(run) >= 2 and j < len(ins) and ins[j].opname == "SWAP" and ins[j].argval == len(run):
+        return run, j + 1
+    return [], i

@@ -295,3 +295,22 @@ def tensor_shape(t) -> tuple:
 def tensor_values(t) -> tuple:
     """Graph node: a CPU tensor's values, read on the host (a packed sequence's batch sizes)."""
     return tuple(t.tolist())
+
+
+_TOLIST_MAX = 256   # elements: each is one host read (a graph node) at every replay
+
+
+def tolist(t: torch.Tensor, reads: ReadLog):
+    """``t.tolist()`` of a tensor the step computed: each element read as ``.item()`` is (floats
+    live, ints and bools guarded by value), nested as ``tolist`` nests them. NotImplemented for
+    a large tensor (refused: one host read per element)."""
+    if t.numel() > _TOLIST_MAX:
+        return NotImplemented
+    tracer = _tracer()
+    flat = t.reshape(-1)
+    items = [read_scalar(tracer, flat[i], torch.Tensor.item, reads, lazy=False) for i in range(t.numel())]
+    if t.dim() == 0:
+        return items[0]
+    for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
+        items = [items[i:i + d] for i in range(0, len(items), d)]
+    return items

@@ -19,7 +19,8 @@ import types
 import torch
 from torch import nn
 
-from ..errors import CaptureError, library_file
+from ..errors import CaptureError, library_file, user_frame
+from .effects import Problem
 
 _PLAIN = (bool, int, float, str, type(None))
 _DECIDING = (bool, int, float)   # counters and flags; a string (tqdm's desc) is display
@@ -100,3 +101,54 @@ def refuse_library_changes(before: list, redone=(), replayed=()) -> None:
                 "Python code, so it would keep this capture's value (and every decision made on it)\n"
                 "  this call ran eagerly to its end: your model and optimizer hold the result of this step",
                 op=f"{type(owner).__name__}.{name}", where=where or f"{lib}'s code, called from the step", fix=fix)
+
+
+def state_counter(slot, old, new, reg) -> Problem | None:
+    """A Python number in an optimizer's per-parameter state that the step changed and that no
+    replay writes: a counter the trace did not track (trackplan's ``Root("slot")`` tracks the
+    ones there when the capture begins: ``state['step'] += 1`` in microsoft/LoRA's AdamW). A
+    replay would write back this call's value and bake it into the update, so every replay
+    would repeat this step's count: refused. (The warm-up call ran the same code, so a number
+    the step sets to a constant is equal here and passes.)"""
+    def plain(v):
+        return type(v) in (int, float)
+    if slot.kind != "optstate" or not (plain(old) and plain(new)) or old == new:
+        return None
+    opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
+    where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
+    cls = type(opt).__name__ if opt is not None else "the optimizer"
+    if opt is not None and type(opt).__module__.startswith("torch.optim."):
+        # torch's own (SparseAdam's int ``state['step']``): the user cannot change its code, but
+        # can step it after the graph, which still replays forward and backward (sparse grads too).
+        from .effects import STEP_SITES
+        return Problem(
+            f"torch.optim.{cls} keeps its step count as a Python number in its per-parameter state "
+            f"({slot.source}: {old!r} -> {new!r}) and updates it in Python: a replay runs no Python, "
+            f"so it would compute every update with this call's count", STEP_SITES.get(opt, where),
+            f"call this optimizer's step() outside the compiled step, after it returns (the forward "
+            f"and backward, sparse gradients included, still replay), or use an optimizer that keeps "
+            f"the count in a tensor (torch.optim.Adam/AdamW/SGD)", plain=True)
+    return Problem(
+        f"{cls} keeps a Python number in its per-parameter state and the step changes it "
+        f"({slot.source}: {old!r} -> {new!r}): a replay runs no Python, so it would write back "
+        f"{new!r} at every step and compute the update with it", where,
+        f"keep the counter in a tensor (state[{slot.key!r}] = torch.tensor(0.) when the state is made; "
+        f"state[{slot.key!r}] += 1 then updates it in place inside the graph), or use a torch.optim "
+        f"optimizer (torch.optim.AdamW for an Adam with decoupled weight decay)", plain=True)
+
+
+def _writer_line(cls, key) -> str:
+    """``file:line (code)`` of the line of ``cls.step`` that assigns ``state[key]`` (its
+    ``def`` line when none is found): where the user's optimizer changes the number."""
+    import inspect
+    import re
+    fn = inspect.unwrap(getattr(cls, "step", None))   # (the profiling hook, no_grad: wrappers)
+    try:
+        lines, first = inspect.getsourcelines(fn)
+        path = inspect.getsourcefile(fn)
+    except (TypeError, OSError):
+        return f"{cls.__module__}.{cls.__qualname__}.step"
+    pat = re.compile(r"\[\s*(['\"])" + re.escape(str(key)) + r"\1\s*\]\s*(\+|-|\*)?=(?!=)")
+    hits = [i for i, line in enumerate(lines) if pat.search(line)]
+    i = next((i for i in hits if "+=" in lines[i]), hits[-1] if hits else 0)
+    return f"{path}:{first + i} ({lines[i].strip()})"

@@ -221,25 +221,6 @@ def _dynamic_problem(func, args) -> str | None:
     return None
 
 
-_TOLIST_MAX = 256   # elements: each is one host read (a graph node) at every replay
-
-
-def _tolist(t: torch.Tensor, reads: ReadLog):
-    """``t.tolist()`` of a tensor the step computed: each element read as ``.item()`` is (floats
-    live, ints and bools guarded by value), nested as ``tolist`` nests them. NotImplemented for
-    a large tensor (refused: one host read per element)."""
-    if t.numel() > _TOLIST_MAX:
-        return NotImplemented
-    tracer = get_proxy_mode().tracer
-    flat = t.reshape(-1)
-    items = [read_scalar(tracer, flat[i], _T.item, reads, lazy=False) for i in range(t.numel())]
-    if t.dim() == 0:
-        return items[0]
-    for d in reversed(t.shape[1:]):   # (no closure: a list left in a cycle reads as "stored")
-        items = [items[i:i + d] for i in range(0, len(items), d)]
-    return items
-
-
 _CARRIED_FIX = ("the step detaches it: a state carried from call to call (an RNN's hidden state) is an input and "
                 "an output of the graph -- pass it to the step and return the new one (loss, hidden = step(x, hidden))")
 _HISTORY_FIX = ("compute it inside the step (pass its inputs as arguments), or detach it before the call if no "

@@ -14,8 +14,9 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 
-from ..errors import CaptureError
+from ..errors import CaptureError, NeedsReplay
 from .hostscalar import group_reader
+from .pycalls import reads_of
 from .pyvalues import _show, guard_value
 
 log = logging.getLogger("stepgraph")
@@ -244,3 +245,34 @@ def _warned(notes: list, step_name: str) -> list:
         warnings.warn(msg, stacklevel=6)
         log.warning(msg)
     return notes
+
+
+def refuse_host_python(tr) -> None:
+    """NeedsReplay for a CUDA graph without segments (Inductor's) whose Python values come from
+    host reads: numbers computed from them, variables and lists they are written back to. The
+    cudagraph backend's segments run that Python between and after its graphs."""
+    if tr.uses.lifted:
+        # A Python number read at each replay (``meter.sum += loss.item() * n``, an lr computed
+        # from the iteration argument) is a Python node one compiled graph cannot hold; baked
+        # instead, it missed at every call (a recapture per step, 1-4 s each: timm, torchvision
+        # on an H100).
+        labels = {n.target.number_label for n in tr.uses.lifted.values()}
+        names = ", ".join(sorted(labels, key=lambda x: (x.startswith("global "), x))[:4])
+        raise NeedsReplay(
+            f"the step computes Python numbers from values that change at each call ({names}; e.g. "
+            "a meter's sum += loss.item(), an lr from the iteration): one compiled graph cannot "
+            "recompute them at each replay",
+            op="Python number read at each replay", where="the step function",
+            fix="use backend='cudagraph' (CUDA) or 'replay' (backend='auto' does so), or keep "
+                "that Python outside the step (an lr assigned to the param groups before the call "
+                "is read live; a meter updated from a returned tensor)")
+    reads_kept = [(e.source.describe(), e.source.where) for e in tr.source_effects + tr.append_effects
+                  if e.kind == "read"] + [(f"{c.source.describe()}.{c.method}()", c.where)
+                                          for c in tr.call_effects if any(True for _ in reads_of([c]))]
+    if reads_kept:
+        raise NeedsReplay(
+            f"the step hands a value read on the host to {reads_kept[0][0]}: one graph cannot run "
+            "that Python at each replay", op="host read kept in a Python variable",
+            where=reads_kept[0][1] or "the step function",
+            fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or accumulate a tensor "
+                "(total += loss.detach()) and read it outside the step")

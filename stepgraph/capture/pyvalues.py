@@ -34,7 +34,7 @@ from torch import nn
 
 from ..errors import library_file, library_module
 from .argtree import opened
-from .chains import _all_code, _chains, statement_calls
+from .chains import _all_code, _chains, constant_stores, statement_calls
 from .arrays import input_array
 from .sigkey import Ident
 from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, guard_value  # noqa: F401 - re-exported
@@ -333,68 +333,3 @@ def _view_of_parent(s: Source, v, args) -> bool:
         return again is not v and v.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, subclasses)
         return False
-
-
-def constant_stores(code) -> set:
-    """``(name, number)`` for each number literal the code stores as it is into an attribute, a
-    constant subscript or a global/closure variable (build-nanogpt's DataLoaderLite resets
-    ``self.current_position = 0`` when it runs out): a replay can write that number again. Also
-    in a tuple assignment (spinningup's ``self.ptr, self.path_start_idx = 0, 0``)."""
-    out = set()
-    for c in _all_code(code):
-        ins = [x for x in dis.get_instructions(c) if x.opname not in ("CACHE", "NOP", "EXTENDED_ARG")]
-        for i, x in enumerate(ins):
-            if x.opname != "LOAD_CONST":
-                continue
-            if _number(x.argval):
-                got = _store_target(ins, i + 1)
-                if got is not None and got[0] is not None:
-                    out.add((got[0], x.argval))
-            values, j = _unpacked(ins, i)
-            for v in values:
-                got = _store_target(ins, j)
-                if got is None:
-                    break
-                if _number(v) and got[0] is not None:
-                    out.add((got[0], v))
-                j = got[1]
-    return out
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _store_target(ins, j):
-    """``(name, next index)`` of the store starting at ``ins[j]``, or None."""
-    nxt = ins[j:j + 3]
-    if nxt and nxt[0].opname in ("STORE_FAST", "STORE_NAME"):
-        return None, j + 1   # (a local: no value a replay must write)
-    if nxt and nxt[0].opname in ("STORE_GLOBAL", "STORE_DEREF"):
-        return nxt[0].argval, j + 1
-    if len(nxt) >= 2 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "STORE_ATTR":
-        return nxt[1].argval, j + 2
-    if len(nxt) == 3 and nxt[0].opname.startswith("LOAD_") and nxt[1].opname == "LOAD_CONST" \
-            and nxt[2].opname == "STORE_SUBSCR":
-        return nxt[1].argval, j + 3
-    return None
-
-
-def _unpacked(ins, i):
-    """The values a tuple assignment starting at ``ins[i]`` stores, in target order (None where
-    not a constant), and the index of its first store: ``LOAD_CONST (0, 0); UNPACK_SEQUENCE``,
-    or n loads then ``SWAP n`` (CPython 3.11+ for ``a, b, c = 0, 0, size``)."""
-    x = ins[i]
-    if isinstance(x.argval, tuple) and i + 1 < len(ins) and ins[i + 1].opname == "UNPACK_SEQUENCE" \
-            and ins[i + 1].argval == len(x.argval):
-        return list(x.argval), i + 2
-    if i > 0 and ins[i - 1].opname.startswith("LOAD_"):
-        return [], i   # (only from the first load of a run)
-    run = []
-    j = i
-    while j < len(ins) and ins[j].opname.startswith("LOAD_") and ins[j].opname != "LOAD_ATTR":
-        run.append(ins[j].argval if ins[j].opname == "LOAD_CONST" else None)
-        j += 1
-    if len(run) >= 2 and j < len(ins) and ins[j].opname == "SWAP" and ins[j].argval == len(run):
-        return run, j + 1
-    return [], i

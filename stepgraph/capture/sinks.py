@@ -31,6 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from .numchecks import roots_of
 from .hostscalar import HostFloat
+from .clock import CLOCKS, clock
 from .patching import patched
 from .tracked import _PROXIES, TrackedFloat, plain
 
@@ -154,31 +155,6 @@ def _sink(orig):
     return sink
 
 
-_CLOCKS = ("time", "perf_counter", "monotonic", "time_ns", "perf_counter_ns", "monotonic_ns")
-
-
-def _clock(orig, log, name):
-    """``time.time()`` called by the step's own code is a tracked number read from the clock
-    (numchecks.Root "clock"): an imagenet loop's ``data_time.update(time.time() - end)`` and
-    ``end = time.time()`` are evaluated again after each replay with the clock read then, as
-    eager's Python would (they used to keep this capture's values: durations went stale, then
-    negative). A use that needs its value in the graph keeps this capture's value and is named
-    at capture (uselog.used, outputs.read_side_effects). Library code's clocks (a log record's
-    time) are not the step's values."""
-    from .numchecks import Root
-
-    thread = threading.get_ident()   # (another thread's clock -- a logger's, a loader's -- is its own)
-
-    def clock():
-        from ..errors import library_file
-        value = orig()
-        if log.active and threading.get_ident() == thread and not library_file(sys._getframe(1).f_code.co_filename):
-            return log.wrap(value, Root("clock", orig, f"time.{name}()"))
-        return value
-    clock.__wrapped__ = orig
-    return clock
-
-
 _LOG_METHODS = ("debug", "info", "warning", "warn", "error", "exception", "critical", "fatal", "log")
 
 
@@ -190,13 +166,13 @@ class sinks:
 
     def __enter__(self):
         import time
-        self.saved = [(time, name, getattr(time, name)) for name in _CLOCKS]
+        self.saved = [(time, name, getattr(time, name)) for name in CLOCKS]
         for owner, name, orig in self.saved:
-            setattr(owner, name, _clock(orig, self.log, name))
+            setattr(owner, name, clock(orig, self.log, name))
         self.saved += [(builtins, "print", builtins.print)]
         self.saved += [(owner, name, getattr(owner, name)) for owner in (logging.Logger, logging)
                        for name in _LOG_METHODS if hasattr(owner, name)]
-        for owner, name, orig in self.saved[len(_CLOCKS):]:
+        for owner, name, orig in self.saved[len(CLOCKS):]:
             setattr(owner, name, _sink(orig))
         self.outer, _STATE.log = getattr(_STATE, "log", None), self.log
         return self

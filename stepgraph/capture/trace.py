@@ -26,13 +26,14 @@ from ..errors import CaptureError, user_frame
 from . import argchanges, argtree
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
-from .hostreads import ReadLog, math_patches
+from .hostreads import ReadLog, math_patches, tolist
 from .randomreads import random_guards
 from .dynslice import check_unwritten
 from .effects import (Problem, _is_traced, absorb_floats, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
+from .libstate import state_counter
 from .rnns import RnnDecomposition
 from . import pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback, saving_writes
@@ -43,7 +44,7 @@ from .trackplan import TrackPlan, hyper_effects, names_slot, swap_in, swap_out
 from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
-from .modes import _DispatchCheckMode, _HostReadMode, _tolist
+from .modes import _DispatchCheckMode, _HostReadMode
 from .steparrays import is_step_array
 from .tohost import to_host_outputs
 from .rebound import rebind_in_place
@@ -163,7 +164,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             group[k] = live
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog(uses=uses) if host_reads else None))
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
-        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: _tolist(t, hm.reads)) if hm.reads is not None else None,
+        with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: tolist(t, hm.reads)) if hm.reads is not None else None,
                                                                          hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None, box.setdefault("fetches", rollback.taken if rollback else [])), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
@@ -244,7 +245,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 olds.append(old)
                 graph_outs.append(new)
             else:
-                counter = _state_counter(s, old, new, reg)
+                counter = state_counter(s, old, new, reg)
                 if counter is not None and all(p.where != counter.where for p in problems):
                     problems.append(counter)   # (once per optimizer line, not per parameter)
                 clears.append((s, new))
@@ -328,56 +329,6 @@ def _one_fake_mode():
     if TracingContext.try_get() is not None:
         return contextlib.nullcontext()
     return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
-
-
-def _state_counter(slot: Slot, old, new, reg: StateRegistry) -> Problem | None:
-    """A Python number in an optimizer's per-parameter state that the step changed: a counter
-    (``state['step'] += 1`` in microsoft/LoRA's and older Hugging Face AdamW). A replay writes
-    back this call's value and bakes it into the update (``beta1 ** state['step']``), so every
-    replay would repeat this step's count: refused. (The warm-up call ran the same code, so a
-    number the step sets to a constant is equal here and passes.)"""
-    def plain(v):
-        return type(v) in (int, float)
-    if slot.kind != "optstate" or not (plain(old) and plain(new)) or old == new:
-        return None
-    opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
-    where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
-    cls = type(opt).__name__ if opt is not None else "the optimizer"
-    if opt is not None and type(opt).__module__.startswith("torch.optim."):
-        # torch's own (SparseAdam's int ``state['step']``): the user cannot change its code, but
-        # can step it after the graph, which still replays forward and backward (sparse grads too).
-        from .effects import STEP_SITES
-        return Problem(
-            f"torch.optim.{cls} keeps its step count as a Python number in its per-parameter state "
-            f"({slot.source}: {old!r} -> {new!r}) and updates it in Python: a replay runs no Python, "
-            f"so it would compute every update with this call's count", STEP_SITES.get(opt, where),
-            f"call this optimizer's step() outside the compiled step, after it returns (the forward "
-            f"and backward, sparse gradients included, still replay), or use an optimizer that keeps "
-            f"the count in a tensor (torch.optim.Adam/AdamW/SGD)", plain=True)
-    return Problem(
-        f"{cls} keeps a Python number in its per-parameter state and the step changes it "
-        f"({slot.source}: {old!r} -> {new!r}): a replay runs no Python, so it would write back "
-        f"{new!r} at every step and compute the update with it", where,
-        f"keep the counter in a tensor (state[{slot.key!r}] = torch.tensor(0.) when the state is made; "
-        f"state[{slot.key!r}] += 1 then updates it in place inside the graph), or use a torch.optim "
-        f"optimizer (torch.optim.AdamW for an Adam with decoupled weight decay)", plain=True)
-
-
-def _writer_line(cls, key) -> str:
-    """``file:line (code)`` of the line of ``cls.step`` that assigns ``state[key]`` (its
-    ``def`` line when none is found): where the user's optimizer changes the number."""
-    import inspect
-    import re
-    fn = inspect.unwrap(getattr(cls, "step", None))   # (the profiling hook, no_grad: wrappers)
-    try:
-        lines, first = inspect.getsourcelines(fn)
-        path = inspect.getsourcefile(fn)
-    except (TypeError, OSError):
-        return f"{cls.__module__}.{cls.__qualname__}.step"
-    pat = re.compile(r"\[\s*(['\"])" + re.escape(str(key)) + r"\1\s*\]\s*(\+|-|\*)?=(?!=)")
-    hits = [i for i, line in enumerate(lines) if pat.search(line)]
-    i = next((i for i in hits if "+=" in lines[i]), hits[-1] if hits else 0)
-    return f"{path}:{first + i} ({lines[i].strip()})"
 
 
 def raise_problems(problems: list[Problem]) -> None:
