@@ -113,3 +113,25 @@ def test_a_scheduler_passed_in_and_stepped_in_the_step_is_no_refused_change():
     got, ge, fn = run(True)
     assert torch.equal(got, want) and ge == we == 6
     assert fn.stats.replays >= 3, fn.stats
+
+
+def test_a_batch_dict_the_step_edits_is_warned_not_refused(recwarn):
+    """``ids = batch.pop("id")`` / ``batch["labels"] = ...`` on the loader's fresh dict before the
+    forward: harmless unless the loop reads the dict afterwards, so said once, not refused."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(batch):
+        batch.pop("id")
+        batch["y"] = batch["x"].sum(1, keepdim=True)
+        loss = (model(batch["x"]) - batch["y"]).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    for i in range(5):
+        step({"x": torch.randn(4, 3), "id": torch.tensor(i)})
+    assert step.stats.replays == 3, step.stats
+    assert [w for w in recwarn if "a dict of tensors passed to it" in str(w.message)]

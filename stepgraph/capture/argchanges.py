@@ -70,6 +70,20 @@ def _users(obj) -> bool:
     return f is None or not library_file(f)
 
 
+def _batch(contents) -> bool:
+    """Only tensors in it: a batch, not a record of counters or results."""
+    values = contents.values() if isinstance(contents, dict) else contents
+    return all(isinstance(v, torch.Tensor) for v in values)
+
+
+def _warn(msg: str, where: str) -> None:
+    import logging
+    import warnings
+    text = f"stepgraph: {msg} (at {where})"
+    warnings.warn(text, stacklevel=2)
+    logging.getLogger("stepgraph").warning(text)
+
+
 def _name(path) -> str:
     """``(0, i, ...)``: positional argument i; ``(1, name, ...)``: keyword argument ``name``."""
     if len(path) < 2:
@@ -98,6 +112,14 @@ def check(w: ArgWatch, covered_sources, trace_args, problems: list, where: str, 
         else:
             u.clear()
             u.update({k: plain(v) for k, v in now.items()})
+        if _batch(then) and _batch(now):
+            # (a batch dict the step edits before its forward -- ``ids = batch.pop("id")``,
+            # ``batch["labels"] = ...``: the loader's fresh dict, which the loop does not read
+            # again. Refusing that would refuse a common harmless step; said once instead.)
+            _warn(f"the step changes {_name(path)}, a {type(u).__name__} of tensors passed to it: "
+                  "replays do not change it (the loop's own dict keeps what it held); build a new "
+                  "one in the step if the loop reads it afterwards", where)
+            return
         problems.append(Problem(
             f"the step changes {_name(path)}, a {type(u).__name__} passed to it (its "
             f"{'length ' + str(len(then)) + ' -> ' + str(len(now)) if len(now) != len(then) else 'items'}): "
