@@ -775,3 +775,29 @@ def test_an_rnn_state_the_step_detaches_is_named_a_carried_state():
     with pytest.raises(stepgraph.CaptureError, match="computed before the step") as e:
         step(torch.randn(5, 2, 4), torch.randn(5, 2, 4))
     assert "h.detach()" in e.value.where and "return the new one" in e.value.fix
+
+
+def test_a_parameters_grad_the_step_reads_by_name_is_state():
+    """``gn = model.fc.weight.grad.norm()`` after ``backward()`` (a gradient-norm log): the chain
+    ``model.fc.weight.grad`` was a Python value of the step, keyed by identity, and its new grad
+    tensor at each call was refused as "the step rebinds model.fc.weight.grad to another
+    tensor". A parameter's grad is state (its slot guards and writes it)."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            opt.zero_grad(set_to_none=True)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            gn = model[0].weight.grad.norm()
+            opt.step()
+            return loss.detach(), gn
+        fn = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(1)
+        return [fn(torch.randn(4, 3, generator=g)) for _ in range(6)], fn
+    want, _ = run(False)
+    got, fn = run(True)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want))
+    assert fn.stats.captures == 1 and fn.stats.replays == 4, fn.stats

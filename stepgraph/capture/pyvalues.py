@@ -265,6 +265,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             if p != () and type(v).__module__ == "numpy" and type(v).__name__ != "ndarray" \
                     and p[-1][0] == "item":
                 continue   # (``cw[0]``: a numpy scalar made at each read; the array is the source)
+            if p != () and p[-1] == ("attr", "grad") and (v is None or isinstance(v, torch.Tensor)):
+                continue   # (``model.fc.weight.grad``: a parameter's grad is state, its slot's to guard and write)
             if isinstance(v, (types.FunctionType, types.MethodType)):
                 visit(v, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
