@@ -140,7 +140,7 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
     cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
     guards key a record by its structure, so nothing else would see it change.)"""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
-    from .trackplan import number
+    from .trackplan import number, source_name
     tracer = get_proxy_mode().tracer
     replayed = {(id(e.root.ref[0]), e.root.ref[1]) for e in number_effects if e.container is not None}
     tensors, reads = [], []
@@ -157,8 +157,7 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         elif kind == "read":
             reads.append(_effect(s, new, kind, graph_outs))
             s.write(_plain(new))   # eager leaves a plain float there
-        elif number(new) and isinstance(number_effects, list) and \
-                (s.path[-1][1] if s.path else s.name, new) in const_stores:
+        elif number(new) and isinstance(number_effects, list) and (source_name(s), new) in const_stores:
             # (``tokens = 0`` at a logging step, a tensor before: the Annotated Transformer's
             # run_epoch) the literal the step's code stores is written again after each replay
             from .numchecks import Root

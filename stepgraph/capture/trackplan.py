@@ -298,9 +298,12 @@ def swap_out(swapped: list, args, const_stores=frozenset()) -> list:
 
 def _slot_name(r, d):
     """The attribute, key or variable name a tracked number is stored under."""
-    if d is not None:
-        return r.ref[1]
-    src = r.ref
+    return r.ref[1] if d is not None else source_name(r.ref)
+
+
+def source_name(src) -> str:
+    """The attribute, key or variable name a Source's value is stored under (what
+    ``PyValues.const_stores`` pairs with a literal)."""
     return src.path[-1][1] if src.path else src.name
 
 
@@ -348,7 +351,7 @@ def hyper_effects(reg, assigned=(), scheduled=(), const_stores=frozenset(), args
             elif type(cur) in _PROXIES and getattr(cur, "_e", None) is not None:
                 effects.append(NumberEffect(Root("source", group, group.describe()), None, cur._e))
                 group.write(cur._v, args)
-            elif type(cur) in (int, float) and (_slot_name(Root("source", group, ""), None), cur) in const_stores:
+            elif type(cur) in (int, float) and (source_name(group), cur) in const_stores:
                 effects.append(NumberEffect(Root("source", group, group.describe()), None, cur))
             continue
         if group.get(k) is live:
