@@ -12,6 +12,7 @@ capture puts it back), and refused with the fix the user can apply.
 """
 from __future__ import annotations
 
+import collections.abc
 import types
 from dataclasses import dataclass, field
 
@@ -27,8 +28,10 @@ _GONE = object()
 @dataclass
 class ArgWatch:
     """What the call's arguments held when the trace began: each dict/list the trace rebuilt
-    (with the user's own at the same place) and each plain object passed in, shallow."""
+    (with the user's own at the same place), each batch object argtree rebuilt as a copy, and
+    each plain object passed in, shallow."""
     containers: list = field(default_factory=list)   # (path, trace's copy, user's, contents then)
+    copies: list = field(default_factory=list)       # (trace's copy, user's object, its attributes then)
     objects: list = field(default_factory=list)      # (path, object, its attributes then)
 
 
@@ -51,10 +54,30 @@ def watch(trace_args, user_args) -> ArgWatch:
         elif type(t) is tuple and type(u) is tuple:
             for k, (x, y) in enumerate(zip(t, u)):
                 walk(x, y, path + (k,))
-        elif plain_object(t) and _users(t):
-            w.objects.append((path, t, dict(vars(t))))
+        else:
+            if t is not u and type(t) is type(u) and not isinstance(t, collections.abc.Mapping) \
+                    and isinstance(getattr(t, "__dict__", None), dict):
+                w.copies.append((t, u, dict(vars(t))))   # (an object argtree opened: rebuilt as a copy)
+            if plain_object(t) and _users(t):
+                w.objects.append((path, t, dict(vars(t))))
     walk((tuple(trace_args[0]), trace_args[1]), (tuple(user_args[0]), user_args[1]), ())
     return w
+
+
+def write_back(w: ArgWatch, keep=None) -> None:
+    """The step ran on copies of the call's batch objects: what it rebound on a copy
+    (``train_state.step += 1`` on the Annotated Transformer's TrainState, which holds a tensor
+    and so is opened like a batch) is set on the user's object, as eager left it. Runs even when
+    the step raised. (Replays write the numbers again through their sources,
+    trackplan.NumberEffect; what no replay writes is refused by :func:`check`.) ``keep(obj)``:
+    before it changes (the undo of a failed capture)."""
+    from .tracked import plain
+    for new, base, was in w.copies:
+        changed = {k: plain(v) for k, v in vars(new).items() if was.get(k, _GONE) is not v}
+        if changed:
+            if keep is not None:
+                keep(base)
+            vars(base).update(changed)
 
 
 def _users(obj) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections.abc
 import copy
 import dataclasses
-import threading
 import weakref
 
 import torch
@@ -57,9 +56,6 @@ def _flatten(o: _Opened):
     return list(o.values), (o.template.cls, o.kind, o.keys, o.template)
 
 
-_MADE = threading.local()   # (copy, original, its attributes as made): unflatten's record
-
-
 def _unflatten(values, context):
     cls, kind, keys, template = context
     base = template.ref()
@@ -74,38 +70,7 @@ def _unflatten(values, context):
     else:
         for k, v in zip(keys, values):
             object.__setattr__(new, k, v)
-        made = getattr(_MADE, "now", None)
-        if made is not None and base is not None:
-            made.append((new, base, dict(vars(new))))
     return new
-
-
-def unflatten_recording(flat, spec):
-    """``pytree.tree_unflatten`` for the trace, and the batch objects it made anew as copies of
-    the call's (``(copy, original, attributes as made)``): :func:`write_back` after the step."""
-    _MADE.now = made = []
-    try:
-        return pytree.tree_unflatten(flat, spec), made
-    finally:
-        _MADE.now = None
-
-
-def write_back(made, keep=None) -> None:
-    """The step ran on copies of the call's batch objects: what it rebound on a copy
-    (``train_state.step += 1`` on the Annotated Transformer's TrainState, which holds a tensor
-    and so is opened like a batch) is set on the user's object, as eager left it. (Replays write
-    the numbers again through their sources, trackplan.NumberEffect; a tensor rebound there is
-    refused as for any argument.) ``keep(obj)``: before it changes (the undo of a failed capture)."""
-    from .tracked import plain
-    for new, base, was in made:
-        changed = {k: plain(v) for k, v in vars(new).items() if was.get(k, _GONE) is not v}
-        if changed:
-            if keep is not None:
-                keep(base)
-            vars(base).update(changed)
-
-
-_GONE = object()
 
 
 def _flatten_with_keys(o: _Opened):

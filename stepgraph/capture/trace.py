@@ -143,8 +143,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                                    moving_labels=frozenset(moving_numbers)))
         for r in (track.leaves if track else ()):
             flat[r.ref] = uses.wrap(leaves[r.ref], r)  # a proxy that records its uses (tracked.py)
-        (a, kw), made = argtree.unflatten_recording(flat, in_spec)
-        argw = argchanges.watch((a, kw), (args, kwargs))
+        a, kw = pytree.tree_unflatten(flat, in_spec)
+        argw = argchanges.watch((a, kw), (args, kwargs))   # (what the step changes through them)
         swapped: list = []
         # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
         saved_hypers = []
@@ -189,7 +189,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             finally:
                 # (the values put back, unless the step assigned new ones: trackplan.hyper_effects)
                 box["number_effects"] = swap_out(swapped, a, cs := track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"], cs, a)
-                argtree.write_back(made, rollback.keep_object if rollback is not None else None)
+                argchanges.write_back(argw, rollback.keep_object if rollback is not None else None)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
         check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)
