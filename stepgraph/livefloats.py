@@ -19,7 +19,7 @@ import logging
 
 from .backends.cudagraph import make_hyper_tensor
 from .capture.hostscalar import LIVE_HYPERS
-from .passes.device_scalars import Unsupported, bake_host_floats, to_device_scalars
+from .passes.device_scalars import Unsupported, bake_host_floats, is_number_reader, to_device_scalars
 
 log = logging.getLogger("stepgraph")
 
@@ -129,15 +129,20 @@ class LiveFloats:
         py_values = tuple(entry(s, v) for s, v in zip(g.py.sources, key.py_values))
         return key._replace(hypers=hypers, py_values=py_values)
 
-    def to_device(self, gm, device, sig, frozen):
+    def to_device(self, gm, device, sig, frozen, numbers: bool = False):
         """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
         bake them and guard their values again (a change then recaptures, with its reason).
+        ``numbers``: the tracked numbers read at each replay too (they cannot be baked: where one
+        finds no tensor form, none is fed and the ops they feed run between graph segments).
         Returns (DeviceScalars or None, signature)."""
         g = self.guards
         while True:
             try:
-                return to_device_scalars(gm, device), sig
+                return to_device_scalars(gm, device, numbers), sig
             except Unsupported as e:
+                if numbers and any(is_number_reader(r) for r in e.roots):
+                    numbers = False
+                    continue
                 labels = {h.target.live_label for h in e.roots}
                 gone = {h for h in g.live if g.live_label(h) in labels}
                 if not gone:  # not known which: bake them all
@@ -150,5 +155,5 @@ class LiveFloats:
                         f"({e}): baked and guarded, a new value recaptures")
                 log.warning("stepgraph: %s: %s", self.name, note)
                 self.notes.append(note)
-                if not g.live:
+                if not g.live and not numbers:
                     return None, sig

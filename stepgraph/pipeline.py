@@ -40,6 +40,7 @@ from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_ef
 from .capture.hostrandom import generator_draws, generator_states
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
+from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.libstate import library_scalars, refuse_library_changes
@@ -55,6 +56,7 @@ from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
 from .passes.moved_arguments import constants_to_device, move_arrays, moved_arguments
+from .passes.device_scalars import numbers_fit
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -123,7 +125,7 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
             return warmed_up(step, traced.trace.result, "it takes its own inputs (next(), host random draws): "
                              "from the next call on they are taken before the step and fed in")
         clean(step, plan, traced, args)
-        lowered = lower(step, plan, traced)
+        lowered = lower(step, plan, traced, args)
     except BaseException as e:
         step.stats.failed_captures += 1
         return capture_failed(step, e, done.result)   # (the user's own exceptions propagate: failures.py)
@@ -248,7 +250,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
         + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor") + tensors_of(tr.call_effects)
 
 
-def lower(step, plan: Plan, traced: Traced) -> Lowered:
+def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
     """The backend's runner for the cleaned graph; ``auto`` falls back to ``replay``, warned."""
     tr, gm, backend, device = traced.trace, traced.graph, plan.backend, plan.device
     # A persistent grad the step itself sets to None (zero_grad at an accumulation boundary) is an
@@ -284,20 +286,28 @@ def lower(step, plan: Plan, traced: Traced) -> Lowered:
                     f"host value #{k} (computed on the CPU before the graph)" for k in range(prologue.n_outputs)))
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
-        # (a number read live into a device op: that op runs on the host between segments; on
-        # the CPU only the replay backend runs such Python itself)
-        host_work = host_reads or bool(tr.uses.lifted)
+        # A number read at each replay (an optimizer's Python step count, a meter's count) is fed
+        # to the device ops it reaches as a 0-dim tensor, with the live floats (lora_finetune's
+        # AdamW: one CUDA graph, was a recapture per call); where an op has no tensor form, that
+        # op runs on the host between segments (on the CPU only the replay backend runs such
+        # Python itself).
+        numbers = bool(tr.uses.lifted) and not backend.runs_host_reads and numbers_fit(gm, device)
+        host_work = host_reads or (bool(tr.uses.lifted) and not numbers)
         if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
                 and not (host_work and backend.segmented is not None):
-            refuse_host_python(tr)
+            refuse_host_python(tr, numbers_left=not numbers)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
-        if not backend.runs_host_reads and step._guards.live:
-            scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen)
+        if not backend.runs_host_reads and (step._guards.live or numbers):
+            scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen, numbers)
             step._prepared += step._live.notes
             step._live.notes.clear()
             if scalars is not None:
-                example.append(scalars.pack())
+                set_call(plan.sig.leaves, args)   # (a number of the call's arguments: uselog._reader)
+                try:
+                    example.append(scalars.pack())
+                finally:
+                    set_call(None, None)
         if not backend.runs_host_reads and host_work:
             if backend.segmented is None:
                 raise NeedsReplay(

@@ -247,11 +247,12 @@ def _warned(notes: list, step_name: str) -> list:
     return notes
 
 
-def refuse_host_python(tr) -> None:
+def refuse_host_python(tr, numbers_left: bool = True) -> None:
     """NeedsReplay for a CUDA graph without segments (Inductor's) whose Python values come from
     host reads: numbers computed from them, variables and lists they are written back to. The
-    cudagraph backend's segments run that Python between and after its graphs."""
-    if tr.uses.lifted:
+    cudagraph backend's segments run that Python between and after its graphs. ``numbers_left``:
+    numbers read at each replay stay Python (not fed in as device scalars)."""
+    if tr.uses.lifted and numbers_left:
         # A Python number read at each replay (``meter.sum += loss.item() * n``, an lr computed
         # from the iteration argument) is a Python node one compiled graph cannot hold; baked
         # instead, it missed at every call (a recapture per step, 1-4 s each: timm, torchvision

@@ -302,6 +302,7 @@ def _lift_into(nodes, p, found, log) -> bool:
         node = log.lift(p)
     if node is None:
         return False
+    node.meta.setdefault("host_value", v)   # (its type: passes/device_scalars.py keeps int ops integral)
     if isinstance(k, int):
         n.args = n.args[:k] + (node,) + n.args[k + 1:]
     else:

@@ -27,16 +27,28 @@ _HOST_OPS = {operator.add, operator.sub, operator.mul, operator.truediv, operato
              operator.getitem}
 
 
-def _is_reader(n: fx.Node) -> bool:
-    return n.op == "call_function" and hasattr(n.target, "live_label")
+def _is_reader(n: fx.Node, numbers: bool = False) -> bool:
+    """A live float's reader (livefloats.py); with ``numbers`` also a tracked number's read at
+    each replay (capture/uselog.py: an optimizer's Python step count, a meter's count)."""
+    return n.op == "call_function" and (hasattr(n.target, "live_label")
+                                        or numbers and hasattr(n.target, "number_label"))
 
 
-def _host_nodes(gm: fx.GraphModule) -> list[fx.Node]:
-    """Readers of live floats and the Python arithmetic on them, in graph order."""
+def is_number_reader(n: fx.Node) -> bool:
+    return n.op == "call_function" and hasattr(n.target, "number_label")
+
+
+def _label(n: fx.Node) -> str:
+    return getattr(n.target, "live_label", None) or n.target.number_label
+
+
+def _host_nodes(gm: fx.GraphModule, numbers: bool = False) -> list[fx.Node]:
+    """Readers of live floats (and tracked numbers) and the Python arithmetic on them, in graph
+    order."""
     host: set = set()
     out = []
     for n in gm.graph.nodes:
-        if _is_reader(n) or (n.op == "call_function" and n.target in _HOST_OPS
+        if _is_reader(n, numbers) or (n.op == "call_function" and n.target in _HOST_OPS
                              and any(a in host for a in n.all_input_nodes)
                              and all(a in host for a in n.all_input_nodes)) \
                 or (n.op == "call_function" and getattr(n.target, "__module__", None) == "math"
@@ -55,8 +67,8 @@ class DeviceScalars:
     outputs: dict = field(default_factory=dict)  # graph output index -> slot: a live float returned
     last: list = field(default_factory=list)     # this call's values (pack)
 
-    def values(self) -> list[float]:
-        return [float(v) for v in self.program()]
+    def values(self) -> list:
+        return list(self.program())
 
     def fill_outputs(self, outs) -> list:
         """The step's returned live floats (``return loss, opt.param_groups[0]["lr"]``) are
@@ -69,7 +81,8 @@ class DeviceScalars:
     def pack(self) -> torch.Tensor:
         """This call's values on the device. The pinned staging block is reused only once its
         copy has run (PyTorch's caching host allocator records the copy's stream)."""
-        vals = self.last = self.values()
+        self.last = self.values()   # (as Python computed them: a returned int stays an int)
+        vals = [float(v) for v in self.last]
         if self.device.type != "cuda":
             return torch.tensor(vals, dtype=torch.float64)
         host = torch.tensor(vals, dtype=torch.float64, pin_memory=True)
@@ -120,6 +133,10 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) ->
     def host(x):
         return isinstance(x, fx.Node) and bool(x.meta.get("device_scalar_host"))
 
+    if isinstance(ref, torch.Tensor) and not (ref.is_floating_point() or ref.is_complex()) and any(
+            host(a) and type(a.meta.get("host_value")) is int for a in list(args) + list(kw.values())):
+        # (an int scalar keeps an integer op integral; a 0-dim float tensor would promote it)
+        raise Unsupported(f"{t} takes a live int with an integer tensor")
     call = g.call_function
     packet = getattr(t, "overloadpacket", None)
     name = packet.__name__ if packet is not None else ""
@@ -232,37 +249,59 @@ def _per_element(g: fx.Graph, n: fx.Node, make, *lists, foreach: bool) -> None:
     g.erase_node(n)
 
 
-def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
-    """Rewrite ``gm`` in place (a trailing ``live_scalars`` placeholder) and return how to fill
-    it; None when the graph has no live floats. Raises :class:`Unsupported`, with ``gm``
-    unchanged, when an op takes a live float in a way with no known tensor form."""
-    host = _host_nodes(gm)
-    if not host:
-        return None
+def _check(gm: fx.GraphModule, device, numbers: bool):
+    """The host nodes and their device consumers; raises :class:`Unsupported` (``gm`` unchanged)
+    where an op takes one with no known tensor form. Checks every consumer before any change."""
+    host = _host_nodes(gm, numbers)
     hostset = set(host)
-    consumers = [u for h in host for u in h.users if u not in hostset]
-    if not consumers:
-        return None
-    g = gm.graph
+    consumers = list(dict.fromkeys(u for h in host for u in h.users if u not in hostset))
     for h in host:
         h.meta["device_scalar_host"] = True
     bad, why = [], []
-    for u in dict.fromkeys(consumers):  # check every consumer before changing anything
+    for u in consumers:
         try:
             if u.op == "output" and isinstance(u.args[0], (list, tuple)) \
                     and not any(isinstance(a, (list, tuple, dict)) for a in u.args[0]):
                 continue   # (returned to Python: filled from the host values, fill_outputs)
             if u.op != "call_function" or not isinstance(u.target, torch._ops.OpOverload):
                 raise Unsupported(f"{u.target} takes a live float")
-            _rewrite(g, u, None, dry=True, device=device)
+            _rewrite(gm.graph, u, None, dry=True, device=device)
         except Unsupported as e:
             bad.append(u)
             why.append(str(e))
-    if bad:
+    if bad or not consumers:
         for h in host:
             del h.meta["device_scalar_host"]
+    if bad:
         raise Unsupported("; ".join(dict.fromkeys(why)), _roots([a for u in bad for a in u.all_input_nodes
-                                                                  if a in hostset]))
+                                                                  if a in hostset], numbers))
+    return host, consumers
+
+
+def numbers_fit(gm: fx.GraphModule, device) -> bool:
+    """Whether the tracked numbers read at each replay all reach device ops that take them as a
+    0-dim tensor (then :func:`to_device_scalars` with ``numbers`` feeds them in, and the graph
+    has no Python left for segments to run)."""
+    try:
+        _check(gm, device, numbers=True)
+    except Unsupported as e:
+        return not any(is_number_reader(r) for r in e.roots)
+    finally:
+        for n in gm.graph.nodes:
+            n.meta.pop("device_scalar_host", None)
+    return True
+
+
+def to_device_scalars(gm: fx.GraphModule, device, numbers: bool = False) -> DeviceScalars | None:
+    """Rewrite ``gm`` in place (a trailing ``live_scalars`` placeholder) and return how to fill
+    it; None when the graph has no live floats. Raises :class:`Unsupported`, with ``gm``
+    unchanged, when an op takes a live float in a way with no known tensor form. ``numbers``:
+    tracked numbers read at each replay are fed in too (an optimizer's Python step count)."""
+    host, consumers = _check(gm, device, numbers)
+    if not consumers:
+        return None
+    hostset = set(host)
+    g = gm.graph
     placeholders = [n for n in g.nodes if n.op == "placeholder"]
     anchor = placeholders[-1] if placeholders else None
     if anchor is None:
@@ -309,11 +348,11 @@ def to_device_scalars(gm: fx.GraphModule, device) -> DeviceScalars | None:
             g.erase_node(h)
     g.lint()
     gm.recompile()
-    labels = [h.target.live_label for h in host if _is_reader(h)]
+    labels = [_label(h) for h in host if _is_reader(h, numbers)]
     return DeviceScalars(program, torch.device(device), labels, outputs)
 
 
-def _roots(nodes) -> set:
+def _roots(nodes, numbers: bool = False) -> set:
     """The readers the host nodes ``nodes`` are computed from."""
     out, todo, seen = set(), list(nodes), set()
     while todo:
@@ -321,7 +360,7 @@ def _roots(nodes) -> set:
         if n in seen:
             continue
         seen.add(n)
-        if _is_reader(n):
+        if _is_reader(n, numbers):
             out.add(n)
         todo.extend(n.all_input_nodes)
     return out
