@@ -19,7 +19,8 @@ import logging
 
 from .backends.cudagraph import make_hyper_tensor
 from .capture.hostscalar import LIVE_HYPERS
-from .passes.device_scalars import Unsupported, bake_host_floats, is_number_reader, to_device_scalars
+from .passes.bake_floats import bake_host_floats
+from .passes.device_scalars import Unsupported, is_number_reader, to_device_scalars
 
 log = logging.getLogger("stepgraph")
 
@@ -129,19 +130,21 @@ class LiveFloats:
         py_values = tuple(entry(s, v) for s, v in zip(g.py.sources, key.py_values))
         return key._replace(hypers=hypers, py_values=py_values)
 
-    def to_device(self, gm, device, sig, frozen, numbers: bool = False):
+    def to_device(self, gm, device, sig, frozen, numbers=None):
         """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
         bake them and guard their values again (a change then recaptures, with its reason).
-        ``numbers``: the tracked numbers read at each replay too (they cannot be baked: where one
-        finds no tensor form, none is fed and the ops they feed run between graph segments).
-        Returns (DeviceScalars or None, signature)."""
+        ``numbers``: the tracked numbers read at each replay too, but the readers in this set
+        (device_scalars.numbers_to_feed; they cannot be baked: where one finds no tensor form,
+        the ops it feeds run between graph segments). Returns (DeviceScalars or None, signature)."""
         g = self.guards
+        numbers = False if numbers is None else numbers
         while True:
             try:
                 return to_device_scalars(gm, device, numbers), sig
             except Unsupported as e:
-                if numbers and any(is_number_reader(r) for r in e.roots):
-                    numbers = False
+                bad = frozenset(r for r in e.roots if is_number_reader(r))
+                if bad and numbers is not False:
+                    numbers |= bad
                     continue
                 labels = {h.target.live_label for h in e.roots}
                 gone = {h for h in g.live if g.live_label(h) in labels}
@@ -155,5 +158,5 @@ class LiveFloats:
                         f"({e}): baked and guarded, a new value recaptures")
                 log.warning("stepgraph: %s: %s", self.name, note)
                 self.notes.append(note)
-                if not g.live and not numbers:
+                if not g.live and numbers is False:
                     return None, sig

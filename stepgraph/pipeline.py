@@ -44,7 +44,7 @@ from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.libstate import library_scalars, refuse_library_changes
-from .capture.outputs import (container_slots, live_outputs, read_side_effects, refuse_host_python,
+from .capture.outputs import (container_slots, kept_reads, live_outputs, read_side_effects, refuse_host_python,
                               refuse_python_side_effects, refuse_slot_stores, warn_appends)
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
@@ -56,7 +56,7 @@ from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
 from .passes.moved_arguments import constants_to_device, move_arrays, moved_arguments
-from .passes.device_scalars import numbers_fit
+from .passes.device_scalars import numbers_to_feed
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -291,14 +291,19 @@ def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
         # AdamW: one CUDA graph, was a recapture per call); where an op has no tensor form, that
         # op runs on the host between segments (on the CPU only the replay backend runs such
         # Python itself).
-        numbers = bool(tr.uses.lifted) and not backend.runs_host_reads and numbers_fit(gm, device)
-        host_work = host_reads or (bool(tr.uses.lifted) and not numbers)
+        # (a clock or host-read value the step keeps in Python: only segments run that Python;
+        # numbers are fed only to a graph without segments: with them, lora_finetune's replays
+        # under Inductor gave NaN on the CPU, not understood yet)
+        segmented = host_reads or bool(kept_reads(tr))
+        numbers = numbers_to_feed(gm, device) if tr.uses.lifted and not backend.runs_host_reads \
+            and not segmented else None
+        host_work = segmented or bool(tr.uses.lifted and (numbers is None or numbers))
         if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
                 and not (host_work and backend.segmented is not None):
-            refuse_host_python(tr, numbers_left=not numbers)
+            refuse_host_python(tr, numbers_left=numbers is None or bool(numbers))
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
-        if not backend.runs_host_reads and (step._guards.live or numbers):
+        if not backend.runs_host_reads and (step._guards.live or numbers is not None):
             scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen, numbers)
             step._prepared += step._live.notes
             step._live.notes.clear()

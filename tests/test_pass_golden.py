@@ -21,7 +21,8 @@ from stepgraph.markers import host_guard
 from stepgraph.passes import cleanup, summarize
 from stepgraph.passes.alpha import fold_alpha
 from stepgraph.passes.analysis import RESIZE_STORAGE, graph_writes
-from stepgraph.passes.device_scalars import bake_host_floats, to_device_scalars
+from stepgraph.passes.bake_floats import bake_host_floats
+from stepgraph.passes.device_scalars import to_device_scalars
 from stepgraph.passes.guards import place_guards
 from stepgraph.passes.unsharded import storages_to_temporaries
 
@@ -270,6 +271,63 @@ def test_to_device_scalars_sgd_on_a_sparse_grad_multiplies_then_adds():
     p = torch.ones(3)
     gm(p, sparse, ds.pack())
     assert torch.equal(p, torch.ones(3).add_(sparse, alpha=-0.5))
+
+
+def _with_reader(f, args, reader, value, target):
+    """``f`` traced, the scalar operand of its ``target`` ops replaced by ``reader``'s node."""
+    gm = make_fx(f)(*args)
+    g = gm.graph
+    with g.inserting_before(next(n for n in g.nodes if n.op != "placeholder")):
+        r = g.call_function(reader, ())
+    r.meta["host_value"] = value
+    for n in g.nodes:
+        if target in str(n.target):
+            n.update_arg(1, r)
+    gm.recompile()
+    return gm
+
+
+def test_a_division_by_a_live_float_on_cuda_multiplies_by_its_reciprocal_as_cuda_does():
+    """CUDA divides by a Python float as ``a * (1 / b)`` (div_true_kernel_cuda, the reciprocal in
+    the op's float; the foreach form's in double); a 0-dim tensor divisor is a true division, a
+    rounding apart: torchvision's meter ``sum / count`` was unequal to eager on an H200. (On the
+    CPU a Python float divides truly: left a division there.)"""
+    group = {"lr": 3.0}
+    a, b = torch.tensor([0.7, 1.3, 2.9]), torch.tensor([5.1, 0.11, 7.7])
+    gm = _with_reader(lambda x: (x / 3.0,), (a,), group_reader(group, "lr"), 3.0, "div.Tensor")
+    assert to_device_scalars(gm, "cuda") is not None and "reciprocal" in gm.code and "aten.div" not in gm.code, gm.code
+    group["lr"] = 2.7
+    (out,) = gm(a, torch.tensor([2.7], dtype=torch.float64))
+    assert torch.equal(out, a * torch.reciprocal(torch.tensor(2.7, dtype=torch.float32))), out
+    gm = _with_reader(lambda x, y: tuple(torch._foreach_div([x, y], 3.0)), (a, b), group_reader(group, "lr"), 3.0,
+                      "_foreach_div")
+    to_device_scalars(gm, "cuda")
+    assert "aten._foreach_mul" in gm.code and "aten._foreach_div" not in gm.code, gm.code
+    out = gm(a, b, torch.tensor([2.7], dtype=torch.float64))
+    assert all(torch.equal(o, t * torch.tensor(1 / 2.7, dtype=torch.float32)) for o, t in zip(out, (a, b)))
+    gm = _with_reader(lambda x: (x / 3.0,), (a,), group_reader(group, "lr"), 3.0, "div.Tensor")
+    to_device_scalars(gm, "cpu")
+    assert "aten.div" in gm.code and "reciprocal" not in gm.code, gm.code
+
+
+def test_a_number_read_at_each_replay_is_fed_in_unless_it_meets_an_integer_tensor():
+    """A tracked number (uselog._reader: an optimizer's Python step count) reaches device ops as
+    one of the live scalars; an int one meeting an integer tensor keeps the op integral on the
+    host (``numbers_to_feed`` leaves it out: segments run it)."""
+    from stepgraph.passes.device_scalars import numbers_to_feed
+    count = [3]
+
+    def read_number():
+        return count[0]
+    read_number.number_label = "opt.state[p]['step']"
+    gm = _with_reader(lambda x: (x * 2,), (torch.ones(3),), read_number, 3, "mul.Tensor")
+    assert numbers_to_feed(gm, "cpu") == frozenset() and to_device_scalars(gm, "cpu") is None   # (floats only)
+    ds = to_device_scalars(gm, "cpu", numbers=True)
+    assert ds.labels == ["opt.state[p]['step']"] and "mul.Tensor" in gm.code, gm.code
+    count[0] = 5
+    assert torch.equal(gm(torch.ones(3), ds.pack())[0], torch.full((3,), 5.0))
+    hits = _with_reader(lambda x: (x * 2,), (torch.ones(3, dtype=torch.int64),), read_number, 3, "mul.Tensor")
+    assert numbers_to_feed(hits, "cpu") is None
 
 
 def test_to_device_scalars_foreach_add_with_a_live_alpha_stays_a_foreach_op():

@@ -247,6 +247,14 @@ def _warned(notes: list, step_name: str) -> list:
     return notes
 
 
+def kept_reads(tr) -> list:
+    """(what, where) of each value read on the host (or from the clock) that the step hands to
+    Python: a variable, a list, a method. Only Python between or after graph segments keeps it."""
+    return [(e.source.describe(), e.source.where) for e in tr.source_effects + tr.append_effects
+            if e.kind == "read"] + [(f"{c.source.describe()}.{c.method}()", c.where)
+                                    for c in tr.call_effects if any(True for _ in reads_of([c]))]
+
+
 def refuse_host_python(tr, numbers_left: bool = True) -> None:
     """NeedsReplay for a CUDA graph without segments (Inductor's) whose Python values come from
     host reads: numbers computed from them, variables and lists they are written back to. The
@@ -267,9 +275,7 @@ def refuse_host_python(tr, numbers_left: bool = True) -> None:
             fix="use backend='cudagraph' (CUDA) or 'replay' (backend='auto' does so), or keep "
                 "that Python outside the step (an lr assigned to the param groups before the call "
                 "is read live; a meter updated from a returned tensor)")
-    reads_kept = [(e.source.describe(), e.source.where) for e in tr.source_effects + tr.append_effects
-                  if e.kind == "read"] + [(f"{c.source.describe()}.{c.method}()", c.where)
-                                          for c in tr.call_effects if any(True for _ in reads_of([c]))]
+    reads_kept = kept_reads(tr)
     if reads_kept:
         raise NeedsReplay(
             f"the step hands a value read on the host to {reads_kept[0][0]}: one graph cannot run "

@@ -27,11 +27,15 @@ _HOST_OPS = {operator.add, operator.sub, operator.mul, operator.truediv, operato
              operator.getitem}
 
 
-def _is_reader(n: fx.Node, numbers: bool = False) -> bool:
-    """A live float's reader (livefloats.py); with ``numbers`` also a tracked number's read at
-    each replay (capture/uselog.py: an optimizer's Python step count, a meter's count)."""
-    return n.op == "call_function" and (hasattr(n.target, "live_label")
-                                        or numbers and hasattr(n.target, "number_label"))
+def is_reader(n: fx.Node, numbers=False) -> bool:
+    """A live float's reader (livefloats.py); with ``numbers`` (True, or the set of readers left
+    out) also a tracked number's (capture/uselog.py: an optimizer's Python step count)."""
+    return n.op == "call_function" and (hasattr(n.target, "live_label") or numbers not in (False, None) and
+                                        is_number_reader(n) and n not in _left_out(numbers))
+
+
+def _left_out(numbers) -> frozenset:
+    return numbers if isinstance(numbers, frozenset) else frozenset()
 
 
 def is_number_reader(n: fx.Node) -> bool:
@@ -42,13 +46,12 @@ def _label(n: fx.Node) -> str:
     return getattr(n.target, "live_label", None) or n.target.number_label
 
 
-def _host_nodes(gm: fx.GraphModule, numbers: bool = False) -> list[fx.Node]:
-    """Readers of live floats (and tracked numbers) and the Python arithmetic on them, in graph
-    order."""
+def host_nodes(gm: fx.GraphModule, numbers=False) -> list[fx.Node]:
+    """Readers of live floats (and numbers) and the Python arithmetic on them, in graph order."""
     host: set = set()
     out = []
     for n in gm.graph.nodes:
-        if _is_reader(n, numbers) or (n.op == "call_function" and n.target in _HOST_OPS
+        if is_reader(n, numbers) or (n.op == "call_function" and n.target in _HOST_OPS
                              and any(a in host for a in n.all_input_nodes)
                              and all(a in host for a in n.all_input_nodes)) \
                 or (n.op == "call_function" and getattr(n.target, "__module__", None) == "math"
@@ -181,6 +184,20 @@ def _rewrite(g: fx.Graph, n: fx.Node, scalar, dry: bool = False, device=None) ->
                                                      (x, call(aten.mul.Tensor, (y, value)), z)), a, b, c,
                          foreach=False)
         return
+    if base in ("div", "_foreach_div") and two and host(args[1]) and not host(args[0]) and not kw \
+            and device is not None and torch.device(device).type == "cuda":
+        if dry:
+            return
+        # CUDA divides by a Python float as a multiply by its reciprocal (div_true_kernel_cuda:
+        # ``opmath_t(1) / b``; the foreach form's ``1 / b`` in double); a tensor divisor is a true
+        # division, a rounding apart (torchvision's meter ``sum / count``: unequal on an H200)
+        if base == "div":
+            inv = call(aten.reciprocal.default, (s(args[1]),))
+        else:
+            inv = call(aten._to_copy.default, (call(aten.reciprocal.default, (scalar(args[1], torch.float64),)),),
+                       {"dtype": dtype})
+        n.args, n.target = (args[0], inv), getattr(aten, base.replace("div", "mul") + suffix).Tensor
+        return
     if base in ("add", "mul", "div", "sub", "_foreach_add", "_foreach_mul", "_foreach_div") and two \
             and host(args[1]) and not host(args[0]) and not host(kw.get("alpha")):
         if dry:
@@ -249,10 +266,10 @@ def _per_element(g: fx.Graph, n: fx.Node, make, *lists, foreach: bool) -> None:
     g.erase_node(n)
 
 
-def _check(gm: fx.GraphModule, device, numbers: bool):
+def _check(gm: fx.GraphModule, device, numbers):
     """The host nodes and their device consumers; raises :class:`Unsupported` (``gm`` unchanged)
     where an op takes one with no known tensor form. Checks every consumer before any change."""
-    host = _host_nodes(gm, numbers)
+    host = host_nodes(gm, numbers)
     hostset = set(host)
     consumers = list(dict.fromkeys(u for h in host for u in h.users if u not in hostset))
     for h in host:
@@ -278,21 +295,29 @@ def _check(gm: fx.GraphModule, device, numbers: bool):
     return host, consumers
 
 
-def numbers_fit(gm: fx.GraphModule, device) -> bool:
-    """Whether the tracked numbers read at each replay all reach device ops that take them as a
-    0-dim tensor (then :func:`to_device_scalars` with ``numbers`` feeds them in, and the graph
-    has no Python left for segments to run)."""
-    try:
-        _check(gm, device, numbers=True)
-    except Unsupported as e:
-        return not any(is_number_reader(r) for r in e.roots)
-    finally:
-        for n in gm.graph.nodes:
-            n.meta.pop("device_scalar_host", None)
-    return True
+def numbers_to_feed(gm: fx.GraphModule, device) -> frozenset | None:
+    """The tracked numbers read at each replay whose device ops all take them as a 0-dim tensor
+    are fed in (:func:`to_device_scalars`); returns the readers left out (a meter's sum meeting
+    a value read from a tensor: Python between segments), or None when none is fed."""
+    out = frozenset()
+    while True:
+        try:
+            _check(gm, device, out)
+        except Unsupported as e:
+            bad = {r for r in e.roots if is_number_reader(r)}
+            if bad:
+                out |= bad
+                continue
+        finally:   # (a live float's Unsupported: to_device bakes it)
+            for n in gm.graph.nodes:
+                n.meta.pop("device_scalar_host", None)
+        break
+    hostset = set(host_nodes(gm, out))
+    feeding = [a for h in hostset for u in h.users if u not in hostset for a in u.all_input_nodes if a in hostset]
+    return out if any(is_number_reader(r) for r in _roots(feeding, out)) else None
 
 
-def to_device_scalars(gm: fx.GraphModule, device, numbers: bool = False) -> DeviceScalars | None:
+def to_device_scalars(gm: fx.GraphModule, device, numbers=False) -> DeviceScalars | None:
     """Rewrite ``gm`` in place (a trailing ``live_scalars`` placeholder) and return how to fill
     it; None when the graph has no live floats. Raises :class:`Unsupported`, with ``gm``
     unchanged, when an op takes a live float in a way with no known tensor form. ``numbers``:
@@ -348,11 +373,11 @@ def to_device_scalars(gm: fx.GraphModule, device, numbers: bool = False) -> Devi
             g.erase_node(h)
     g.lint()
     gm.recompile()
-    labels = [_label(h) for h in host if _is_reader(h, numbers)]
+    labels = [_label(h) for h in host if is_reader(h, numbers)]
     return DeviceScalars(program, torch.device(device), labels, outputs)
 
 
-def _roots(nodes, numbers: bool = False) -> set:
+def _roots(nodes, numbers=False) -> set:
     """The readers the host nodes ``nodes`` are computed from."""
     out, todo, seen = set(), list(nodes), set()
     while todo:
@@ -360,33 +385,7 @@ def _roots(nodes, numbers: bool = False) -> set:
         if n in seen:
             continue
         seen.add(n)
-        if _is_reader(n, numbers):
+        if is_reader(n, numbers):
             out.add(n)
         todo.extend(n.all_input_nodes)
     return out
-
-
-def bake_host_floats(gm: fx.GraphModule, roots=None) -> list[str]:
-    """Replace the live floats read by ``roots`` (all when None), and what is computed from
-    them alone, by the values the trace saw (the caller guards those values again); returns
-    the readers' labels."""
-    host = _host_nodes(gm)
-    values: dict = {}
-    for h in host:
-        if not (h in roots if roots is not None and _is_reader(h) else
-                all(a in values for a in h.all_input_nodes) if not _is_reader(h) else True):
-            continue
-        # (a reader of a tuple has no value of its own: only its items reach ops)
-        values[h] = h.meta.get("host_value")
-    host = [h for h in host if h in values]
-    for h in host:
-        for u in list(h.users):
-            if u not in values:
-                u.args = fx.node.map_arg(u.args, lambda x: values[x] if x in values else x)
-                u.kwargs = fx.node.map_arg(u.kwargs, lambda x: values[x] if x in values else x)
-    for h in reversed(host):
-        if not h.users:
-            gm.graph.erase_node(h)
-    gm.graph.lint()
-    gm.recompile()
-    return [h.target.live_label for h in host if _is_reader(h)]
