@@ -88,6 +88,29 @@ def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
 
 
 
+
+@needs_dist
+def test_fsdp2_benchmark_command_runs_on_cpu(tmp_path):
+    """`torchrun --standalone --nproc_per_node 2 -m stepgraph.bench_fsdp2 --device cpu` (docs/fsdp2.md;
+    the same command without --device runs NCCL on 2 GPUs in scripts/device_suite.sh)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "stepgraph.bench_fsdp2", "--device", "cpu", "--steps", "3", "--warmup", "1",
+                        "--out", str(tmp_path)], env=e, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads((tmp_path / "bench_fsdp2.json").read_text())
+    assert out["world"] == 2 and [r["case"] for r in out["rows"]] == ["raf=True", "raf=False", "bf16 params, fp32 reduce"]
+    for r in out["rows"]:
+        assert "error" not in r, r
+        # bitwise on both ranks after every call; call 1 eager, call 2 captured, every other call a replay
+        assert r["max_diff"] == 0.0 and r["loss_diff"] == 0.0 and r["bitwise"], r
+        assert r["captures"] == 1 and r["replays"] == 7 - 2 + 1 + 3 and not r["recaptures"], r
+        assert r["backends"] == ["replay"] and len(r["per_rank"]) == 2, r
+        assert r["graph_ops"]["reduce_scatter_tensor"] == 3 and r["graph_ops"]["all_reduce"] == 1, r
+        assert r["stepgraph_ms"] > 0 and r["eager_ms"] > 0 and len(r["first3_s"]["stepgraph"]) == 3, r
+    assert "| raf=True |" in p.stdout and (tmp_path / "bench_fsdp2.md").read_text().startswith("FSDP2")
+
+
 def _twins(raf=True):
     import torch
 

@@ -88,7 +88,8 @@ def max_diff(a, oa, b, ob) -> float:
     return d
 
 
-def _form(opt) -> tuple:
+def optimizer_form(opt) -> tuple:
+    """(capturable, lr a tensor): what make_capturable changes."""
     g = opt.param_groups[0]
     return bool(g.get("capturable")), isinstance(g["lr"], torch.Tensor)
 
@@ -99,12 +100,12 @@ def match_optimizer_form(sg_opt, eager_opt) -> bool:
     compared bitwise. Call after each stepgraph call, before the twin's: stepgraph switches at
     its capture, and not at all when it refuses the step (that call runs the user's form).
     Returns whether it switched the twin."""
-    if _form(sg_opt) == _form(eager_opt):
+    if optimizer_form(sg_opt) == optimizer_form(eager_opt):
         return False
     from stepgraph.backends.cudagraph import make_capturable
     from stepgraph.capture.state import StateRegistry
     make_capturable(StateRegistry.of_optimizers([("opt", eager_opt)]))
-    assert _form(sg_opt) == _form(eager_opt), (_form(sg_opt), _form(eager_opt))
+    assert optimizer_form(sg_opt) == optimizer_form(eager_opt), (optimizer_form(sg_opt), optimizer_form(eager_opt))
     return True
 
 
