@@ -99,7 +99,7 @@ def test_fsdp2_benchmark_command_runs_on_cpu(tmp_path):
                         "--out", str(tmp_path)], env=e, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads((tmp_path / "bench_fsdp2.json").read_text())
-    assert out["world"] == 2 and [r["case"] for r in out["rows"]] == ["raf=True", "raf=False", "bf16 params, fp32 reduce"]
+    assert out["world"] == 2 and out["done"] and [r["case"] for r in out["rows"]] == ["raf=True", "raf=False", "bf16 params, fp32 reduce"]
     for r in out["rows"]:
         assert "error" not in r, r
         # bitwise on both ranks after every call; call 1 eager, call 2 captured, every other call a replay

@@ -160,6 +160,14 @@ def _table(rows: list, head: str, cuda: bool) -> str:
     return "\n".join(lines)
 
 
+def _write(out: str, text: str, data: dict) -> None:
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "bench_fsdp2.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(out, "bench_fsdp2.md"), "w") as f:
+        f.write(text + "\n")
+
+
 def _init(device: str):
     timeout = datetime.timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "300")))
     if device == "cuda":   # one GPU per rank, as bench_ddp
@@ -192,6 +200,10 @@ def main(argv=None) -> int:
     size, batch = (fsdp2.GPU_SIZE, 8) if big else (fsdp2.TINY_SIZE, 2)
     steps = args.steps or (50 if cuda else 10)
     names = args.case or [n for n, c in fsdp2.CASES.items() if cuda or not c.get("fused")]
+    dname = torch.cuda.get_device_name(dev) if cuda else "cpu"
+    head = (f"FSDP2 (per-block + root fully_shard), {world} ranks x {dname}, torch {torch.__version__}: "
+            f"GPT-{size['layers']}L d={size['d']} vocab {size['vocab']}, {batch}x{size['seq']} tokens per rank, "
+            f"median of {steps} steps; x eager = stepgraph / eager (rank 0)")
     rows = []
     for name in names:
         try:
@@ -202,20 +214,13 @@ def main(argv=None) -> int:
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+        if rank == 0:
+            print(_table(rows[-1:], "", cuda).splitlines()[-1], flush=True)   # progress
+        if rank == 0 and args.out:   # after every case: a run cut short keeps what it measured
+            meta = dict(world=world, device=dname, torch=torch.__version__, size=size, batch=batch, steps=steps)
+            _write(args.out, _table(rows, head, cuda), dict(meta, rows=rows, done=len(rows) == len(names)))
     if rank == 0:
-        dname = torch.cuda.get_device_name(dev) if cuda else "cpu"
-        head = (f"FSDP2 (per-block + root fully_shard), {world} ranks x {dname}, torch {torch.__version__}: "
-                f"GPT-{size['layers']}L d={size['d']} vocab {size['vocab']}, {batch}x{size['seq']} tokens per rank, "
-                f"median of {steps} steps; x eager = stepgraph / eager (rank 0)")
-        text = _table(rows, head, cuda)
-        print(text, flush=True)
-        if args.out:
-            os.makedirs(args.out, exist_ok=True)
-            with open(os.path.join(args.out, "bench_fsdp2.json"), "w") as f:
-                json.dump(dict(world=world, device=dname, torch=torch.__version__, size=size, batch=batch,
-                               rows=rows), f, indent=1)
-            with open(os.path.join(args.out, "bench_fsdp2.md"), "w") as f:
-                f.write(text + "\n")
+        print(_table(rows, head, cuda), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
