@@ -18,7 +18,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
 # (shared with the benchmark and test_cuda_fsdp2; test_fsdp2 imports them from here)
-from stepgraph.tools.fsdp2 import gpt_step, graph_ops, match_optimizer_form, max_diff, mesh, sharded_gpt  # noqa: E402,F401
+from stepgraph.tools.fsdp2 import gpt_step, graph_ops, match_optimizer_form, max_diff, mesh, sharded_gpt  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
 DEVICE = os.environ.get("FSDP2_DEVICE", "cpu")
