@@ -1,6 +1,8 @@
-"""One rank of tests/test_fsdp2.py's multi-process scenarios (launched by torchrun, gloo on the CPU).
+"""One rank of tests/test_fsdp2.py's multi-process scenarios (launched by torchrun): gloo on the
+CPU, or NCCL on one GPU per rank with FSDP2_DEVICE=cuda (test_fsdp2's launch sets it when
+STEPGRAPH_TEST_CUDA=1 and there are 2 GPUs).
 
-usage: torchrun --nproc_per_node 2 tests/fsdp2_worker.py SCENARIO OUT_DIR
+usage: [FSDP2_DEVICE=cuda] torchrun --nproc_per_node 2 tests/fsdp2_worker.py SCENARIO OUT_DIR
 Each rank writes OUT_DIR/rank{r}.json: per case, what it measured against an eager FSDP2 twin.
 """
 import datetime
@@ -15,51 +17,26 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import stepgraph  # noqa: E402
+# (shared with the benchmark and test_cuda_fsdp2; test_fsdp2 imports them from here)
+from stepgraph.tools.fsdp2 import gpt_step, graph_ops, match_optimizer_form, max_diff, mesh, sharded_gpt  # noqa: E402
 
 RANK = int(os.environ.get("RANK", "0"))
-
-
-def _mesh(device: str):
-    """Named explicitly: fully_shard's default mesh is on CUDA whenever a GPU is present."""
-    from torch.distributed.device_mesh import init_device_mesh
-    return init_device_mesh(device, (dist.get_world_size(),))
+DEVICE = os.environ.get("FSDP2_DEVICE", "cpu")
 
 
 def sharded_mlp(reshard_after_forward: bool, mp=None) -> nn.Module:
     """Per-block and root fully_shard, as FSDP2's documentation shards a model."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
-    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy(), mesh=_mesh("cpu"))
+    m = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4)).to(DEVICE)
+    kw = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy(), mesh=mesh(DEVICE))
     for block in (m[0], m[2], m[4]):
         fully_shard(block, **kw)
     return fully_shard(m, **kw)
 
 
-def sharded_gpt(reshard_after_forward: bool = True, mp=None, device="cpu", **size) -> nn.Module:
-    """The zoo's GPT (tied embedding/head) with one fully_shard per block and one at the root."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from stepgraph.tools import models
-    torch.manual_seed(0)
-    kw = dict(layers=2, d=32, heads=2, vocab=64, seq=16, dropout=0.0, sdpa=False) | size
-    m = models.GPT(**kw).to(device)
-    shard = dict(reshard_after_forward=reshard_after_forward, mp_policy=mp or MixedPrecisionPolicy(),
-                 mesh=_mesh(device))
-    for blk in m.blocks:
-        fully_shard(blk, **shard)
-    return fully_shard(m, **shard)
-
-
-def gpt_step(model, opt):
-    def step(ids, targets):
-        loss = F.cross_entropy(model(ids).flatten(0, 1), targets.flatten())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad()
-        return loss.detach()
-    return step
+def gpt(reshard_after_forward: bool, mp=None) -> nn.Module:
+    return sharded_gpt(reshard_after_forward, mp, device=DEVICE)
 
 
 def train_step(model, opt):
@@ -73,25 +50,6 @@ def train_step(model, opt):
     return step
 
 
-def max_diff(a, oa, b, ob) -> float:
-    """Largest difference of local shards: parameters, grads, optimizer state, state_dict."""
-    d = 0.0
-
-    def local(t):
-        return t.to_local() if hasattr(t, "to_local") else t
-    for p, q in zip(a.parameters(), b.parameters()):
-        pairs = [(p, q)] + ([(p.grad, q.grad)] if p.grad is not None or q.grad is not None else [])
-        pairs += [(oa.state[p][k], ob.state[q][k]) for k in oa.state.get(p, {})]
-        for x, y in pairs:
-            if x is None or y is None:
-                return float("inf")
-            d = max(d, (local(x).double() - local(y).double()).abs().max().item())
-    for (k, x), (k2, y) in zip(a.state_dict().items(), b.state_dict().items()):
-        assert k == k2
-        d = max(d, (local(x).double() - local(y).double()).abs().max().item())
-    return d
-
-
 def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at=None, model=sharded_mlp,
              **compile_kw) -> dict:
     """Capture at call 2, then replays on fresh per-rank batches, against an eager twin."""
@@ -101,34 +59,37 @@ def run_case(raf: bool, calls: int = 7, make_step=train_step, mp=None, change_at
     sg = stepgraph.compile(make_step(a, oa), **compile_kw)
     eager = make_step(b, ob)
     g = torch.Generator().manual_seed(100 + RANK)  # every rank its own batches
-    errors, diffs, loss_diffs = [], [], []
+    errors, diffs, loss_diffs, switched = [], [], [], 0
     for i in range(calls):
         if i == change_at:
             for m in (a, b):
                 m.set_reshard_after_forward(not raf)
-        if model is sharded_gpt:
+        if model is gpt:
             x = torch.randint(0, 64, (2, 16), generator=g)
             y = torch.roll(x, -1, 1)
         else:
             x, y = torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g)
+        x, y = x.to(DEVICE), y.to(DEVICE)
         try:
             la = sg(x, y)
         except stepgraph.CaptureError as e:
             errors.append(str(e))
             la = None
+        # On CUDA stepgraph switches AdamW to its capturable form when it captures (not when it
+        # refuses): the twin follows, so both run the same kernels and compare bitwise.
+        switched += match_optimizer_form(oa, ob)
         lb = eager(x, y)
         if la is not None:
             loss_diffs.append(abs(la.item() - lb.item()))
         diffs.append(max_diff(a, oa, b, ob))  # state_dict() mid-run included
     s = sg.stats
-    code = sg.graph.code if s.captures else ""
     unsh = sg.graph.meta.get("unsharded") if s.captures else None
-    return {"errors": errors, "unsharded": None if unsh is None else
+    return {"errors": errors, "backends": [c.backend for c in sg.captures], "twin_switched": switched,
+            "unsharded": None if unsh is None else
             {"storages": unsh.storages, "temporaries": unsh.temporaries, "left": len(unsh.left)}, "max_diff": max(diffs), "loss_diff": max(loss_diffs, default=0.0),
             "captures": s.captures, "replays": s.replays, "eager_calls": s.eager_calls,
             "recaptures": s.recaptures,
-            "graph_ops": {op: code.count(f".{op}.default(") for op in ("all_gather_into_tensor",
-                          "reduce_scatter_tensor", "resize_storage_bytes_", "all_reduce")}}
+            "graph_ops": graph_ops(sg)}
 
 
 def zero_grad_first(model, opt):
@@ -170,7 +131,7 @@ def scenario_fsdp2(out):
     out["bf16_params"] = run_case(True, mp=MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                                  reduce_dtype=torch.float32))
     out["accumulate_in_step"] = run_case(True, make_step=accumulating_step)
-    out["gpt"] = run_case(True, make_step=gpt_step, model=sharded_gpt)
+    out["gpt"] = run_case(True, make_step=gpt_step, model=gpt)
     out["zero_grad_first"] = run_case(True, make_step=zero_grad_first)
     out["zero_grad_first_eager"] = run_case(True, make_step=zero_grad_first, on_capture_error="eager")
 
@@ -178,7 +139,9 @@ def scenario_fsdp2(out):
 def main():
     scenario, out_dir = sys.argv[1], sys.argv[2]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "60"))))
+    if DEVICE == "cuda":   # one GPU per rank, as bench_fsdp2 and ddp_worker
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", RANK)))
+    dist.init_process_group("nccl" if DEVICE == "cuda" else "gloo", timeout=datetime.timedelta(seconds=int(os.environ.get("PG_TIMEOUT", "60"))))
     out: dict = {}
     globals()[f"scenario_{scenario}"](out)
     with open(os.path.join(out_dir, f"rank{RANK}.json"), "w") as f:

@@ -10,75 +10,23 @@ memory, eager FSDP2 vs stepgraph; the targets are <= 0.6x eager's time and <= 1.
 
 H100, torch 2.11, 2026-11-23 (GPT-6L d=384): 0.09x eager's time at 1.05x its memory, bitwise.
 """
-import time
 import warnings
 
 import pytest
 import torch
 
 import stepgraph
+from stepgraph.tools.fsdp2 import CASES, GPU_SIZE as SIZE
+from stepgraph.tools.fsdp2 import gpt_step, graph_pool_bytes, max_diff, seconds_per_step, state_bytes, transient, twins
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-SIZE = dict(layers=6, d=384, heads=6, vocab=512, seq=128, sdpa=False)
-
-
-def _run(step, batches):
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for ids, tg in batches:
-        step(ids, tg)
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / len(batches)
-
-
-def _graph_pool_bytes(step) -> int:
-    """Free bytes of the step's CUDA-graph private pool: blocks a replay uses for its
-    temporaries but the allocator counts as free, so max_memory_allocated does not see them.
-    (The pool's allocated blocks, e.g. static outputs, are counted already.) Only this step's
-    pool: in a run of several test files, other steps' graphs still hold theirs (counting every
-    pool read 411 MiB where this step's was 139 MiB, H100)."""
-    segs = torch.cuda.memory._snapshot().get("segments", [])
-    return sum(s["total_size"] - s.get("allocated_size", 0) for s in segs
-               if tuple(s.get("segment_pool_id", (0, 0))) == tuple(step._pool))
-
-
-def _transient(step, batches, pool: int) -> int:
-    """Bytes a step needs beyond what is allocated before it runs (both twins' state)."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    _run(step, batches)
-    return torch.cuda.max_memory_allocated() - base + pool
-
-
-def _state_bytes(model, opt) -> int:
-    loc = [getattr(t, "_local_tensor", t) for t in model.parameters()]
-    loc += [getattr(v, "_local_tensor", v) for s in opt.state.values() for v in s.values()
-            if isinstance(v, torch.Tensor)]
-    return sum(t.numel() * t.element_size() for t in loc)
-
-
-CASES = {
-    "raf=True": dict(raf=True),
-    "raf=False": dict(raf=False),
-    "bf16 params, fp32 reduce": dict(raf=True, bf16=True),
-    "fused AdamW": dict(raf=True, fused=True),
-}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_fsdp2_gpt_on_one_gpu_is_one_cuda_graph_and_reports_time_and_memory(nccl_world_of_one, case):
-    from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from fsdp2_worker import gpt_step, max_diff, sharded_gpt
     from stepgraph.backends.cudagraph import make_capturable
     from stepgraph.capture.state import StateRegistry
-    kw = CASES[case]
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if kw.get("bf16") else None
-    a, b = (sharded_gpt(kw["raf"], mp, device="cuda", **SIZE) for _ in range(2))
-    form = dict(fused=True) if kw.get("fused") else dict(foreach=True)
-    oa, ob = (torch.optim.AdamW(m.parameters(), lr=1e-3, **form) for m in (a, b))
+    a, oa, b, ob = twins(CASES[case], "cuda", **SIZE)
     sg, eager = stepgraph.compile(gpt_step(a, oa)), gpt_step(b, ob)
     g = torch.Generator().manual_seed(0)
 
@@ -101,11 +49,11 @@ def test_fsdp2_gpt_on_one_gpu_is_one_cuda_graph_and_reports_time_and_memory(nccl
     assert "resize_storage_bytes_" not in sg.graph.code
     assert max(diffs) <= 1e-5, diffs          # kernel for kernel: expected bitwise (printed)
     batches = [batch() for _ in range(20)]
-    _run(sg, batches[:3]), _run(eager, batches[:3])
-    t_sg, t_eager = _run(sg, batches), _run(eager, batches)
-    pool = _graph_pool_bytes(sg)
-    tr_sg, tr_eager = _transient(sg, batches[:3], pool), _transient(eager, batches[:3], 0)
-    state = _state_bytes(a, oa)
+    seconds_per_step(sg, batches[:3]), seconds_per_step(eager, batches[:3])
+    t_sg, t_eager = seconds_per_step(sg, batches), seconds_per_step(eager, batches)
+    pool = graph_pool_bytes(sg)
+    tr_sg, tr_eager = transient(sg, batches[:3], pool), transient(eager, batches[:3], 0)
+    state = state_bytes(a, oa)
     mem_sg, mem_eager = state + tr_sg, state + tr_eager
     mib = 2 ** 20
     print(f"\nFSDP2 GPT-6L d=384 {case}, one GPU: stepgraph {t_sg * 1e3:.2f} ms/step, eager "

@@ -3,7 +3,10 @@
 A step calling a fully_shard'ed model is captured whole (stepgraph/capture/fsdp.py, docs/fsdp2.md):
 FSDP2's all-gathers and reduce-scatters become functional collectives in the graph, its storage
 frees graph ops. Each case compares with an eager FSDP2 twin fed the same per-rank batches,
-bitwise. The multi-process cases run tests/fsdp2_worker.py under torchrun with 2 gloo ranks.
+bitwise. The multi-process cases run tests/fsdp2_worker.py under torchrun with 2 gloo ranks on
+the CPU, or 2 NCCL ranks on 2 GPUs when STEPGRAPH_TEST_CUDA=1 (scripts/device_suite.sh, MULTI=1).
+On CUDA stepgraph switches AdamW to its capturable form when it captures; the eager twin is
+switched the same way at the same call (fsdp2.match_optimizer_form), so it stays bitwise there too.
 """
 import json
 import os
@@ -11,15 +14,19 @@ import subprocess
 import sys
 
 import pytest
+import torch
 import torch.distributed as dist
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WORKER = os.path.join(os.path.dirname(__file__), "fsdp2_worker.py")
 needs_dist = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed unavailable")
+# As test_distributed's launch: NCCL, one GPU per rank, when asked for and there are 2 GPUs.
+GPUS = bool(os.environ.get("STEPGRAPH_TEST_CUDA") and torch.cuda.is_available() and torch.cuda.device_count() >= 2)
 
 
 def launch(scenario, tmp_path, nproc=2, timeout=300):
-    e = dict(os.environ, STEPGRAPH_DIST_TIMEOUT="4", PG_TIMEOUT="60", OMP_NUM_THREADS="1")
+    e = dict(os.environ, STEPGRAPH_DIST_TIMEOUT="4", PG_TIMEOUT="60", OMP_NUM_THREADS="1",
+             FSDP2_DEVICE="cuda" if GPUS else "cpu")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                         f"--nproc_per_node={nproc}", WORKER, scenario, str(tmp_path)],
                        env=e, capture_output=True, text=True, timeout=timeout)
@@ -43,6 +50,11 @@ def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
             got = res[case]
             assert got["max_diff"] == 0.0 and got["loss_diff"] == 0.0, (r, case, got)
             assert got["captures"] == 1 and got["replays"] == 5 and not got["errors"], (r, case, got)
+            # CUDA: one CUDA graph, except with the resizes kept (they keep it on the replay
+            # backend, as before passes/unsharded.py); the twin took the capturable AdamW at call 2.
+            # CPU: the replay backend, both optimizers as the user made them.
+            want = "cudagraph" if GPUS and case != "resizes_kept" else "replay"
+            assert got["backends"] == [want] and got["twin_switched"] == int(GPUS), (r, case, got)
             ops = got["graph_ops"]  # the communication is in the graph
             assert ops["reduce_scatter_tensor"] == 3 and ops["all_reduce"] == 1, (r, case, ops)
             unsh = got["unsharded"]
@@ -62,16 +74,41 @@ def test_fsdp2_steps_match_eager_fsdp2_bitwise(tmp_path):
         # a setting changed between calls (set_reshard_after_forward) recaptures, with the reason
         ch = res["settings_change"]
         assert ch["max_diff"] == 0.0 and ch["captures"] == 2 and ch["replays"] == 5, (r, ch)
+        assert ch["backends"] == ["cudagraph" if GPUS else "replay"] * 2, (r, ch)
         assert ch["recaptures"] == ["FSDP2 settings changed (set_reshard_after_forward, "
                                     "set_requires_gradient_sync, ...)"], ch
         # gradients held between calls are refused before tracing; every call ran as eager
         for case in ("zero_grad_first", "zero_grad_first_eager"):
             got = res[case]
             assert got["max_diff"] == 0.0 and got["captures"] == 0 and got["eager_calls"] == 7, (r, case, got)
+            assert got["twin_switched"] == 0, (r, case, got)  # never captured: the user's form on both
         errs = res["zero_grad_first"]["errors"]
         assert len(errs) == 6 and "FSDP2" in errs[0] and "gradients held between calls" in errs[0], errs[:1]
         assert "ran eagerly to its end" in errs[0] and "on_capture_error='eager'" in errs[0]
 
+
+
+
+@needs_dist
+def test_fsdp2_benchmark_command_runs_on_cpu(tmp_path):
+    """`torchrun --standalone --nproc_per_node 2 -m stepgraph.bench_fsdp2 --device cpu` (docs/fsdp2.md;
+    the same command without --device runs NCCL on 2 GPUs in scripts/device_suite.sh)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "stepgraph.bench_fsdp2", "--device", "cpu", "--steps", "3", "--warmup", "1",
+                        "--out", str(tmp_path)], env=e, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads((tmp_path / "bench_fsdp2.json").read_text())
+    assert out["world"] == 2 and out["done"] and [r["case"] for r in out["rows"]] == ["raf=True", "raf=False", "bf16 params, fp32 reduce"]
+    for r in out["rows"]:
+        assert "error" not in r, r
+        # bitwise on both ranks after every call; call 1 eager, call 2 captured, every other call a replay
+        assert r["max_diff"] == 0.0 and r["loss_diff"] == 0.0 and r["bitwise"], r
+        assert r["captures"] == 1 and r["replays"] == 7 - 2 + 1 + 3 and not r["recaptures"], r
+        assert r["backends"] == ["replay"] and len(r["per_rank"]) == 2, r
+        assert r["graph_ops"]["reduce_scatter_tensor"] == 3 and r["graph_ops"]["all_reduce"] == 1, r
+        assert r["stepgraph_ms"] > 0 and r["eager_ms"] > 0 and len(r["first3_s"]["stepgraph"]) == 3, r
+    assert "| raf=True |" in p.stdout and (tmp_path / "bench_fsdp2.md").read_text().startswith("FSDP2")
 
 
 def _twins(raf=True):
