@@ -56,7 +56,7 @@ from .passes import GraphSummary, cleanup, summarize
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
 from .passes.moved_arguments import constants_to_device, move_arrays, moved_arguments
-from .passes.device_scalars import numbers_to_feed
+from .passes.device_scalars import is_number_reader, numbers_to_feed
 from .passes.unsharded import storages_to_temporaries
 
 log = logging.getLogger("stepgraph")
@@ -287,20 +287,19 @@ def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
         # (a graph cut into segments runs its Python between them: segments._host_nodes)
         host_reads = tr.reads is not None and bool(tr.reads.sites())
         # A number read at each replay (an optimizer's Python step count, a meter's count) is fed
-        # to the device ops it reaches as a 0-dim tensor, with the live floats (lora_finetune's
-        # AdamW: one CUDA graph, was a recapture per call); where an op has no tensor form, that
-        # op runs on the host between segments (on the CPU only the replay backend runs such
-        # Python itself).
-        # (a clock or host-read value the step keeps in Python: only segments run that Python;
-        # numbers are fed only to a graph without segments: with them, lora_finetune's replays
-        # under Inductor gave NaN on the CPU, not understood yet)
+        # to the device ops it reaches as a 0-dim tensor, with the live floats (microsoft/LoRA's
+        # AdamW, word2vec's SparseAdam: one CUDA graph, was a recapture per call). Only to a graph
+        # without segments (a host read, a clock or read value kept in Python, a number with no
+        # tensor form): segments with fed numbers ran emulated on the CPU, never on a GPU; there
+        # the ops the numbers feed run on the host between segments, as before.
         segmented = host_reads or bool(kept_reads(tr))
         numbers = numbers_to_feed(gm, device) if tr.uses.lifted and not backend.runs_host_reads \
             and not segmented else None
-        host_work = segmented or bool(tr.uses.lifted and (numbers is None or numbers))
+        numbers = None if numbers else numbers   # (some left out: segments run them, and so all)
+        host_work = segmented or bool(tr.uses.lifted and numbers is None)
         if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
                 and not (host_work and backend.segmented is not None):
-            refuse_host_python(tr, numbers_left=numbers is None or bool(numbers))
+            refuse_host_python(tr, numbers_left=numbers is None)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
         if not backend.runs_host_reads and (step._guards.live or numbers is not None):
@@ -313,6 +312,8 @@ def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
                     example.append(scalars.pack())
                 finally:
                     set_call(None, None)
+            # (a number to_device could not feed after all is Python a plain graph would bake)
+            host_work = host_work or any(is_number_reader(n) for n in gm.graph.nodes)
         if not backend.runs_host_reads and host_work:
             if backend.segmented is None:
                 raise NeedsReplay(

@@ -122,9 +122,14 @@ def test_inductor_blocking_compile_when_background_is_off(monkeypatch):
     for i in range(2):
         sg(*case.make_batch(i))
     assert sg.stats.compile_seconds > 0, "compiled inside the capturing call"
-    from stepgraph.backends.background import FusedWhenReady
     run = sg.captures[0].run
-    assert not isinstance(run, FusedWhenReady) and run.describe() is None and run.wait(0)
+    # (checked at its first call as a background compile is at its switch: CPU, backends/inductor.py)
+    assert run.wait(0) and run.where == "in-process" and run.state == "fused"
+    sg(*case.make_batch(2))
+    assert "compiled in-process" in sg.explain() and "parity-checked" in sg.explain(), sg.explain()
+    [p] = sg.stats.fused_parity
+    assert p.diverged is None and p.compared > 0, p
+    assert sg.stats.compile_seconds == pytest.approx(run.compile_seconds), "not counted twice"
 
 
 def test_inductor_failed_background_compile_warns_and_keeps_the_unfused_graph(monkeypatch):

@@ -237,3 +237,59 @@ def test_dropout_is_checked_with_eager_random_numbers(monkeypatch):
     assert p.skipped is None and p.diverged is None and sg._order[0].run.state == "fused", p
     for a, b in zip(case.model.parameters(), twin.model.parameters()):
         assert rel_err(a, b) <= p.tolerance
+
+
+def _nan_fusion(monkeypatch, module):
+    """Inductor's code made to return NaN in its first output: a fusion bug (lora_finetune's fused
+    step on the CPU gave NaN from its first call)."""
+    orig = module._compile
+
+    def compile_(lifted, inputs, cuda):
+        compiled = orig(lifted, inputs, cuda)
+
+        def bad(*a):
+            out = list(compiled(*a))
+            out[0] = torch.full_like(out[0], float("nan"))
+            return out
+        return bad
+    monkeypatch.setattr(module, "_compile", compile_)
+
+
+def _sliced_step(model, opt, read):
+    """Inputs and targets sliced from one token buffer (llm.c's and LoRA's loaders): views of one
+    storage, which the background compile cannot take -- compiled in-process. ``read``: the
+    loss also returned as a Python float (a host read: the step is compiled as segments)."""
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return (loss.detach(), loss.item()) if read else loss.detach()
+    return step
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the in-process and segment checks run on the CPU")
+@pytest.mark.parametrize("read", [False, True], ids=["in-process", "segment"])
+def test_an_in_process_or_segment_compile_is_checked_at_its_first_call(monkeypatch, read):
+    """A compile the background cannot take (inputs that are views of one buffer) and each fused
+    segment of a step with a host read are checked at their first call as the switch is: a fused
+    result with NaN keeps the unfused code (eager's kernels), warned, and the user's state stays
+    eager's bitwise."""
+    from stepgraph.backends import inductor, inductor_segments
+    _nan_fusion(monkeypatch, inductor_segments if read else inductor)
+    torch.manual_seed(0)
+    mods = [torch.nn.Sequential(torch.nn.Embedding(16, 8), torch.nn.Flatten(), torch.nn.Linear(32, 16))
+            for _ in range(2)]
+    mods[1].load_state_dict(mods[0].state_dict())
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in mods]
+    sg = stepgraph.compile(_sliced_step(mods[0], opts[0], read), backend="inductor")
+    eager = _sliced_step(mods[1], opts[1], read)
+    g = torch.Generator().manual_seed(1)
+    with pytest.warns(UserWarning, match="did not match"):
+        for _ in range(5):
+            buf = torch.randint(0, 16, (3, 5), generator=g)
+            a, b = sg(buf[:, :4], buf[:, 4]), eager(buf[:, :4], buf[:, 4])
+            assert torch.equal(a[0], b[0]) and a[1] == b[1] if read else torch.equal(a, b)
+    assert sg.stats.replays == 3, sg.stats
+    for p, q in zip(mods[0].parameters(), mods[1].parameters()):
+        assert torch.equal(p, q)

@@ -244,11 +244,12 @@ class FusedWhenReady(Runner):
     directly and records it. A failed compile is logged and warned once; the step then stays
     on the unfused graph, same results.
     """
-    extras = ("job", "state", "error", "switch_seconds", "calls", "phases", "fused_at_call", "parity",
+    extras = ("job", "state", "error", "switch_seconds", "calls", "phases", "fused_at_call", "parity", "where",
               "started", "switched_s")
 
-    def __init__(self, unfused, job: BackgroundCompile, finish, on_fused=None, check=None):
+    def __init__(self, unfused, job: BackgroundCompile, finish, on_fused=None, check=None, where="in the background"):
         self._run, self.job, self._finish, self._on_fused = unfused, job, finish, on_fused
+        self.where = where   # how it was compiled (inductor._checked_at_first_call: "in-process")
         self._unfused, self._check = unfused, check  # verify.FusedCheck: run at the first fused call
         self.parity = None  # verify.ParityResult once checked
         self.state = "compiling"
@@ -284,7 +285,7 @@ class FusedWhenReady(Runner):
         if self.parity is not None and self._on_fused is not None:
             self._on_fused(0.0, self.parity)
         checked = "" if self.parity is None else (
-            "; not checked: it draws random numbers" if self.parity.skipped else
+            "; checked for non-finite values only: it draws random numbers" if self.parity.finite_only else
             f"; checked against the unfused graph: max relative difference {self.parity.max_rel:.1e}")
         progress("stepgraph: switched to the fused step at replay %d (switching call %.2fs%s)",
                  self.fused_at_call, self.switch_seconds, checked)
@@ -296,6 +297,7 @@ class FusedWhenReady(Runner):
         if self._on_fused is not None:
             self._on_fused(0.0, p)
         what = (f"its first call failed ({p.error})" if p.error else
+                f"{p.diverged} holds NaN or inf where the unfused graph's does not" if p.finite_only else
                 f"{p.diverged} differs from the unfused graph's by {p.max_rel:.1e} relative after one step "
                 f"(tolerance {p.tolerance:.0e} for {p.dtype})")
         msg = (f"stepgraph: the fused Inductor step did not match the unfused graph: {what}; the step "
@@ -345,7 +347,7 @@ class FusedWhenReady(Runner):
         checked = f"\n    {self.parity.describe()}" if self.parity is not None else ""
         if self.state == "fused":
             ph = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in self.phases.items())
-            return (f"Inductor graph live from this graph's replay {self.fused_at_call} (compiled in the background "
+            return (f"Inductor graph live from this graph's replay {self.fused_at_call} (compiled {self.where} "
                     f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})" + checked)
         if self.state == "diverged":
             return "the fused Inductor graph did not match the unfused graph: running the unfused graph" + checked

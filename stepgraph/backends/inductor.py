@@ -152,6 +152,37 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
     seconds = time.perf_counter() - t0
     run = _runner(compiled, state_in, cuda, opts)
     run.compile_seconds = seconds
+    if not cuda and config.get("inductor_verify"):
+        return _checked_at_first_call(gm, run, example_inputs, opts, seconds)
+    return run
+
+
+class _Compiled:
+    """An in-process compile, done: the job a :class:`FusedWhenReady` switches to at once."""
+
+    def __init__(self, seconds: float):
+        self.ready_s, self.started, self.phases = seconds, time.perf_counter() - seconds, {}
+
+    def done(self) -> bool:
+        return True
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
+def _checked_at_first_call(gm, fused, example_inputs, opts, seconds):
+    """An in-process compile (inputs that are views, two inputs sharing storage) is checked at its
+    first call as a background one is at its switch: lora_finetune's fused step on the CPU gave
+    NaN from its first call (slices of one token buffer as inputs: compiled in-process,
+    unchecked). CPU only: on CUDA the check would record a second, unfused graph."""
+    from .verify import FusedCheck, random_draws
+    check = FusedCheck.plan(gm, example_inputs, random_draws(gm), opts.name_of, list(opts.input_names),
+                            opts.n_user_outputs, eager_random=bool(_patches(False).get("fallback_random")))
+    on_fused = opts.on_fused   # (the compile's seconds are counted at the capture already)
+    run = FusedWhenReady(_unfused(gm, example_inputs, False, opts), _Compiled(seconds), lambda job: fused,
+                         None if on_fused is None else (lambda s, parity=None: on_fused(0.0, parity)), check,
+                         where="in-process")
+    run.compile_seconds = seconds
     return run
 
 

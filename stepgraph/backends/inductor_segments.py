@@ -72,6 +72,35 @@ def _fused(module: fx.GraphModule, args: list, cuda: bool, failed: list):
 
     def fn(*a):
         return compiled(*[a[i] for i in keep], *state_in)
+    if cuda:
+        return fn
+    return _checked_at_first_call(module, args, fn)
+
+
+def _checked_at_first_call(module: fx.GraphModule, args: list, fused):
+    """CPU: the segment's first call is checked against its unfused code on the same state, as a
+    background compile is at its switch (verify.py); beyond tolerance (or NaN where the unfused
+    code has none) the segment runs unfused from then on, warned. lora_finetune's fused segment
+    gave NaN from its first call."""
+    from .. import config
+    from .verify import FusedCheck, random_draws
+    if not config.get("inductor_verify"):
+        return fused
+    unfused = replay_segment_fn(module, args)
+    check = [FusedCheck.plan(module, args, random_draws(module))]
+    run = [fused]
+
+    def fn(*a):
+        if not check:
+            return run[0](*a)
+        out, parity = check.pop().run(list(a), lambda ins: unfused(*ins), lambda ins: fused(*ins))
+        if parity.diverged or parity.error:
+            run[0] = unfused
+            msg = (f"stepgraph: an Inductor-fused segment did not match its unfused code "
+                   f"({parity.describe()}); that segment runs unfused from now on (eager's kernels)")
+            warnings.warn(msg, stacklevel=2)
+            log.warning(msg)
+        return out
     return fn
 
 

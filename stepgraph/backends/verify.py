@@ -15,10 +15,12 @@ stays: the user's state is then exactly the unfused graph's, i.e. eager's kernel
 live in host memory, so the device's peak is the larger of the two runners' own, and they are
 dropped before the call returns.
 
-Steps that draw random numbers are not checked: Inductor generates them with its own
-generator, so dropout masks differ from eager's by design. With Inductor's ``fallback_random``
-(``STEPGRAPH_INDUCTOR_PATCHES``) it draws eager's: then they are checked, both runs starting from
-the same generator state, and the generators end as after the runner whose results are kept.
+Steps that draw random numbers are checked for non-finite values only: Inductor generates them
+with its own generator, so dropout masks differ from eager's by design, but a NaN or inf the
+unfused graph does not produce is no mask (lora_finetune's fused step on the CPU: NaN loss and
+parameters from its first call). With Inductor's ``fallback_random`` (``STEPGRAPH_INDUCTOR_PATCHES``)
+it draws eager's: then they are checked in full, both runs starting from the same generator
+state, and the generators end as after the runner whose results are kept.
 """
 from __future__ import annotations
 
@@ -54,13 +56,18 @@ class ParityResult:
     seconds: float = 0.0           # the check's own cost on the switching call
     skipped: str | None = None     # why it was not checked
     error: str | None = None       # the fused call raised
+    finite_only: str | None = None  # why only non-finite values were compared (random draws)
 
     def describe(self) -> str:
         if self.skipped:
             return f"not parity-checked: {self.skipped}"
-        head = (f"parity-checked against the unfused graph at the switch: max relative difference "
-                f"{self.max_rel:.1e} ({self.worst}) over {self.compared} tensors, tolerance "
-                f"{self.tolerance:.0e} ({self.dtype}), check took {self.seconds:.2f}s")
+        if self.finite_only:
+            head = (f"checked against the unfused graph at the switch for non-finite values only "
+                    f"({self.finite_only}) over {self.compared} tensors, check took {self.seconds:.2f}s")
+        else:
+            head = (f"parity-checked against the unfused graph at the switch: max relative difference "
+                    f"{self.max_rel:.1e} ({self.worst}) over {self.compared} tensors, tolerance "
+                    f"{self.tolerance:.0e} ({self.dtype}), check took {self.seconds:.2f}s")
         if self.error:
             return head + f"; the fused call failed ({self.error}): kept the unfused graph"
         if self.diverged:
@@ -79,6 +86,7 @@ class FusedCheck:
     skipped: str | None = None
     out_names: list[str] = field(default_factory=list)
     rng_devices: list = field(default_factory=list)  # generators to rewind (fallback_random steps)
+    finite_only: str | None = None       # random draws: compare only where values are non-finite
 
     @classmethod
     def plan(cls, gm: fx.GraphModule, example_inputs, random_ops: int, name_of=None,
@@ -90,14 +98,14 @@ class FusedCheck:
         names += [(name_of(t) if name_of else None) or f"<state #{k} {tuple(t.shape)}>"
                   for k, t in enumerate(state)]
         low = _lowest_precision(gm, list(example_inputs) + state)
-        skipped = (f"the step draws random numbers ({random_ops} random ops, e.g. dropout), which "
-                   "Inductor generates with its own generator" if random_ops and not eager_random else None)
+        finite = (f"the step draws random numbers ({random_ops} random ops, e.g. dropout), which "
+                  "Inductor generates with its own generator" if random_ops and not eager_random else None)
         outs = [f"output #{i}" if n_user_outputs is None or i < n_user_outputs
                 else f"output #{i} (rebound state)" for i in range(_n_outputs(gm))]
         devices = {t.device for t in list(example_inputs) + state if isinstance(t, torch.Tensor)}
         rng = [torch.device("cpu")] + sorted((d for d in devices if d.type == "cuda"), key=str) if random_ops else []
         return cls(list(writes.placeholders), state, names, TOLERANCE[low], str(low).removeprefix("torch."),
-                   skipped, outs, rng)
+                   None, outs, rng, finite)
 
     def run(self, inputs, unfused, fused) -> tuple[list, ParityResult]:
         """This call's outputs (fused, or unfused if they differ) and what the check found."""
@@ -114,7 +122,8 @@ class FusedCheck:
         expected_out = [_host(o) if isinstance(o, torch.Tensor) else o for o in out_u]
         _restore(live, before)
         del before
-        res = ParityResult(tolerance=self.tolerance, dtype=self.dtype)
+        res = ParityResult(tolerance=self.tolerance, dtype=self.dtype, finite_only=self.finite_only)
+        judge = _nonfinite if self.finite_only else _rel
         try:
             out_f = fused(inputs)
         except Exception as e:  # noqa: BLE001 - a fused call that fails leaves the unfused graph
@@ -125,7 +134,7 @@ class FusedCheck:
             pairs += [(n, f, u) for n, f, u in zip(self.out_names, out_f, expected_out)
                       if isinstance(u, torch.Tensor)]
             for name, got, want in pairs:
-                rel = _rel(got, want)
+                rel = judge(got, want)
                 res.compared += 1
                 if rel > res.max_rel or not res.worst:
                     res.max_rel, res.worst = rel, name
@@ -177,6 +186,15 @@ def _restore(live, copies) -> None:
     with torch.no_grad():
         for t, c in zip(live, copies):
             t.copy_(c)
+
+
+def _nonfinite(got: torch.Tensor, want: torch.Tensor) -> float:
+    """inf where ``got`` holds a NaN or inf that ``want`` does not, else 0: a step's random
+    draws differ between the runs, its finiteness does not."""
+    a = got.detach()
+    if a.shape != want.shape or not (a.is_floating_point() or a.is_complex()):
+        return 0.0
+    return float("inf") if bool((~torch.isfinite(a) & torch.isfinite(want.to(a.device))).any()) else 0.0
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
