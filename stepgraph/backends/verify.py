@@ -83,7 +83,6 @@ class FusedCheck:
     names: list[str]                     # input names, then state names
     tolerance: float
     dtype: str
-    skipped: str | None = None
     out_names: list[str] = field(default_factory=list)
     rng_devices: list = field(default_factory=list)  # generators to rewind (fallback_random steps)
     finite_only: str | None = None       # random draws: compare only where values are non-finite
@@ -105,12 +104,10 @@ class FusedCheck:
         devices = {t.device for t in list(example_inputs) + state if isinstance(t, torch.Tensor)}
         rng = [torch.device("cpu")] + sorted((d for d in devices if d.type == "cuda"), key=str) if random_ops else []
         return cls(list(writes.placeholders), state, names, TOLERANCE[low], str(low).removeprefix("torch."),
-                   None, outs, rng, finite)
+                   outs, rng, finite)
 
     def run(self, inputs, unfused, fused) -> tuple[list, ParityResult]:
         """This call's outputs (fused, or unfused if they differ) and what the check found."""
-        if self.skipped:
-            return fused(inputs), ParityResult(skipped=self.skipped)
         t0 = time.perf_counter()
         live = [inputs[i] for i in self.input_idx] + self.state
         before = [_host(t) for t in live]

@@ -303,15 +303,15 @@ def numbers_to_feed(gm: fx.GraphModule, device) -> frozenset | None:
     while True:
         try:
             _check(gm, device, out)
-        except Unsupported as e:
-            bad = {r for r in e.roots if is_number_reader(r)}
-            if bad:
-                out |= bad
-                continue
-        finally:   # (a live float's Unsupported: to_device bakes it)
+            bad = frozenset()
+        except Unsupported as e:   # (none of its roots a number: a live float's, to_device bakes it)
+            bad = frozenset(r for r in e.roots if is_number_reader(r))
+        finally:
             for n in gm.graph.nodes:
                 n.meta.pop("device_scalar_host", None)
-        break
+        if not bad:
+            break
+        out |= bad
     hostset = set(host_nodes(gm, out))
     feeding = [a for h in hostset for u in h.users if u not in hostset for a in u.all_input_nodes if a in hostset]
     return out if any(is_number_reader(r) for r in _roots(feeding, out)) else None
