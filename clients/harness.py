@@ -141,9 +141,9 @@ def _same_optimizer_form(f, a, k) -> None:
     does (at its capturing call, the second): PyTorch has no graph-safe form bitwise equal to
     the default foreach Adam, so the corpus compares like with like; the drift between the two
     forms is measured by scripts/optimizer_drift.py and tabled in docs/optimizer_drift.md."""
-    from stepgraph.backends.cudagraph import make_capturable
     from stepgraph.capture.guards import arg_names
     from stepgraph.capture.state import discover
+    from stepgraph.optimizers import make_capturable
     make_capturable(discover(f, (), a, k, arg_names(f)))
 
 

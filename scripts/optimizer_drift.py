@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import stepgraph
-from stepgraph.backends.cudagraph import make_capturable
+from stepgraph.optimizers import make_capturable
 from stepgraph.capture.state import discover
 
 OPTS = {

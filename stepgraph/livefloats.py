@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from .backends.cudagraph import make_hyper_tensor
-from .capture.hostscalar import LIVE_HYPERS
+from .optimizers import LIVE_HYPERS, make_hyper_tensor
 from .passes.bake_floats import bake_host_floats
 from .passes.device_scalars import Unsupported, is_number_reader, to_device_scalars
 

@@ -34,7 +34,6 @@ from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_stat
 from .capture import collectives, distributed, fetches, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
-from .capture.effects import resolve_bindings
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
 from .capture.hostrandom import generator_draws, generator_states
@@ -53,6 +52,7 @@ from .capture.trace import TraceResult, raise_problems, trace_step
 from .errors import NeedsReplay
 from .failures import after_failed_trace, capture_failed
 from .passes import GraphSummary, cleanup, summarize
+from .passes.cleanup import resolve_bindings
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
 from .passes.moved_arguments import constants_to_device, move_arrays, moved_arguments

@@ -21,7 +21,7 @@ from .capture import collectives, distributed, fetches
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
-from .capture.effects import absorb_floats
+from .optimizers import absorb_floats
 from .captured import Branch, CapturedStep, Stats
 from .errors import StepGraphError
 from .livefloats import LiveFloats

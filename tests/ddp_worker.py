@@ -72,9 +72,8 @@ def same_form(opt) -> None:
     """At the capturing call on the GPU, the eager twin takes the optimizer form stepgraph switches
     to (PyTorch's capturable path), so the comparison is kernel for kernel."""
     if DEVICE == "cuda":
-        from stepgraph.backends.cudagraph import make_capturable
-        from stepgraph.capture.state import StateRegistry
-        make_capturable(StateRegistry.of_optimizers([("opt", opt)]))
+        from stepgraph.optimizers import same_form
+        same_form(opt)
 
 
 def run_parity(name, model_fn, opt_fn, step_fn, make_batch, calls=6, backend="auto", **ddp_kw):

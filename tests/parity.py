@@ -65,13 +65,12 @@ def run_parity(family: str, opt_name: str, form: str = "default", *, steps: int 
     if device == "cuda" and same_config:
         # Give the eager twin the optimizer form stepgraph switches to on the GPU (PyTorch's
         # capturable path, tensor lr), so the comparison is kernel for kernel.
-        from stepgraph.backends.cudagraph import make_capturable
-        from stepgraph.capture.state import StateRegistry
+        from stepgraph.optimizers import same_form
         twin_prepared = [False]
 
         def eager(*batch, _inner=eager):
             if not twin_prepared[0] and step.stats.captures:
-                make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+                same_form(opt2)
                 twin_prepared[0] = True
             return _inner(*batch)
     rep = ParityReport(steps)

@@ -47,8 +47,7 @@ def collectives_step(model, opt, center):
 
 
 def test_the_steps_own_collectives_record_as_one_cuda_graph(nccl_world_of_one):
-    from stepgraph.backends.cudagraph import make_capturable
-    from stepgraph.capture.state import StateRegistry
+    from stepgraph.optimizers import same_form
     torch.manual_seed(0)
     base = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).cuda()
     a, b = copy.deepcopy(base), copy.deepcopy(base)
@@ -62,7 +61,7 @@ def test_the_steps_own_collectives_record_as_one_cuda_graph(nccl_world_of_one):
         for i in range(7):
             x, y = torch.randn(8, 8, generator=g).cuda(), torch.randint(0, 4, (8,), generator=g).cuda()
             if i == 1:
-                make_capturable(StateRegistry.of_optimizers([("opt", ob)]))
+                same_form(ob)
             shift = torch.full((1, 8), 0.5, device="cuda")
             la, lb = sg(x, y, shift.clone()), eager(x, y, shift.clone())
             d = [(p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters())]

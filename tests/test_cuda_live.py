@@ -14,8 +14,7 @@ import torch.nn.functional as F
 
 import stepgraph
 from parity import rel_err
-from stepgraph.backends.cudagraph import make_capturable
-from stepgraph.capture.state import StateRegistry
+from stepgraph.optimizers import same_form
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -39,7 +38,7 @@ OPTS = {
 
 def _twin_form(opt2):
     """From the capture on, the eager twin runs the optimizer form stepgraph chose."""
-    make_capturable(StateRegistry.of_optimizers([("opt", opt2)]))
+    same_form(opt2)
 
 
 def get_lr(it, base=1e-3, warmup=3, total=12):  # nanoGPT's schedule: warm-up then cosine

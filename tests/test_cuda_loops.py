@@ -12,8 +12,7 @@ from torch.utils.checkpoint import checkpoint
 import stepgraph
 from parity import deterministic_cudnn  # noqa: F401  (fixture)
 from parity import ce_step, run_parity
-from stepgraph.backends.cudagraph import make_capturable
-from stepgraph.capture.state import StateRegistry
+from stepgraph.optimizers import same_form
 
 pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
               pytest.mark.usefixtures("deterministic_cudnn")]
@@ -69,7 +68,7 @@ def _run(make_step, net_kw=None, opt_kw=None, seeded=False, expect_backend="cuda
             torch.manual_seed(k)
         a = sg(*_batch(k), _flag(k))
         if k == 1:
-            make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
+            same_form(opt2)
         if seeded:
             torch.manual_seed(k)
         b = eager(*_batch(k), _flag(k))
@@ -150,7 +149,7 @@ def test_lr_schedulers_do_not_recapture():
         for k in range(STEPS):
             sg(*_batch(k))
             if k == 1:
-                make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
+                same_form(opt2)
             eager(*_batch(k))
             s1.step()
             s2.step()
@@ -175,7 +174,7 @@ def test_onecycle_cycling_betas_is_captured_once(opt_name):
     for k in range(steps):
         a = sg(*_batch(k))
         if k == 1:
-            make_capturable(StateRegistry.of_optimizers([("opt2", opt2)]))
+            same_form(opt2)
         b = eager(*_batch(k))
         worst = max(worst, ((a - b).abs() / b.abs()).item())
         s1.step()
@@ -208,7 +207,7 @@ def _zoo_gpu(feat, build, make_opt, batches, step_fn, rtol):
     worst = 0.0
     for k, b in enumerate(batches):
         if k == 1:
-            make_capturable(StateRegistry.of_optimizers([("o2", o2)]))
+            same_form(o2)
         worst = max(worst, rel_err(sg(*b), eager(*b)))
     for x, y in zip(list(m1.parameters()) + list(m1.buffers()), list(m2.parameters()) + list(m2.buffers())):
         worst = max(worst, rel_err(x, y))

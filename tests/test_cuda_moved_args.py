@@ -10,8 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import stepgraph
-from stepgraph.backends.cudagraph import make_capturable
-from stepgraph.capture.state import StateRegistry
+from stepgraph.optimizers import same_form
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -45,7 +44,7 @@ def test_batches_moved_in_the_step(backend, pinned):
     g = torch.Generator().manual_seed(1)
     for i in range(7):
         if i == 1:   # from the capture on, the eager twin runs the optimizer form stepgraph chose
-            make_capturable(StateRegistry.of_optimizers([("opt", o2)]))
+            same_form(o2)
         x = torch.randn(8, 16, generator=g, dtype=torch.float64)   # (a dtype change in the move too)
         y = torch.randint(0, 3, (8,), generator=g)
         if pinned:

@@ -281,7 +281,7 @@ def test_a_float64_device_lr_divides_as_a_float_lr_does():
     on the CPU.) While an optimizer holding a float64 lr tensor steps, ``_foreach_div_`` by that
     lr multiplies by the reciprocal taken in double then rounded to float32, as PyTorch's CUDA
     foreach division by a Python float does; other divisions and later calls are untouched."""
-    from stepgraph.backends.cudagraph import _divide_as_by_a_float, _divide_plainly
+    from stepgraph.optimizers import _divide_as_by_a_float, _divide_plainly
     lr = torch.tensor(3e-4, dtype=torch.float64)
     other = torch.tensor(3e-4, dtype=torch.float64)
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)

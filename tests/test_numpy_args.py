@@ -156,8 +156,7 @@ def test_cuda_arrays(backend, use):
     # CleanRL on a GPU: b_obs (CUDA) indexed by numpy minibatch indices; a batch of arrays moved
     import copy
 
-    from stepgraph.backends.cudagraph import make_capturable
-    from stepgraph.capture.state import StateRegistry
+    from stepgraph.optimizers import same_form
     dev = torch.device("cuda")
     torch.manual_seed(0)
     m = torch.nn.Linear(3, 1).to(dev)
@@ -185,7 +184,7 @@ def test_cuda_arrays(backend, use):
     rng = np.random.default_rng(0)
     for i in range(6):
         if i == 1:   # from the capture on, the eager twin runs the optimizer form stepgraph chose
-            make_capturable(StateRegistry.of_optimizers([("opt", o2)]))
+            same_form(o2)
         if use == "index":
             a = rng.permutation(20)[:5]
         elif use == "dict":

@@ -8,7 +8,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_exceptions_every_backend_may_raise_live_in_errors():
     """``NeedsReplay`` lived in backends/cudagraph.py although every backend may raise it."""
     from stepgraph import errors
-    from stepgraph.backends import cudagraph, segments
+    from stepgraph.backends import cudagraph, refusals, segments
     from stepgraph.capture import hostreads
     assert errors.NeedsReplay.__module__ == "stepgraph.errors"
     assert issubclass(errors.NeedsHostScalars, errors.NeedsReplay)
@@ -16,7 +16,7 @@ def test_exceptions_every_backend_may_raise_live_in_errors():
     assert errors.GuardMiss.__module__ == "stepgraph.errors"
     # the backends and the graph's host guard raise these very classes (imported, not redefined)
     assert cudagraph.NeedsReplay is errors.NeedsReplay and segments.NeedsReplay is errors.NeedsReplay
-    assert cudagraph.NeedsHostScalars is errors.NeedsHostScalars
+    assert refusals.NeedsHostScalars is errors.NeedsHostScalars
     assert hostreads.host_guard.__module__ == "stepgraph.markers"
     with pytest.raises(errors.GuardMiss):
         hostreads.host_guard(1, 2, "site", "x")
@@ -259,11 +259,12 @@ def test_no_file_over_400_lines_and_no_class_over_150():
     assert not too_big, "split by concern (or list in SIZE_EXCEPTIONS with a reason): " + "; ".join(too_big)
 
 
-# What each layer may import from stepgraph. Shared by every layer: errors, markers, config.
+# What each layer may import from stepgraph. Shared by every layer: errors, markers, config, and
+# optimizers (the optimizer adaptation, one module: test_optimizer_adaptation_has_one_home).
 # capture/ and backends/ are siblings (capture runs while tracing, backends after it); both may
 # use passes/; none of the three imports the runtime above them (runtime, pipeline, captured,
 # partial*, explain, ...), integrations/ or tools/.
-_SHARED = {"errors", "markers", "config"}
+_SHARED = {"errors", "markers", "config", "optimizers"}
 _LAYER_MAY_IMPORT = {"passes": _SHARED, "capture": _SHARED | {"passes"}, "backends": _SHARED | {"passes"}}
 _ENTRY_POINTS = {"bench.py", "bench_ddp.py", "bench_fsdp2.py", "bench_integrations.py", "__main__.py"}   # three-line shims to tools/
 
@@ -300,3 +301,29 @@ def test_import_graph_points_down_only():
             if target == "tools" and rel not in _ENTRY_POINTS:
                 bad.append(f"{rel} imports tools/ (tooling, not library)")
     assert not bad, "; ".join(bad)
+
+
+def test_optimizer_adaptation_has_one_home():
+    """Live hyper-parameters, the capturable switch, device-held hyper-parameters, the trace-time
+    patch and the eager twins' switch are defined in stepgraph/optimizers.py alone, which imports
+    no stepgraph layer; tests and tools take them from there, not from a backend."""
+    import ast
+    import glob
+    import os
+    import stepgraph
+    names = {"LIVE_HYPERS", "make_capturable", "make_hyper_tensor", "absorb_floats",
+             "capturable_while_tracing", "same_form"}
+    root = os.path.dirname(stepgraph.__file__)
+    for rel, path in _sources():
+        tree = ast.parse(open(path).read())
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        defined |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
+                    if isinstance(t, ast.Name)}
+        if rel != "optimizers.py":
+            assert not (defined & names), (rel, defined & names)
+    assert set(_stepgraph_imports("optimizers.py", os.path.join(root, "optimizers.py"))) <= {"errors", "config"}
+    repo = os.path.dirname(root)
+    for path in glob.glob(os.path.join(repo, "tests", "*.py")) + glob.glob(os.path.join(repo, "clients", "*.py")):
+        for mod in _imports(path):
+            assert not (mod.startswith("stepgraph.backends") and "cudagraph" in mod and
+                        "make_capturable" in open(path).read()), path

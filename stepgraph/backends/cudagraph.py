@@ -14,7 +14,8 @@ import torch
 from torch import fx
 
 from .. import config
-from ..errors import CaptureError, NeedsHostScalars, NeedsReplay
+from ..optimizers import make_capturable
+from ..errors import NeedsReplay
 from . import Backend, CompileRequest
 from .replay import generate, without_grad
 from .refusals import refuse_uncapturable
@@ -32,80 +33,6 @@ def side_stream() -> "torch.cuda.Stream":
     if dev not in _SIDE:
         _SIDE[dev] = torch.cuda.Stream(dev)
     return _SIDE[dev]
-
-
-def make_capturable(reg) -> list[str]:
-    """Switch CUDA optimizers to their capturable form; return what changed (for explain).
-
-    Step counters move to the device, ``capturable=True``, and a float ``lr`` becomes a
-    0-dim device tensor that LR schedulers update in place (``fill_``), so a schedule never
-    forces a recapture. The numerics are PyTorch's own capturable path with a float lr: Adam's
-    and AdamW's foreach form divide by the lr as by a float (_divide_as_by_a_float).
-    """
-    changed = []
-    for oname, opt in reg.optimizers:
-        for gi, group in enumerate(opt.param_groups):
-            params = [p for p in group["params"] if p.is_cuda]
-            if not params:
-                continue
-            dev = params[0].device
-            fused = bool(group.get("fused"))
-            if "capturable" in group and not group["capturable"] and not fused:
-                group["capturable"] = True
-                changed.append(f"{oname}.param_groups[{gi}]['capturable'] = True")
-            # Only these read a tensor lr on the device in every form; others would .item() it.
-            # (torch's own classes: microsoft/LoRA's optimizer is also named AdamW, and its Python
-            # step arithmetic takes the lr as a float)
-            tensor_lr_ok = fused or type(opt) in (torch.optim.Adam, torch.optim.AdamW)
-            if tensor_lr_ok and isinstance(group.get("lr"), float):
-                # float64 for the foreach form, whose division by it is then written as PyTorch's
-                # division by a float (_divide_as_by_a_float): bitwise with a float lr
-                group["lr"] = torch.tensor(group["lr"], device=dev, dtype=torch.float32 if fused else torch.float64)
-                # A loop that assigns a float lr every iteration (nanoGPT's get_lr idiom) then
-                # fills this tensor in place (capture/effects.absorb_floats): no recapture.
-                reg.device_hypers.append((group, "lr", group["lr"]))
-                changed.append(f"{oname}.param_groups[{gi}]['lr'] -> 0-dim tensor on {dev}")
-            if not (group.get("capturable") or fused):
-                continue  # e.g. Adagrad: no capturable form; its counters stay host scalars
-            if isinstance(group.get("lr"), torch.Tensor) and group["lr"].dtype == torch.float64 \
-                    and not getattr(opt, "_stepgraph_lr_division", False):
-                opt._stepgraph_lr_division = True
-                opt.register_step_pre_hook(_divide_as_by_a_float)
-                opt.register_step_post_hook(_divide_plainly)
-            for p in params:
-                st = opt.state.get(p) or {}
-                for k, s in list(st.items()):
-                    # step counters, and NAdam's mu_product: capturable forms want them on the device
-                    if isinstance(s, torch.Tensor) and s.dim() == 0 and s.device != p.device:
-                        st[k] = s.to(device=p.device, dtype=torch.float32 if k == "step" else s.dtype)
-    return changed
-
-
-_FOREACH_DIV_ = torch._foreach_div_
-
-
-def _divide_as_by_a_float(opt, args, kwargs) -> None:
-    """While ``opt`` steps (eager or traced): its foreach division by a float64 lr it holds on
-    the device is written as the multiply by the reciprocal that PyTorch's CUDA foreach division
-    by a Python float does (``scalar_reciprocal``: ``1 / lr`` in double, then the kernel's
-    float). Capturable Adam/AdamW's ``_foreach_div_(bias_correction1, lr)`` then rounds as with
-    the float lr a loop assigns every iteration: bitwise on an H200, where a float32 lr tensor's
-    true division moved 1e-9 a step from it (EDM's Adam: 1.6e-3 from eager after 8 steps)."""
-    held = {id(g["lr"]) for g in opt.param_groups
-            if isinstance(g["lr"], torch.Tensor) and g["lr"].dtype == torch.float64}
-    if not held:
-        return
-
-    def div_(tensors, other):
-        if isinstance(other, torch.Tensor) and id(other) in held and tensors:
-            dt = torch.float64 if tensors[0].dtype == torch.float64 else torch.float32
-            return torch._foreach_mul_(tensors, torch.reciprocal(other).to(dt))
-        return _FOREACH_DIV_(tensors, other)
-    torch._foreach_div_ = div_
-
-
-def _divide_plainly(opt, args, kwargs) -> None:
-    torch._foreach_div_ = _FOREACH_DIV_
 
 
 class capture_stream:
@@ -138,28 +65,6 @@ class capture_stream:
                 self.restore(True)
             self.ctx.__exit__(*exc)
             self.prev.wait_stream(self.side)
-
-
-def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
-    """After a float ``betas[0]`` changed between calls (OneCycleLR cycles beta1): hold it as a
-    0-dim device tensor that later float assignments fill in place (``effects.absorb_floats``), so the
-    schedule recaptures once, not every step. Only PyTorch's capturable Adam/AdamW read such a
-    tensor inside a graph, and only in their single-tensor form (the foreach form reads tensor
-    betas on the host, torch 2.11), which this switches to. (Their ``lr`` is a device tensor
-    already: ``make_capturable``.) Returns what changed, or None (each new value recaptures)."""
-    name, opt = reg.optimizers[oi]
-    group = opt.param_groups[gi]
-    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW) or group.get("fused") or not group.get("capturable"):
-        return None
-    dev = next((p.device for p in group["params"] if p.is_cuda), None)
-    if dev is None or key != "betas" or any(k == key and g is group for g, k, _ in reg.device_hypers):
-        return None  # (already held: this change is something else, beta2)
-    v = group[key]
-    group[key] = (torch.tensor(float(v[0]), device=dev), *v[1:])
-    group["foreach"] = False
-    reg.device_hypers.append((group, key, group[key]))
-    return (f"{name}.param_groups[{gi}]['{key}'] is now held on the device and filled in place "
-            "(with foreach=False: PyTorch's foreach Adam reads tensor betas on the host)")
 
 
 def compile_cudagraph(gm: fx.GraphModule, example_inputs, request: CompileRequest):

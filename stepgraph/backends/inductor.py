@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 import warnings
 
@@ -26,7 +25,8 @@ from torch import fx
 from ..passes.alpha import fold_alpha
 from . import Backend, CompileRequest
 from .background import BackgroundCompile, FusedWhenReady, can_background
-from .cudagraph import make_capturable, record, record_after_first_call
+from ..optimizers import capturable_while_tracing, make_capturable
+from .cudagraph import record, record_after_first_call
 from .refusals import refuse_uncapturable
 from .replay import compile_replay, generate, without_grad
 from .runner import Runner
@@ -261,51 +261,10 @@ def _fusable_attention(reg):
 
 @contextlib.contextmanager
 def trace_context(reg):
-    """While tracing for Inductor, run optimizers' capturable (non-fused) path.
-
-    The default CPU path reads step counters with ``.item()`` (host scalars Inductor cannot
-    compile) and the fused CPU kernels have no functional form; the capturable path keeps
-    the counters as tensors. PyTorch only allows capturable on accelerators, so its device
-    check is widened for the duration of the trace; the user's flags are restored after.
-    """
-    saved_groups, saved_fns = [], {}
-    widen = False
-    for _, opt in reg.optimizers:
-        for group in opt.param_groups:
-            on_cpu = all(p.device.type == "cpu" for p in group["params"])
-            # Fused kernels have no functional/fake form for Inductor (CPU: "mutating a
-            # non-functional tensor"; CUDA with a tensor lr: no fake impl): trace the
-            # capturable foreach path instead.
-            if "capturable" in group and (on_cpu or group.get("fused")):
-                saved_groups.append((group, group["capturable"], group.get("fused")))
-                group["capturable"] = True
-                if group.get("fused"):
-                    group["fused"] = False
-                widen |= on_cpu
-    if widen:
-        # Every loaded module that imported PyTorch's device check (torch.optim.adadelta, rprop,
-        # ... and third-party optimizers) holds its own reference: patch them all, not a list of
-        # known optimizers (a missing name was Adadelta's AssertionError mid-trace).
-        from torch.optim import optimizer as _opt_mod
-        orig = _opt_mod._get_capturable_supported_devices
-
-        def widened(*a, **k):
-            return [*orig(*a, **k), "cpu"]
-        for mod in list(sys.modules.values()):
-            # (through __dict__: a lazy module's __getattr__ could import things)
-            if getattr(mod, "__dict__", {}).get("_get_capturable_supported_devices") is orig:
-                saved_fns[mod] = orig
-                mod._get_capturable_supported_devices = widened
-    try:
-        with _fusable_attention(reg):
-            yield
-    finally:
-        for group, cap, fused in saved_groups:
-            group["capturable"] = cap
-            if fused is not None:
-                group["fused"] = fused
-        for mod, f in saved_fns.items():
-            setattr(mod, "_get_capturable_supported_devices", f)
+    """While tracing for Inductor: optimizers on their capturable path (optimizers.py) and SDPA
+    on kernels Inductor can fuse and record."""
+    with capturable_while_tracing(reg), _fusable_attention(reg):
+        yield
 
 
 def _segmented(gm, example_inputs, request: CompileRequest):

@@ -19,6 +19,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
 
 from ..errors import library_frame, user_frame
 from ..markers import RNG_STATE_FUNCS, zero_grad_marker
+from ..optimizers import absorb_floats
 from .state import StateRegistry
 from .patching import patched
 from .steparrays import is_step_array
@@ -132,37 +133,6 @@ def _register_dataclasses(out, depth: int = 0) -> None:
     elif isinstance(out, dict):
         for x in out.values():
             _register_dataclasses(x, depth + 1)
-
-
-def absorb_floats(reg, groups=None) -> None:
-    """Numbers assigned in place of hyper-parameters held on the device (a scheduler's float
-    betas, or ``g['lr'] = get_lr(it)``): fill the tensors the graphs read and put them back in
-    the group (no host sync: a fill kernel). Before each call for the loop's assignments
-    (runtime.py), and as an optimizer of ``groups`` steps for the step's own (in a trace, a fill
-    the graph records: ``discover_stepping_optimizers``)."""
-    from .tracked import _PROXIES
-
-    def number(x):   # (a tracked number first: ``isinstance`` would ask it its class, a check)
-        return type(x) in _PROXIES or (isinstance(x, (float, int)) and not isinstance(x, bool))
-    for group, key, held in reg.device_hypers:
-        v = group.get(key)
-        if v is held or (groups is not None and all(g is not group for g in groups)):
-            continue
-        if isinstance(held, torch.Tensor):
-            if number(v):
-                with torch.no_grad():
-                    held.fill_(v)
-                group[key] = held
-            continue
-        if not (isinstance(v, tuple) and len(v) == len(held)):
-            continue
-        if all(x is h or (isinstance(h, torch.Tensor) and number(x))
-               or (not isinstance(h, torch.Tensor) and x == h) for x, h in zip(v, held)):
-            with torch.no_grad():
-                for x, h in zip(v, held):
-                    if isinstance(h, torch.Tensor) and x is not h:
-                        h.fill_(x)
-            group[key] = held
 
 
 # optimizer -> the user's line that last stepped it in a trace (a refusal about its state names it)
@@ -296,23 +266,3 @@ def record_grad_bindings(reg: StateRegistry, out: list):
         torch.optim.Optimizer.zero_grad = orig
         for h in handles:
             h.remove()
-
-
-def resolve_bindings(gm, bindings, keep_markers: bool) -> list:
-    """Map recorded grad-binding nodes through the cleanup pass's replacements; for backends
-    that cannot raise mid-graph (CUDA graphs, Inductor) drop the zero_grad markers instead."""
-    if not keep_markers:
-        for n in list(gm.graph.nodes):
-            if n.op == "call_function" and n.target is zero_grad_marker:
-                gm.graph.erase_node(n)
-        gm.recompile()
-        return []
-    replaced, live = gm.meta.get("replaced", {}), set(gm.graph.nodes)
-    out = []
-    for entry in bindings:
-        node = entry[-1]
-        while node in replaced:
-            node = replaced[node]
-        if node in live:
-            out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
-    return out

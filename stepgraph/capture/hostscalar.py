@@ -255,11 +255,7 @@ def substitute(nodes, floats, call_args) -> set:
     return used
 
 
-# ---- live optimizer hyper-parameters ---------------------------------------------------
-# On the replay backend a float hyper-parameter (lr, betas) is read from its param_groups dict
-# at replay time instead of being baked, from the first capture: a schedule never recaptures,
-# and the arithmetic stays the eager Python-float arithmetic.
-LIVE_HYPERS = ("lr", "betas", "momentum", "dampening", "weight_decay", "eps", "alpha", "rho", "lr_decay")
+# ---- live optimizer hyper-parameters (which ones: optimizers.LIVE_HYPERS) -------------------
 
 
 class HyperLog(set):

@@ -3,7 +3,7 @@ read live (not keyed by value), the comparisons they branched on (guarded as pre
 re-keying a capture once the trace has shown what it used. A mixin of ``guards.Guards``."""
 from __future__ import annotations
 
-from .hostscalar import LIVE_HYPERS
+from ..optimizers import LIVE_HYPERS
 from .sigkey import Signature, SignatureKey
 
 

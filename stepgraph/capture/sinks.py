@@ -188,7 +188,7 @@ _T = torch.Tensor
 _ELEMENTWISE = {_T.__add__, _T.__radd__, _T.__iadd__, _T.__sub__, _T.__rsub__, _T.__isub__, _T.__mul__,
                 _T.__rmul__, _T.__imul__, _T.__truediv__, _T.__rtruediv__, _T.__itruediv__, _T.add, _T.add_,
                 _T.sub, _T.sub_, _T.mul, _T.mul_, _T.div, _T.div_, torch.add, torch.sub, torch.mul, torch.div,
-                _T.fill_}   # (a device-held lr filled from the step's number: effects.absorb_floats)
+                _T.fill_}   # (a device-held lr filled from the step's number: optimizers.absorb_floats)
 
 
 class TrackMode(TorchFunctionMode):

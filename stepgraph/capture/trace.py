@@ -23,13 +23,14 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
+from ..optimizers import absorb_floats
 from . import argchanges, argtree
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
 from .hostreads import ReadLog, math_patches, tolist
 from .randomreads import random_guards
 from .dynslice import check_unwritten
-from .effects import (Problem, _is_traced, absorb_floats, _host_read_patches, _opaque_outputs, _register_dataclasses,
+from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, _register_dataclasses,
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints

@@ -27,6 +27,7 @@ import math
 import operator
 import sys
 
+from ..optimizers import NUMBER_PROXIES
 from .hostscalar import HostFloat, HyperFloat
 from .numchecks import Op, _kind
 
@@ -190,6 +191,7 @@ class TrackedFloat(Tracked):
 
 
 _PROXIES = (TrackedInt, TrackedFloat)
+NUMBER_PROXIES.update(_PROXIES)   # (optimizers.absorb_floats takes them as numbers)
 
 
 def _operand(self, other):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from ..markers import zero_grad_marker
+
 aten = torch.ops.aten
 _PROFILER = {torch.ops.profiler._record_function_enter_new.default,
              torch.ops.profiler._record_function_exit._RecordFunction}
@@ -84,3 +86,23 @@ def dce(g: fx.Graph) -> None:
     for n in reversed(list(g.nodes)):
         if not n.users and not _impure(n):
             g.erase_node(n)
+
+
+def resolve_bindings(gm, bindings, keep_markers: bool) -> list:
+    """Map recorded grad-binding nodes through the cleanup pass's replacements; for backends
+    that cannot raise mid-graph (CUDA graphs, Inductor) drop the zero_grad markers instead."""
+    if not keep_markers:
+        for n in list(gm.graph.nodes):
+            if n.op == "call_function" and n.target is zero_grad_marker:
+                gm.graph.erase_node(n)
+        gm.recompile()
+        return []
+    replaced, live = gm.meta.get("replaced", {}), set(gm.graph.nodes)
+    out = []
+    for entry in bindings:
+        node = entry[-1]
+        while node in replaced:
+            node = replaced[node]
+        if node in live:
+            out.append((*entry[:-1], node) if entry[0] == "bind" else ("zero", None, node))
+    return out

@@ -89,22 +89,21 @@ def max_diff(a, oa, b, ob) -> float:
 
 
 def optimizer_form(opt) -> tuple:
-    """(capturable, lr a tensor): what make_capturable changes."""
+    """(capturable, lr a tensor): what optimizers.make_capturable changes."""
     g = opt.param_groups[0]
     return bool(g.get("capturable")), isinstance(g["lr"], torch.Tensor)
 
 
 def match_optimizer_form(sg_opt, eager_opt) -> bool:
     """Give the eager twin the optimizer form stepgraph switched its own to (on CUDA: capturable,
-    a device lr; backends/cudagraph.make_capturable), so the two run the same kernels and can be
+    a device lr; optimizers.make_capturable), so the two run the same kernels and can be
     compared bitwise. Call after each stepgraph call, before the twin's: stepgraph switches at
     its capture, and not at all when it refuses the step (that call runs the user's form).
     Returns whether it switched the twin."""
     if optimizer_form(sg_opt) == optimizer_form(eager_opt):
         return False
-    from stepgraph.backends.cudagraph import make_capturable
-    from stepgraph.capture.state import StateRegistry
-    make_capturable(StateRegistry.of_optimizers([("opt", eager_opt)]))
+    from stepgraph.optimizers import same_form
+    same_form(eager_opt)
     assert optimizer_form(sg_opt) == optimizer_form(eager_opt), (optimizer_form(sg_opt), optimizer_form(eager_opt))
     return True
 
