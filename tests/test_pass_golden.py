@@ -430,3 +430,73 @@ def test_storages_to_temporaries_turns_a_resized_storage_into_an_empty_temporary
     """)
     assert (rep.storages, rep.temporaries, rep.resizes_removed, rep.left) == (1, 1, 2, {})
     assert torch.equal(gm(torch.ones(3, 4))[0], want) and gm.buf.untyped_storage().nbytes() == 0
+
+
+# ---- cleanup.py: resolve_bindings -------------------------------------------------------------
+def test_resolve_bindings_follows_cleanup_replacements_or_drops_the_markers():
+    """The replay backend binds fresh grads at the recorded nodes, mapped through what cleanup
+    replaced; CUDA graphs and Inductor cannot stop mid-graph, so the zero_grad markers go."""
+    from stepgraph.markers import zero_grad_marker
+    from stepgraph.passes.cleanup import resolve_bindings
+
+    def f(x):
+        y = x.detach()
+        return y * 2
+    gm = make_fx(f)(torch.ones(2))
+    marker = gm.graph.call_function(zero_grad_marker, (), {})
+    next(n for n in gm.graph.nodes if n.op == "output").prepend(marker)
+    gm.recompile()
+    detach = next(n for n in gm.graph.nodes if n.target is aten.detach.default)
+    cleanup(gm)   # detach -> x_1 (gm.meta["replaced"])
+    bindings = [("bind", "p.grad", detach), ("zero", None, marker)]
+    got = resolve_bindings(gm, bindings, keep_markers=True)
+    assert [(k, s, n.name) for k, s, n in got] == [("bind", "p.grad", "x_1"), ("zero", None, marker.name)]
+    assert resolve_bindings(gm, bindings, keep_markers=False) == []
+    check(gm, """
+        def forward(self, x_1):
+            mul = torch.ops.aten.mul.Tensor(x_1, 2)
+            return mul
+    """)
+
+
+# ---- host_prologue.py / moved_arguments.py ----------------------------------------------------
+# (the "meta" device stands for the GPU: these passes ask only whether a tensor is on the CPU)
+def test_split_prologue_moves_host_ops_and_their_copy_out_of_the_graph():
+    """A CUDA step's CPU work on its CPU inputs (a DDPM's timesteps) runs before the graph at
+    each call; the graph reads its result as a new input."""
+    from stepgraph.passes.host_prologue import split_prologue
+
+    def f(t, h):
+        ts = (t + 1).to("meta")
+        return h * ts
+    gm = make_fx(f)(torch.arange(3), torch.ones(3, device="meta"))
+    for n in gm.graph.nodes:
+        if n.target in (aten.add.Tensor, aten._to_copy.default):
+            n.meta["stepgraph_host"] = True   # (capture/modes.py marks them while tracing)
+    example = []
+    pro = split_prologue(gm, example)
+    assert pro.reads == (0,) and pro.n_outputs == 1 and not pro.draws
+    check(pro.module, """
+        def forward(self, t_1):
+            add = torch.ops.aten.add.Tensor(t_1, 1)
+            _to_copy = torch.ops.aten._to_copy.default(add, dtype = torch.int64, layout = torch.strided, device = device(type='meta'))
+            return (_to_copy,)
+    """)
+    check(gm, """
+        def forward(self, t_1, h_1, host_0):
+            mul = torch.ops.aten.mul.Tensor(h_1, host_0)
+            return mul
+    """)
+    assert len(example) == 1 and example[0].device.type == "meta" and example[0].shape == (3,)
+    assert pro([torch.arange(3), None])[0].device.type == "meta"
+
+
+def test_moved_arguments_finds_a_cpu_argument_only_copied_to_the_device():
+    from stepgraph.errors import NeedsReplay
+    from stepgraph.passes.moved_arguments import MovedArgument, moved_arguments
+    x, w = torch.ones(3), torch.ones(3, device="meta")
+    gm = make_fx(lambda x, w: w * x.to("meta"))(x, w)
+    assert moved_arguments(gm, 2, [x, w]) == [MovedArgument(0, torch.device("meta"))]
+    gm = make_fx(lambda x, w: (w * x.to("meta"), x.sum()))(x, w)   # also used on the CPU
+    with pytest.raises(NeedsReplay, match="also used otherwise"):
+        moved_arguments(gm, 2, [x, w])
