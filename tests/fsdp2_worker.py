@@ -133,7 +133,38 @@ def scenario_fsdp2(out):
     out["accumulate_in_step"] = run_case(True, make_step=accumulating_step)
     out["gpt"] = run_case(True, make_step=gpt_step, model=gpt)
     out["zero_grad_first"] = run_case(True, make_step=zero_grad_first)
+    # The whole step fused by Inductor, collectives included (compiled in the capturing call: a
+    # step with collectives is never compiled in the background, where ranks would switch apart).
+    out["inductor"] = run_case(True, backend="inductor")
+    if DEVICE == "cpu":   # (the first-call check runs on the CPU)
+        out["inductor_rank1_diverges"] = _one_rank_fuses_wrongly()
     out["zero_grad_first_eager"] = run_case(True, make_step=zero_grad_first, on_capture_error="eager")
+
+
+def _one_rank_fuses_wrongly() -> dict:
+    """Rank 1's fused code returns NaN (a fusion bug): its first-call check fails, and every rank
+    keeps the unfused graph (verify._all_ranks_passed), so the ranks stay replicas of eager."""
+    from stepgraph.backends import inductor
+    orig = inductor._compile
+
+    def compile_(lifted, inputs, cuda):
+        compiled = orig(lifted, inputs, cuda)
+
+        def bad(*a):
+            out = list(compiled(*a))
+            out[0] = torch.full_like(out[0], float("nan"))
+            return out
+        return bad if RANK == 1 else compiled
+    inductor._compile = compile_
+    try:
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = run_case(True, backend="inductor")
+    finally:
+        inductor._compile = orig
+    res["warnings"] = [str(w.message) for w in caught if "did not match" in str(w.message)]
+    return res
 
 
 def main():

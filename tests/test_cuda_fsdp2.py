@@ -62,3 +62,37 @@ def test_fsdp2_gpt_on_one_gpu_is_one_cuda_graph_and_reports_time_and_memory(nccl
           f"(max diff {max(diffs):.1e})")
     assert mem_sg <= 1.2 * mem_eager, (mem_sg, mem_eager)
     assert t_sg <= 0.6 * t_eager, (t_sg, t_eager)
+
+
+def test_fsdp2_gpt_fused_by_inductor_on_one_gpu(nccl_world_of_one):
+    """backend='inductor': the whole FSDP2 step (all-gathers, reduce-scatters, clipping, AdamW)
+    fused and recorded as one CUDA graph, compiled in the capturing call (a step with collectives
+    is never compiled in the background). Fused kernels round differently from eager's: close,
+    not bitwise (the printed numbers); the time target is the issue's <= 0.6x eager FSDP2."""
+    from stepgraph.optimizers import same_form
+    a, oa, b, ob = twins(CASES["raf=True"], "cuda", **SIZE)
+    sg, eager = stepgraph.compile(gpt_step(a, oa), backend="inductor"), gpt_step(b, ob)
+    g = torch.Generator().manual_seed(0)
+
+    def batch():
+        ids = torch.randint(0, 512, (8, 128), generator=g)
+        return ids.cuda(), torch.roll(ids, -1, 1).cuda()
+    diffs, loss_rel = [], []
+    for i in range(7):
+        x, y = batch()
+        if i == 1:
+            same_form(ob)
+        la, lb = sg(x, y), eager(x, y)
+        loss_rel.append(abs(la.item() - lb.item()) / abs(lb.item()))
+        diffs.append(max_diff(a, oa, b, ob))
+    assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.explain()
+    assert sg.captures[0].backend == "inductor" and "resize_storage_bytes_" not in sg.graph.code
+    assert "compile failed" not in sg.explain() and sg.stats.compile_seconds > 0, sg.explain()  # fused
+    batches = [batch() for _ in range(20)]
+    seconds_per_step(sg, batches[:3]), seconds_per_step(eager, batches[:3])
+    t_sg, t_eager = seconds_per_step(sg, batches), seconds_per_step(eager, batches)
+    print(f"\nFSDP2 GPT-6L d=384 raf=True, one GPU, backend='inductor': stepgraph {t_sg * 1e3:.2f} ms/step, "
+          f"eager {t_eager * 1e3:.2f} ms ({t_sg / t_eager:.2f}x); compile {sg.stats.compile_seconds:.1f}s; "
+          f"loss rel diff {max(loss_rel):.1e}, state max diff {max(diffs):.1e}")
+    assert max(loss_rel) <= 1e-3 and max(diffs) <= 1e-2, (loss_rel, diffs)
+    assert t_sg <= 0.6 * t_eager, (t_sg, t_eager)

@@ -297,6 +297,8 @@ class FusedWhenReady(Runner):
         if self._on_fused is not None:
             self._on_fused(0.0, p)
         what = (f"its first call failed ({p.error})" if p.error else
+                "another rank's check failed, and every rank keeps its unfused graph (one verdict keeps "
+                "the replicas equal)" if p.other_rank else
                 f"{p.diverged} holds NaN or inf where the unfused graph's does not" if p.finite_only else
                 f"{p.diverged} differs from the unfused graph's by {p.max_rel:.1e} relative after one step "
                 f"(tolerance {p.tolerance:.0e} for {p.dtype})")

@@ -57,6 +57,7 @@ class ParityResult:
     skipped: str | None = None     # why it was not checked
     error: str | None = None       # the fused call raised
     finite_only: str | None = None  # why only non-finite values were compared (random draws)
+    other_rank: bool = False       # this rank passed, another's check failed (DDP, FSDP2): kept too
 
     def describe(self) -> str:
         if self.skipped:
@@ -70,6 +71,8 @@ class ParityResult:
                     f"{self.tolerance:.0e} ({self.dtype}), check took {self.seconds:.2f}s")
         if self.error:
             return head + f"; the fused call failed ({self.error}): kept the unfused graph"
+        if self.other_rank:
+            return head + "; another rank's check failed: every rank kept the unfused graph"
         if self.diverged:
             return head + f"; DIVERGED first at {self.diverged}: kept the unfused graph"
         return head
@@ -86,6 +89,7 @@ class FusedCheck:
     out_names: list[str] = field(default_factory=list)
     rng_devices: list = field(default_factory=list)  # generators to rewind (fallback_random steps)
     finite_only: str | None = None       # random draws: compare only where values are non-finite
+    collectives: bool = False            # the step communicates: every rank takes the same verdict
 
     @classmethod
     def plan(cls, gm: fx.GraphModule, example_inputs, random_ops: int, name_of=None,
@@ -103,8 +107,9 @@ class FusedCheck:
                 else f"output #{i} (rebound state)" for i in range(_n_outputs(gm))]
         devices = {t.device for t in list(example_inputs) + state if isinstance(t, torch.Tensor)}
         rng = [torch.device("cpu")] + sorted((d for d in devices if d.type == "cuda"), key=str) if random_ops else []
+        collectives = any(n.op == "call_function" and "c10d" in str(n.target) for n in gm.graph.nodes)
         return cls(list(writes.placeholders), state, names, TOLERANCE[low], str(low).removeprefix("torch."),
-                   outs, rng, finite)
+                   outs, rng, finite, collectives)
 
     def run(self, inputs, unfused, fused) -> tuple[list, ParityResult]:
         """This call's outputs (fused, or unfused if they differ) and what the check found."""
@@ -139,6 +144,9 @@ class FusedCheck:
                     res.diverged = name
             if len(out_f) != len(expected_out):
                 res.diverged = res.diverged or "the number of outputs"
+        passed = not (res.error or res.diverged)
+        if self.collectives and not _all_ranks_passed(passed, live) and passed:
+            res.diverged, res.other_rank = "another rank's fused step", True
         if res.error or res.diverged:
             _restore(live, expected)
             _set_rng_state(rng_after)
@@ -147,6 +155,20 @@ class FusedCheck:
             out = out_f
         res.seconds = time.perf_counter() - t0
         return out, res
+
+
+def _all_ranks_passed(passed: bool, live) -> bool:
+    """Whether every rank's fused step passed its check (a DDP or FSDP2 step; each rank checks at
+    the same call, and every rank calls this). Ranks that ran different graphs would still pair
+    their collectives (both graphs issue the same ones, in order), but their updates would round
+    differently: one verdict for all keeps the ranks' replicas equal."""
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return passed
+    device = next((t.device for t in live if t.device.type == "cuda"), torch.device("cpu"))
+    flag = torch.full((), float(passed), device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
 
 
 def random_draws(gm: fx.GraphModule) -> int:

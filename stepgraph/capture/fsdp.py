@@ -101,8 +101,6 @@ def refusal(reg, device: str, backend: str) -> CaptureError | None:
             # (tests/test_cuda_fsdp2.py, 2026-11-23).
             return _refuse(name, "CUDA with STEPGRAPH_FSDP2_CUDA=0", "unset STEPGRAPH_FSDP2_CUDA, or keep "
                            "this step eager (on_capture_error='eager')")
-        if backend == "inductor":
-            return _refuse(name, "backend='inductor'", "use backend='replay'")
         for g in _state_groups(st):
             what = None
             if type(g.mesh_info) is not FSDPMeshInfo:
