@@ -101,13 +101,13 @@ class Losses(L.Callback):
         self.losses.append(outputs["loss"].detach().clone())
 
 
-def fit(model, root, *, stepgraph: bool, epochs: int, ckpt_path=None, **trainer_kw):
+def fit(model, root, *, stepgraph: bool, epochs: int, ckpt_path=None, accelerator="cpu", **trainer_kw):
     losses, logger = Losses(), MemoryLogger()
     cb = StepGraphCallback() if stepgraph else None
     trainer = L.Trainer(max_epochs=epochs, callbacks=[losses] + ([cb] if cb else []), logger=logger,
                         log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=root,
-                        accelerator="cpu", devices=1, **trainer_kw)
+                        accelerator=accelerator, devices=1, **trainer_kw)
     train, val = loaders()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
