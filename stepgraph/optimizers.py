@@ -61,6 +61,7 @@ def make_capturable(reg) -> list[str]:
             dev = params[0].device
             fused = bool(group.get("fused"))
             if "capturable" in group and not group["capturable"] and not fused:
+                _remember(opt, gi, "capturable", group["capturable"])
                 group["capturable"] = True
                 changed.append(f"{oname}.param_groups[{gi}]['capturable'] = True")
             # Only these read a tensor lr on the device in every form; others would .item() it.
@@ -68,6 +69,7 @@ def make_capturable(reg) -> list[str]:
             # step arithmetic takes the lr as a float)
             tensor_lr_ok = fused or type(opt) in (torch.optim.Adam, torch.optim.AdamW)
             if tensor_lr_ok and isinstance(group.get("lr"), float):
+                _remember(opt, gi, "lr", None)
                 # float64 for the foreach form, whose division by it is then written as PyTorch's
                 # division by a float (_divide_as_by_a_float): bitwise with a float lr
                 group["lr"] = torch.tensor(group["lr"], device=dev, dtype=torch.float32 if fused else torch.float64)
@@ -89,6 +91,45 @@ def make_capturable(reg) -> list[str]:
                     if isinstance(s, torch.Tensor) and s.dim() == 0 and s.device != p.device:
                         st[k] = s.to(device=p.device, dtype=torch.float32 if k == "step" else s.dtype)
     return changed
+
+
+def _remember(opt, gi: int, key: str, value) -> None:
+    """The user's own value of a param-group entry stepgraph changes (``None`` for the lr and
+    betas: saved as the floats their tensors hold), for ``state_dict``."""
+    forms = opt.__dict__.setdefault("_stepgraph_user_form", {})
+    forms.setdefault(gi, {}).setdefault(key, value)
+    if not opt.__dict__.get("_stepgraph_saves_user_form"):
+        opt._stepgraph_saves_user_form = True
+        opt.register_state_dict_post_hook(saved_as_the_user_made_it)
+
+
+def saved_as_the_user_made_it(opt, state_dict: dict) -> dict:
+    """``opt.state_dict()`` (a checkpoint) as the user's own optimizer form saves it, not the
+    graph-safe form stepgraph switched to: the lr and betas as floats, ``capturable`` and
+    ``foreach`` as the user set them, and step counters where that form keeps them (the CPU).
+    Without this a checkpoint written under stepgraph held CUDA tensors and ``capturable=True``:
+    loaded (to the CPU, as Lightning loads) into the optimizer again, the lr was a CPU tensor a
+    CUDA graph cannot read (Lightning's resumed fit fell back to the replay backend, H100), and a
+    plain run resumed from it took the capturable path. Loaded back under stepgraph, the next
+    call switches again (a recapture). The live optimizer is not changed."""
+    def number(v):
+        return float(v) if isinstance(v, torch.Tensor) else v
+    forms = opt.__dict__.get("_stepgraph_user_form", {})
+    for gi, saved in enumerate(state_dict["param_groups"]):
+        for key, value in forms.get(gi, {}).items():
+            if key in ("lr", "betas"):
+                v = saved.get(key)
+                saved[key] = tuple(number(x) for x in v) if isinstance(v, tuple) else number(v)
+            else:
+                saved[key] = value
+        if forms.get(gi, {}).get("capturable") is False:
+            for idx in saved["params"]:
+                st = state_dict["state"].get(idx)
+                if st:   # (a copy: the packed state holds the optimizer's own dicts)
+                    state_dict["state"][idx] = {k: s.detach().to("cpu", torch.float32 if k == "step" else s.dtype)
+                                                if isinstance(s, torch.Tensor) and s.dim() == 0 and s.device.type != "cpu"
+                                                else s for k, s in st.items()}
+    return state_dict
 
 
 _FOREACH_DIV_ = torch._foreach_div_
@@ -133,6 +174,8 @@ def make_hyper_tensor(reg, oi: int, gi: int, key: str) -> str | None:
     if dev is None or key != "betas" or any(k == key and g is group for g, k, _ in reg.device_hypers):
         return None  # (already held: this change is something else, beta2)
     v = group[key]
+    _remember(opt, gi, key, None)
+    _remember(opt, gi, "foreach", group.get("foreach"))
     group[key] = (torch.tensor(float(v[0]), device=dev), *v[1:])
     group["foreach"] = False
     reg.device_hypers.append((group, key, group[key]))

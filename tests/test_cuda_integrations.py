@@ -61,7 +61,10 @@ def test_hf_trainer_gpt2_bf16_accumulation_eval_checkpoint_resume_on_cuda(tmp_pa
             for k in ("loss", "grad_norm", "eval_loss"):
                 if k in r1_:
                     worst[k] = max(worst.get(k, 0.0), abs(r1_[k] - r2_[k]) / max(abs(r2_[k]), 1e-12))
-            assert r1_.get("learning_rate") == r2_.get("learning_rate")
+            # (the Trainer's default fused AdamW holds its lr as a float32 device tensor under
+            # stepgraph: the scheduler reports it float32-rounded; README, "differences")
+            lr1, lr2 = r1_.get("learning_rate"), r2_.get("learning_rate")
+            assert (lr1 is None) == (lr2 is None) and (lr1 is None or abs(lr1 - lr2) <= 1e-7 * abs(lr2)), (lr1, lr2)
     worst["parameters"] = _state_rel(m1.parameters(), m2.parameters())
     worst["resumed parameters"] = _state_rel(r1.parameters(), r2.parameters())
     print(f"\nHF Trainer GPT-2 on CUDA, stepgraph vs without: largest relative differences {worst}")
