@@ -94,12 +94,16 @@ def test_lightning_bf16_accumulation_clipping_scheduler_eval_checkpoint_resume_o
                         m2=m2, t2=t2, cb2=cb2)
     sg, ref = runs[True], runs[False]
     assert sg["notes"] == [], sg["notes"]
-    assert next(sg["m"].parameters()).is_cuda
+    # (Lightning moves the module back to the CPU when fit ends: its graphs say where it ran)
+    assert [c.backend for c in sg["cb"].step_function.captures] == ["cudagraph"] * sg["cb"].stats.captures
     assert len(sg["losses"]) == 2 * pl.BATCHES and sg["t2"].global_step == ref["t2"].global_step == pl.BATCHES
     worst = {"loss per batch": max(_rel(a, b) for a, b in zip(sg["losses"], ref["losses"]))}
     assert [(s, sorted(r)) for s, r in sg["rows"]] == [(s, sorted(r)) for s, r in ref["rows"]]
     for (_, a), (_, b) in zip(sg["rows"], ref["rows"]):
-        assert a.get("lr") == b.get("lr")
+        # (the lr the module logs is stepgraph's float64 device tensor: logged exactly, where the
+        # run without stepgraph logs the float as float32; README, "differences")
+        assert (a.get("lr") is None) == (b.get("lr") is None)
+        assert a.get("lr") is None or abs(a["lr"] - b["lr"]) <= 1e-7 * abs(b["lr"]), (a, b)
         for k in a:
             if k != "lr":
                 worst[k] = max(worst.get(k, 0.0), _rel(a[k], b[k]))
