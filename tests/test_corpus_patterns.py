@@ -156,7 +156,7 @@ def test_an_optimizer_a_model_owns_is_state_and_its_lr_is_followed(how):
         for o in (agent.optimizer, twin.optimizer):
             o.param_groups[0]["lr"] *= 0.5   # a manual decay between steps
     assert sg.stats.replays >= 4, sg.stats
-    assert any("optimizer" in n for n, _ in sg._reg.optimizers), sg._reg.optimizers
+    assert any("optimizer" in n for n, _ in sg.registry.optimizers), sg.registry.optimizers
 
 
 def _global_agent_step(x, y):
@@ -201,7 +201,7 @@ def test_per_parameter_optimizers_stepped_in_hooks_follow_a_changed_lr():
         same(m, m2)
         for o in o1 + o2:
             o.param_groups[0]["lr"] *= 0.5
-    assert sg.stats.replays == 4 and len(sg._reg.optimizers) == 4, sg.stats
+    assert sg.stats.replays == 4 and len(sg.registry.optimizers) == 4, sg.stats
 
 
 @pytest.mark.parametrize("sampler", ["numpy", "python", "np.random.Generator", "np.random.RandomState",

@@ -51,12 +51,12 @@ def _state(model, opt):
 def _run(case, sg, eager, steps=range(6), bitwise_until_switch=True):
     for i in steps:
         b = case.make_batch(i)
-        fused = sg._order[0].run.state == "fused" if sg._order else False
+        fused = sg.captures[0].run.state == "fused" if sg.captures else False
         got, want = sg(*b), eager(*b)
         if bitwise_until_switch and not fused:
             assert torch.equal(got, want), f"step {i}: the unfused graph is eager's kernels"
         if i == 2:
-            assert sg.wait_compiled() or sg._order[0].run.state != "compiling"
+            assert sg.wait_compiled() or sg.captures[0].run.state != "compiling"
 
 
 @pytest.mark.parametrize("family,bf16", [("mlp", False), ("gpt", False), ("gpt", True)])
@@ -64,7 +64,7 @@ def test_switch_is_parity_checked(family, bf16, caplog):
     caplog.set_level(logging.INFO, logger="stepgraph")
     case, twin, sg, eager, opt, opt2 = _pair(family, bf16)
     _run(case, sg, eager, bitwise_until_switch=not bf16)  # (CPU bf16 autocast: not bitwise unfused either)
-    run = sg._order[0].run
+    run = sg.captures[0].run
     assert run.state == "fused", sg.explain()
     [p] = sg.stats.fused_parity
     assert p.diverged is None and p.error is None and p.compared > 0
@@ -118,7 +118,7 @@ def test_injected_divergence_keeps_the_unfused_graph_and_names_the_tensor(monkey
     _perturb_fused(monkeypatch, fault)
     with pytest.warns(UserWarning, match=r"did not match the unfused graph: c\.model\.body\.0\.weight differs"):
         _run(case, sg, eager)
-    run = sg._order[0].run
+    run = sg.captures[0].run
     assert run.state == "diverged"
     [p] = sg.stats.fused_parity
     assert p.diverged == "c.model.body.0.weight" and p.max_rel > p.tolerance
@@ -139,7 +139,7 @@ def test_a_fused_call_that_raises_keeps_the_unfused_graph(monkeypatch):
     _perturb_fused(monkeypatch, fault)
     with pytest.warns(UserWarning, match="its first call failed .*injected failure"):
         _run(case, sg, eager)
-    assert sg._order[0].run.state == "diverged"
+    assert sg.captures[0].run.state == "diverged"
     for a, b in zip(_state(case.model, opt), _state(twin.model, opt2)):
         assert torch.equal(a, b)
 
@@ -151,7 +151,7 @@ def test_check_and_progress_off(monkeypatch, capsys):
     monkeypatch.setattr(progress.log, "hasHandlers", lambda: False)  # as if logging were unconfigured
     case, twin, sg, eager, opt, opt2 = _pair("mlp")
     _run(case, sg, eager)
-    assert sg._order[0].run.state == "fused" and sg.stats.fused_parity == []
+    assert sg.captures[0].run.state == "fused" and sg.stats.fused_parity == []
     assert "stepgraph:" not in capsys.readouterr().err
 
 
@@ -175,7 +175,7 @@ def test_switching_call_does_not_load_the_artifact():
     case, twin, sg, eager, opt, opt2 = _pair("mlp")
     for i in range(3):
         sg(*case.make_batch(i))
-    run = sg._order[0].run
+    run = sg.captures[0].run
     job = run.job
     assert job.wait(600) and job._loaded is not None and job.ready_s >= job.exited_s > 0
     calls = []
@@ -234,7 +234,7 @@ def test_dropout_is_checked_with_eager_random_numbers(monkeypatch):
         assert torch.equal(after, torch.get_rng_state()), f"step {i}: one step's draws"
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     [p] = sg.stats.fused_parity
-    assert p.skipped is None and p.diverged is None and sg._order[0].run.state == "fused", p
+    assert p.skipped is None and p.diverged is None and sg.captures[0].run.state == "fused", p
     for a, b in zip(case.model.parameters(), twin.model.parameters()):
         assert rel_err(a, b) <= p.tolerance
 

@@ -99,4 +99,4 @@ def test_state_the_step_reads_from_its_globals_stays_held():
     for k in range(3):
         sg(*batch(k))
     gc.collect()
-    assert sg._reg.weak_ids == set() and len(sg.graphs) == 1
+    assert sg.registry.weak_ids == set() and len(sg.graphs) == 1
