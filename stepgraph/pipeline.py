@@ -31,12 +31,12 @@ from .backends import Backend, CompileRequest, Runner
 from .backends.cudagraph import capture_stream
 from .backends.refusals import refuse_collectives_with_reads, refuse_uncapturable
 from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
-from .capture import collectives, distributed, fetches, fsdp
+from .capture import collectives, datacalls, distributed, fetches, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
 from .capture.guards import Signature
 from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
-from .capture.hostrandom import generator_draws, generator_states
+from .capture.hostrandom import generator_draws, generator_states, refuse_draw_checks
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
@@ -182,7 +182,8 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     calls_at = call_sources(guards, args)
     try:
         with capture_stream(plan.device), around, distributed.tracing(reg) as ddp_records, \
-                fsdp.tracing(reg, rollback) as fsdp_record, collectives.remapped(reg):
+                fsdp.tracing(reg, rollback) as fsdp_record, collectives.remapped(reg), \
+                datacalls.tracing(step.fn, args, kwargs):
             live = guards.live
             track = guards.tracking(args, kwargs)   # numbers checked only where used
             py_before = guards.py.key(args)
@@ -241,7 +242,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     if reg.fsdp and config.get("fsdp2_temporaries"):
         storages_to_temporaries(gm)   # FSDP2's freed storages as graph temporaries: no resizes left
     traced.checks = tr.uses.checks(gm)   # after dead-code elimination: dead uses need no check
-    fetches.refuse_draw_checks(step.fetches, traced.checks, step.max_captures)   # (drawn numbers: fetches.py)
+    refuse_draw_checks(step.fetches, traced.checks, step.max_captures)   # (drawn numbers: fetches.py)
     traced.guard_plan = place_guards(gm, plan.device, reg.name_of)
     traced.bindings = resolve_bindings(gm, tr.grad_bindings, plan.backend.name == "replay")
     traced.summary = summarize(gm, reg.name_of)

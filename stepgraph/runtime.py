@@ -118,7 +118,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 kwargs = fetches.take(self._fetch, args, kwargs)
                 if not fetches.taken_all(self._fetch, kwargs):   # (an iterator ran out: eager's except)
                     self.stats.took(Branch.EAGER)
-                    return self._eager(args, kwargs)
+                    plan, self._fetch = self._fetch, fetches.kept(self._fetch)   # (a data call ran the model)
+                    return self._eager(args, kwargs, plan)
             last = self._last
             if last is not None:
                 try:

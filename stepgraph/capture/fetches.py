@@ -17,10 +17,14 @@ the trace and in check mode alike. An iterator is read through its source at eac
 one per epoch is no new graph. A draw the step makes otherwise than recorded (another function,
 other arguments) or leaves out rewinds ``random``/numpy to where eager would draw it.
 
+A draw made inside a function the step calls (``memory.sample(batch_size)``: ``random.sample``
+over a replay buffer, the batch built with ``torch.tensor``) takes that whole call first instead:
+a *data call* (datacalls.py), its result fed in as inputs.
+
 Not planned (the refusal stands): an iterator no source reaches (made inside the step); a draw
-given something other than constants (``random.sample(buffer, n)``) or giving other than a
-number or a float array (``np.random.randint(0, n, size=b)``: a replay buffer's indices, read in
-Python to pick items); a ``next()`` that draws
+in the step's own code given something other than constants (``random.sample(buffer, n)``) or
+giving other than a number or a float array (``np.random.randint(0, n, size=b)``: a replay
+buffer's indices, read in Python to pick items); a ``next()`` that draws
 from torch's generator after the step drew from it, or any but the first (taken first, its draws
 would come before the step's own); one that draws from ``random``/numpy when the step draws too.
 """
@@ -36,6 +40,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
+from . import datacalls
 from .rollback import _host_rng
 
 FETCH_KW = "_stepgraph_batches"   # the hidden keyword argument that carries the call's inputs
@@ -50,8 +55,11 @@ class Fetch:
     fn: tuple = ()          # ("random" | "numpy.random", function name)
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
+    call: object = None     # datacalls.CallSite: a data call of the step's, taken whole
 
     def describe(self) -> str:
+        if self.call is not None:
+            return self.call.describe()
         if self.source is not None:
             return f"next({self.source.describe()})"
         return f"{self.fn[0]}.{self.fn[1]}({', '.join([repr(a) for a in self.args] + [f'{k}={v!r}' for k, v in self.kwargs.items()])})"
@@ -73,6 +81,14 @@ class SeenNext:
 
 
 @dataclass(frozen=True)
+class SeenCall:
+    """A data call the trace saw a host draw in (datacalls.discover)."""
+    site: object
+    where: str
+    cpu_moved: bool   # torch's CPU generator moved in the step before the draw
+
+
+@dataclass(frozen=True)
 class SeenDraw:
     """A draw of ``random`` / ``numpy.random`` the trace saw (hostrandom.host_random_watch)."""
     module: str
@@ -81,6 +97,7 @@ class SeenDraw:
     kwargs: dict
     where: str
     value: object
+    frame: object = field(default=None, compare=False, repr=False)   # the data call it was drawn in
 
 
 def _constant(x) -> bool:
@@ -103,6 +120,11 @@ def _value_kind(v) -> bool:
     return np is not None and type(v) is np.ndarray and v.dtype.kind == "f" and v.size > 0
 
 
+def takeable(args, kwargs, value) -> bool:
+    """A draw ``plan`` takes by itself: constant arguments, a number or a float array."""
+    return _constant(args) and _constant(list(kwargs.values())) and _value_kind(value)
+
+
 def _plain(x):
     from .tracked import plain
     return tuple(_plain(v) for v in x) if isinstance(x, (tuple, list)) else plain(x)
@@ -112,15 +134,19 @@ def plan(seen: list, sources: list, args) -> list | None:
     """Fetches for what a trace saw, or None when one cannot be taken before the step."""
     nexts = [s for s in seen if isinstance(s, SeenNext)]
     draws = [s for s in seen if isinstance(s, SeenDraw)]
+    calls = [s for s in seen if isinstance(s, SeenCall)]
     # Taken first, a batch's draws move before the step's own: the same order as eager's only for
     # the first next() with no draw before it (a new DataLoader iterator's RandomSampler seed).
     if not seen or any(s.draws and (k or s.after_draws) for k, s in enumerate(nexts)) \
-            or (draws and any(s.host_draws for s in nexts)) \
-            or not all(_constant(d.args) and _constant(list(d.kwargs.values())) and _value_kind(d.value)
-                       for d in draws):   # (a seeding, ``random.seed(k)``, has no value: never taken first)
+            or ((draws or calls) and any(s.host_draws for s in nexts)) \
+            or any(s.cpu_moved or s.site.fn in datacalls.UNSAFE for s in calls) \
+            or not all(takeable(d.args, d.kwargs, d.value) for d in draws):   # (a seeding, ``random.seed(k)``, has no value: never taken first)
         return None
     out = []
     for s in seen:
+        if isinstance(s, SeenCall):
+            out.append(Fetch(s.where, call=s.site))
+            continue
         if isinstance(s, SeenDraw):
             out.append(Fetch(s.where, fn=(s.module, s.name), args=_plain(s.args),
                              kwargs={k: _plain(v) for k, v in s.kwargs.items()}))
@@ -146,14 +172,15 @@ def replan(old: list | None, replans: int, seen: list, sources: list, args) -> l
     if old is None:
         return plan(seen, sources, args)
     used = consumed()
-    if used is None or replans >= MAX_REPLANS or any(isinstance(s, SeenNext) for s in seen):
+    if used is None or replans >= MAX_REPLANS or any(isinstance(s, (SeenNext, SeenCall)) for s in seen) \
+            or any(f.call is not None for f in old):
         return None
     more = plan(seen, sources, args)
     if more is None:
         return None
     kept, k = [], 0
     for f in old:
-        if f.source is None:
+        if f.fn:
             k += 1
             if k > used:
                 continue
@@ -168,31 +195,7 @@ def input_label(k: int) -> str:
 
 def draw_labels(fetches: list | None) -> frozenset:
     """The labels of the drawn numbers: read live in tensor ops from their first capture."""
-    return frozenset(input_label(k) for k, f in enumerate(fetches or ()) if f.source is None)
-
-
-def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:
-    """A drawn number a graph holds by value (numpy math on mixup's weight, a cutmix box), or
-    more coins than ``max_captures`` graphs cover (bentrevett's coin at every decoder step):
-    each call would miss and capture again. Refused at the first capture, as torch draws read on
-    the host are (randomreads.py); a coin or two stays guarded (a graph each side)."""
-    from ..errors import CaptureError
-    from .numchecks import roots_of
-    labels = draw_labels(fetches)
-    on = [c for c in checks if any(r.label in labels for r in roots_of(c.expr))] if labels else []
-    values = [c for c in on if not c.decided]
-    if values or 2 ** len(on) > max_captures:
-        c = (values or on)[0]
-        k = int(next(r.label for r in roots_of(c.expr) if r.label in labels).split("#")[1].split(" ")[0])
-        f = fetches[k]
-        why = ("uses its value where no graph can read it live" if values else
-               f"branches on {len(on)} draws: up to {2 ** len(on)} graphs")
-        raise CaptureError(
-            f"the step draws host random numbers with {f.describe()} and {why}: each call would "
-            f"capture again", op=f"{f.fn[0]}.{f.fn[1]}()", where=c.where or f.where,
-            fix="draw them in the loop outside the step and pass the result (the decision, the value) as "
-                "arguments; or draw with torch inside the step (torch.rand / torch.randint), which the graph "
-                "replays; a coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")
+    return frozenset(input_label(k) for k, f in enumerate(fetches or ()) if f.fn)
 
 
 def _set_host_states(states) -> None:
@@ -206,6 +209,7 @@ def take(fetches: list, args, kwargs: dict) -> dict:
     an iterator ran out (``taken_all`` says so): that call runs eagerly, the step's own ``except
     StopIteration`` (minGPT's restart of its loader) handling it, the inputs taken handed back."""
     values, states = [], []
+    _TAKEN.unsafe = False
     for f in fetches:
         if f.source is not None:
             try:
@@ -214,27 +218,58 @@ def take(fetches: list, args, kwargs: dict) -> dict:
                 break
             continue
         states.append(_host_rng())   # (where eager would draw it, if the step does otherwise)
-        values.append(f.function()(*f.args, **f.kwargs))
+        if f.call is None:
+            values.append(f.function()(*f.args, **f.kwargs))
+            continue
+        bound = datacalls.bind(f.call.fn, args, kwargs)
+        value, touched = datacalls.run(f.call, bound)
+        values.append(value)
+        if touched and not _TAKEN.unsafe:
+            _TAKEN.unsafe = (f, touched)
     _TAKEN.last = states   # (the call's: the trace hands back copies of ``values``, no identity)
+    if _TAKEN.unsafe:   # (not data: this call runs eagerly with it, and the step is refused from now on)
+        f, touched = _TAKEN.unsafe
+        datacalls.UNSAFE.add(f.call.fn)
+        msg = (f"stepgraph: {f.describe()} ({f.where}) draws on the host and runs the model ({touched} "
+               "on a parameter or a tensor that needs grad), so it cannot be taken before the step: "
+               "this call ran with it taken first, and the step is refused from now on")
+        warnings.warn(msg, stacklevel=3)
+        logging.getLogger("stepgraph").warning(msg)
     return {**kwargs, FETCH_KW: values}
 
 
 def taken_all(fetches: list, kwargs: dict) -> bool:
-    return len(kwargs.get(FETCH_KW, ())) == len(fetches)
+    return len(kwargs.get(FETCH_KW, ())) == len(fetches) and not unsafe_take()
+
+
+def kept(fetches: list | None) -> list | None:
+    """The plan after a take: dropped when a data call ran the model (the step is refused from
+    the next call on, datacalls.UNSAFE)."""
+    return None if unsafe_take() else fetches
+
+
+def unsafe_take() -> bool:
+    """The last take's data call returned tensors computed with autograd (datacalls.UNSAFE)."""
+    return bool(getattr(_TAKEN, "unsafe", False))
+
 
 
 @contextlib.contextmanager
-def handing_back(fetches: list, values: list, args, name: str):
-    """While the step runs: its ``next()`` on a planned iterator and its planned draws return
-    what was taken for them."""
+def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
+    """While the step runs: its ``next()`` on a planned iterator, its planned draws and its data
+    calls return what was taken for them."""
     last = getattr(_TAKEN, "last", None)
     n_draws = sum(1 for f in fetches[:len(values)] if f.source is None)
     states = iter(last if last is not None and len(last) == n_draws else ())
     queues: dict = {}
     draws: deque = deque()
+    calls: list = []
     for f, v in zip(fetches, values):
         if f.source is not None:
             queues.setdefault(id(f.source.read_or(args)), (f, deque()))[1].append(v)
+        elif f.call is not None:
+            bound = datacalls.bind(f.call.fn, args, kwargs or {})
+            calls.append((f.call, bound, f.call.values(bound), v, next(states, None)))
         else:
             draws.append((f, v, next(states, None)))
     saved = [(builtins, "next", builtins.next)]
@@ -273,12 +308,18 @@ def handing_back(fetches: list, values: list, args, name: str):
                 saved.append((mod, attr, orig))
                 setattr(mod, attr, seeding(orig) if attr in SEEDING else drawing((label, attr), orig))
     n = len(draws)
+
+    def called_otherwise(state):   # (a data call made otherwise than taken: from where eager draws)
+        if state is not None:
+            _set_host_states(state)
+        draws.clear()
     try:
-        yield
+        with datacalls.handed_back(calls, called_otherwise):
+            yield
     finally:
         for mod, attr, orig in reversed(saved):
             setattr(mod, attr, orig)
-        _TAKEN.consumed = n - len(draws)   # (how many this path made: a replay of it makes as many)
+        _TAKEN.consumed = len(calls) + n - len(draws)   # (how many this path made: a replay makes as many)
         rewind()   # (draws the step did not make this call: not made)
     left = [(f, len(q)) for f, q in queues.values() if q]
     if left:
@@ -308,7 +349,7 @@ def call(fn, fetches: list | None, args, kwargs: dict, name: str = "step"):
         return fn(*args, **kwargs)
     kw = dict(kwargs)
     values = kw.pop(FETCH_KW)
-    with handing_back(fetches or [], values, args, name):
+    with handing_back(fetches or [], values, args, name, kw):
         return fn(*args, **kw)
 
 

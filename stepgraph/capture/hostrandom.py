@@ -184,6 +184,24 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # stepgrap
 SEEDING = ("seed", "setstate", "set_state")
 
 
+def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
+    """Record a draw for fetches.plan: a draw it can take by itself (constant arguments, a number
+    or a float array), or else the data call of the step's it is made in (datacalls.py: that
+    whole call is taken, the draws it made before recorded with it)."""
+    from . import datacalls
+    from .fetches import SeenCall, SeenDraw, takeable
+    frame = datacalls.call_frame()
+    if frame is not None and datacalls.recorded(frame):
+        return
+    if frame is not None and not takeable(a, k, out):
+        site = datacalls.site_of(frame)
+        if site is not None:
+            seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
+            seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu))
+            return
+    seen.append(SeenDraw(label, name, a, k, where, out, frame))
+
+
 def _seeding(seen: list, label: str, name: str, orig):
     def seeding(*a, **k):
         from .fetches import SeenDraw
@@ -199,6 +217,7 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
     each ``next()`` in user code that returns tensors ``named`` does not know, adds a problem
     (once per call site). Draws made from inside another draw are not counted twice."""
     saved, inside = [], [False]
+    start_cpu = _draw_states()[0] if seen is not None else None
     orig_next, watched = _next_watch(problems, named, seen)
     saved.append((builtins, "next", orig_next))
     builtins.next = watched
@@ -226,8 +245,7 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                     "the same branch)", where, fix, lib, plain=True), where)
                 out = orig(*a, **k)
                 if seen is not None:   # (fetches.py: drawn before the step from the next call on)
-                    from .fetches import SeenDraw
-                    seen.append(SeenDraw(label, name, a, k, where, out))
+                    _seen_draw(seen, label, name, a, k, where, out, start_cpu)
                 return out
             finally:
                 inside[0] = False
@@ -250,3 +268,28 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
     finally:
         for mod, name, orig in reversed(saved):
             setattr(mod, name, orig)
+
+
+def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:
+    """A drawn number a graph holds by value (numpy math on mixup's weight, a cutmix box), or
+    more coins than ``max_captures`` graphs cover (bentrevett's coin at every decoder step):
+    each call would miss and capture again. Refused at the first capture, as torch draws read on
+    the host are (randomreads.py); a coin or two stays guarded (a graph each side)."""
+    from ..errors import CaptureError
+    from .fetches import draw_labels
+    from .numchecks import roots_of
+    labels = draw_labels(fetches)
+    on = [c for c in checks if any(r.label in labels for r in roots_of(c.expr))] if labels else []
+    values = [c for c in on if not c.decided]
+    if values or 2 ** len(on) > max_captures:
+        c = (values or on)[0]
+        k = int(next(r.label for r in roots_of(c.expr) if r.label in labels).split("#")[1].split(" ")[0])
+        f = fetches[k]
+        why = ("uses its value where no graph can read it live" if values else
+               f"branches on {len(on)} draws: up to {2 ** len(on)} graphs")
+        raise CaptureError(
+            f"the step draws host random numbers with {f.describe()} and {why}: each call would "
+            f"capture again", op=f"{f.fn[0]}.{f.fn[1]}()", where=c.where or f.where,
+            fix="draw them in the loop outside the step and pass the result (the decision, the value) as "
+                "arguments; or draw with torch inside the step (torch.rand / torch.randint), which the graph "
+                "replays; a coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")
