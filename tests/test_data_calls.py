@@ -91,13 +91,14 @@ def test_a_replay_buffer_sampled_inside_the_step_is_taken_before_it():
     assert "memory.sample(batch_size)" in sg.explain()
 
 
-IMAGES = np.random.default_rng(0).standard_normal((6, 8, 3)).astype(np.float32)
+# (over 4096 bytes: an array the step reads by indexing is refused unless a data call reads it)
+IMAGES = np.random.default_rng(0).standard_normal((6, 64, 3)).astype(np.float32)
 
 
 def get_batch(i):
     """NeRF's sample_rays(i): an image drawn with np.random.choice, rays picked from it."""
     img = np.random.choice(len(IMAGES))
-    pick = np.random.choice(8, size=4, replace=False)
+    pick = np.random.choice(64, size=4, replace=False)
     x = torch.from_numpy(IMAGES[img][pick]) * (1.0 + 0.1 * i)
     return x, torch.from_numpy(IMAGES[(img + 1) % len(IMAGES)][pick])
 

@@ -185,6 +185,21 @@ def call_frame():
     return f if _user_code(f.f_code) else None
 
 
+def in_data_call() -> bool:
+    """Whether the caller runs inside a data call already recorded (NeRF's ``sample_rays(i)`` reads
+    ``images[img_i]`` after drawing ``img_i``): what it reads is taken with the call. If no plan
+    takes the call after all, the draw that made it one is refused, so nothing is kept."""
+    frames = getattr(_STATE, "frames", None)
+    if not frames:
+        return False
+    f = sys._getframe(1)
+    while f is not None:
+        if any(x is f for x in frames):
+            return True
+        f = f.f_back
+    return False
+
+
 def recorded(frame) -> bool:
     """This call is a data call already recorded (its later draws are its own)."""
     return any(x is frame for x in _STATE.frames)

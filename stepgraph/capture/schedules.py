@@ -40,6 +40,9 @@ def _refuse(view, how: str, write: bool = False):
     from ..errors import CaptureError, user_frame
     if view.sg_uses is None or not view.sg_uses.active or (not write and view.nbytes <= _BY_VALUE_BYTES):
         return   # (a small array is keyed by its bytes: its reads need nothing)
+    from .datacalls import in_data_call
+    if not write and in_data_call():
+        return   # (read by a data call: the whole call is made before the step from the next call on)
     label = view.sg_root.label
     if write:
         raise CaptureError(
