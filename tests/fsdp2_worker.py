@@ -144,18 +144,10 @@ def scenario_fsdp2(out):
 def _one_rank_fuses_wrongly() -> dict:
     """Rank 1's fused code returns NaN (a fusion bug): its first-call check fails, and every rank
     keeps the unfused graph (verify._all_ranks_passed), so the ranks stay replicas of eager."""
+    from fusion_bugs import nan_first_output
     from stepgraph.backends import inductor
     orig = inductor._compile
-
-    def compile_(lifted, inputs, cuda):
-        compiled = orig(lifted, inputs, cuda)
-
-        def bad(*a):
-            out = list(compiled(*a))
-            out[0] = torch.full_like(out[0], float("nan"))
-            return out
-        return bad if RANK == 1 else compiled
-    inductor._compile = compile_
+    inductor._compile = nan_first_output(orig, when=lambda: RANK == 1)
     try:
         import warnings
         with warnings.catch_warnings(record=True) as caught:

@@ -242,17 +242,8 @@ def test_dropout_is_checked_with_eager_random_numbers(monkeypatch):
 def _nan_fusion(monkeypatch, module):
     """Inductor's code made to return NaN in its first output: a fusion bug (lora_finetune's fused
     step on the CPU gave NaN from its first call)."""
-    orig = module._compile
-
-    def compile_(lifted, inputs, cuda):
-        compiled = orig(lifted, inputs, cuda)
-
-        def bad(*a):
-            out = list(compiled(*a))
-            out[0] = torch.full_like(out[0], float("nan"))
-            return out
-        return bad
-    monkeypatch.setattr(module, "_compile", compile_)
+    from fusion_bugs import nan_first_output
+    monkeypatch.setattr(module, "_compile", nan_first_output(module._compile))
 
 
 def _sliced_step(model, opt, read):
