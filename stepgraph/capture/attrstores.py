@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import inspect
+import re
 import types
 import weakref
 
@@ -55,6 +56,7 @@ def _owner_kind(o) -> bool:
     return got   # (not a custom Function's ctx: autograd's, kept by the returned loss's graph)
 
 
+_TRACER_CONSTANT = re.compile(r"_(tensor|param)_constant\d+")   # make_fx's names on its scratch module
 _BEFORE: dict = {}   # (id(owner), name) -> the tensor it held when the trace began
 
 
@@ -148,8 +150,8 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
             continue
         for name, v in list(d.items()):
             if not (isinstance(v, torch.Tensor) and id(v) in ids and is_traced(v)) or id(v) in done \
-                    or isinstance(v, nn.Parameter):
-                continue
+                    or isinstance(v, nn.Parameter) or (type(o) is nn.Module and _TRACER_CONSTANT.fullmatch(name)):
+                continue   # (the last: an earlier trace's scratch module, garbage gc has not collected yet)
             old = _BEFORE.get((id(o), name))
             read = old is not None and old is not v and id(old) in consts and old.shape == v.shape \
                 and old.dtype == v.dtype and old.device == v.device and not old.requires_grad

@@ -218,10 +218,12 @@ def site_of(frame) -> CallSite | None:
             if a.kind == "param" and not _same((caller.f_locals.get(a.name),), (bound.get(a.name),)):
                 return None
         target = site.callable(bound)
+        receiver = site.target.read(fn, bound) if site.method else None
     except Exception:  # noqa: BLE001 - not repeatable as read
         return None
-    if getattr(_function(target), "__code__", None) is not frame.f_code:
-        return None
+    if getattr(_function(target), "__code__", None) is not frame.f_code \
+            or (site.method and not isinstance(getattr(receiver, "__dict__", None), dict)):
+        return None   # (a receiver without an instance dict: its method cannot be handed back)
     _STATE.frames.append(frame)   # (held: a freed frame's id is reused)
     return site
 
