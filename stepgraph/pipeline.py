@@ -43,8 +43,8 @@ from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.libstate import library_scalars, refuse_library_changes
-from .capture.outputs import (container_slots, kept_reads, live_outputs, read_side_effects, refuse_host_python,
-                              refuse_python_side_effects, refuse_slot_stores, warn_appends)
+from .capture.outputs import (container_slots, hidden_changed, hidden_containers, kept_reads, live_outputs, read_side_effects,
+                              refuse_hidden_changes, refuse_host_python, refuse_python_side_effects, refuse_slot_stores, warn_appends)
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
@@ -82,6 +82,7 @@ class Traced:
     fsdp_record: object = None      # fsdp.FSDPTrace: what the trace did to FSDP2's Python state
     py_before: tuple = ()           # Python values the step reads, before the call
     sizes_before: list = field(default_factory=list)  # sizes of containers the step reads, before
+    hidden_before: list = field(default_factory=list)  # containers in user objects it reads (outputs.py)
     graph: torch.fx.GraphModule | None = None   # cleaned
     checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
     guard_plan: object = None                   # passes.guards.GuardPlan
@@ -119,7 +120,8 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
         traced = trace(step, plan, args, kwargs, done)
         if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
             return warmed_up(step, traced.trace.result)
-        new = traced.trace.fetches and fetches.replan(step._fetch, step._replans, traced.trace.fetches, step._guards.py.sources, args)
+        new = traced.trace.fetches and not hidden_changed(traced.hidden_before, traced.trace, args) \
+            and fetches.replan(step._fetch, step._replans, traced.trace.fetches, step._guards.py.sources, args)
         if new:   # (next(loader), host random draws in the step: fetches.py)
             step._replans, step._fetch = step._replans + (step._fetch is not None), new
             return warmed_up(step, traced.trace.result, "it takes its own inputs (next(), host random draws): "
@@ -190,7 +192,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
             frozen = guards.frozen_key(args, kwargs)
             traced = Traced(trace=None, frozen=frozen, ddp_records=ddp_records, fsdp_record=fsdp_record,
                             py_before=py_before,
-                            sizes_before=container_slots(guards.py, args),
+                            sizes_before=container_slots(guards.py, args), hidden_before=hidden_containers(guards.py, args),
                             generators=generator_states(guards.py, args),
                             library_state=library_scalars(guards.py, args, redone=calls_at),
                             training_before=[(m, m.training) for m in reg.all_modules])
@@ -219,6 +221,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     graph passes (cleanup, number checks, host-read guards, grad bindings, summary)."""
     tr, guards, reg = traced.trace, step._guards, step._reg
     raise_problems(tr.problems + generator_draws(traced.generators))
+    refuse_hidden_changes(traced.hidden_before, tr, args, step.fn)
     refuse_library_changes(traced.library_state, redone=[e.source for e in tr.call_effects],
                            replayed=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None])
     if traced.fsdp_record is not None:

@@ -283,3 +283,51 @@ def refuse_host_python(tr, numbers_left: bool = True) -> None:
             where=reads_kept[0][1] or "the step function",
             fix="use backend='cudagraph' or 'replay' (backend='auto' does so), or accumulate a tensor "
                 "(total += loss.detach()) and read it outside the step")
+
+
+def hidden_containers(py, args) -> list:
+    """Before the trace: the containers in the attributes of the user's own objects that the
+    step reads (a replay buffer's ``memory.buffer`` deque, filled by ``memory.put(t)``), which
+    no Source covers because the step's code never reads them itself: (source, attribute,
+    container, its length)."""
+    import collections
+
+    from .attrstores import _users_class
+    values = [s.read_or(args) for s in py.sources]
+    covered, seen, out = {id(v) for v in values}, set(), []
+    for s, v in zip(py.sources, values):
+        if v is None or id(v) in seen or isinstance(v, (torch.nn.Module, torch.optim.Optimizer, type)) \
+                or not _users_class(type(v)) or not isinstance(getattr(v, "__dict__", None), dict):
+            continue
+        seen.add(id(v))
+        out += [(s, name, c, len(c)) for name, c in vars(v).items()
+                if isinstance(c, (list, dict, set, collections.deque))
+                and (id(c) not in covered or type(c) not in (list, dict))]   # (a list or dict the step reads: warn_appends, pyeffects)
+    return out
+
+
+def _changed(before: list, trace, args) -> list:
+    """The containers of ``hidden_containers`` whose length the trace changed, but for those of
+    an object whose calls are redone after each replay (pycalls: a logger's ``add_scalar``)."""
+    redone = {id(e.source.read_or(args)) for e in trace.call_effects if e.source is not None}
+    return [(s, name, c, n) for s, name, c, n in before if len(c) != n and id(s.read_or(args)) not in redone]
+
+
+def refuse_hidden_changes(before: list, trace, args, fn) -> None:
+    """After the trace: such a container that grew or shrank was changed by code the step
+    called (``memory.put(t)``); a replay runs no Python code, so it would not change it again
+    (and the trace may have stored its own proxies there): refused, state as the call left it.
+    Before, the replays silently skipped the change."""
+    for s, name, c, n in _changed(before, trace, args)[:1]:
+        code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+        where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "the step function"
+        raise CaptureError(
+            f"the step changes {s.describe()}.{name} (a {type(c).__name__} of {n} -> {len(c)} items) in "
+            "code it calls: a replay runs no Python code, so it would not change it again",
+            op=f"{s.describe()}.{name}", where=where,
+            fix=f"change {s.describe()} in the loop outside the step (e.g. store the transition before "
+                "calling it), and pass what the step needs as arguments")
+
+
+def hidden_changed(before: list, trace, args) -> bool:
+    return bool(_changed(before, trace, args))

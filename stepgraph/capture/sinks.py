@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import builtins
+import collections
 import contextlib
 import dis
 import functools
@@ -339,18 +340,30 @@ def scrub(log) -> None:
     if not out:
         return
     ids = {id(p) for p in out}
-    for r in gc.get_referrers(*out):
+    _replace(gc.get_referrers(*out), ids, lambda v: v._v, out)
+    # A tuple holding one (an argument's ``(state, action)`` the step stored, ``memory.put(t)``)
+    # cannot change: the tuple is replaced, with plain numbers, where it is held.
+    tuples = [r for r in gc.get_referrers(*out) if type(r) is tuple and any(id(v) in ids for v in r)]
+    if tuples:
+        plain = {id(t): tuple(v._v if id(v) in ids else v for v in t) for t in tuples}
+        _replace(gc.get_referrers(*tuples), set(plain), lambda t: plain[id(t)], tuples)
+
+
+def _replace(holders, ids: set, plain, own) -> None:
+    """In each dict, list, deque and cell among ``holders``: the values whose id is in ``ids``
+    replaced by ``plain(value)``."""
+    for r in holders:
         if isinstance(r, dict):
             for k, v in list(r.items()):
                 if id(v) in ids:
-                    r[k] = v._v
-        elif isinstance(r, list) and r is not out:
-            for i, v in enumerate(r):
+                    r[k] = plain(v)
+        elif isinstance(r, (list, collections.deque)) and r is not own:
+            for i, v in enumerate(list(r)):
                 if id(v) in ids:
-                    r[i] = v._v
+                    r[i] = plain(v)
         elif isinstance(r, types.CellType):
             if id(r.cell_contents) in ids:
-                r.cell_contents = r.cell_contents._v
+                r.cell_contents = plain(r.cell_contents)
 
 
 # ---- sizes given one by one ---------------------------------------------------------------
