@@ -7,13 +7,15 @@ GraphSAGE samples neighbours with ``random.sample``; NeRF's ``sample_rays(i)`` d
 rays with ``np.random.choice``. A replay runs no Python, so such a step was refused (hostrandom.py)
 although the call is host work the step's graph does not depend on otherwise.
 
-When a host random draw happens inside a call the step's own code makes, the capture records
+When a host random draw the plan cannot take by itself happens in a function the step's own code
+calls (the function that draws, called by the step itself: not one it reaches through another
+function of the user's, such as DDPG's ``train()``, which samples and trains), the capture records
 the call *site* from the step's bytecode (``CallSite``): the callable (a method of an object the
 step reaches through a parameter, a global or a closure variable; or a global or closure
 function) and each argument as a load the runtime can repeat -- a constant, a global, a closure
 variable or a parameter of the step (read from the call's own arguments). Anything else (an
 expression, a keyword argument, a value the step computed) is not a site: refused as before. From
-the next call on, the runtime calls ``site.call(args, kwargs)`` before the step, in the step's
+the next call on, the runtime makes the call (``run``) before the step, in the step's
 order with its other taken inputs, and the step's call returns that result (``handed_back``: the
 method or function is patched for the step's run; other receivers and other arguments call the
 original).
@@ -24,11 +26,14 @@ What makes that eager's result, and what is checked:
 - torch's CPU generator: a call is planned only when nothing drew from it in the step before the
   call's first host draw (``cpu_moved``: not the step before it, not an earlier data call), so the
   call's own torch draws come first in eager's order too;
-- the result must not be computed from tensors that need grad (a call that runs the model is no
-  data call): checked at each take; such a plan is dropped with a warning, that call running
-  eagerly with the result handed back, and the step is refused from then on.
-Not covered (documented): a call that reads model state without grad (a target network under
-``no_grad`` inside the sampler) would read it before the step's updates, not after.
+- the call must not apply a torch function to a parameter or a tensor that needs grad, nor return
+  one (``_ModelWatch``: a call that runs the model or steps an optimizer is no data call): checked
+  at each take; such a plan is dropped with a warning, that call running with the result taken,
+  and the step is refused from then on;
+- a step that changes the receiver's containers in code it calls (``memory.put(t)`` before the
+  sample) is refused, and never planned (outputs.refuse_hidden_changes).
+Not covered: a call reading other tensor state (a module buffer, optimizer state) that the step
+updates before the call would read it before the update.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ class SeenNext:
 
 @dataclass(frozen=True)
 class SeenCall:
-    """A data call the trace saw a host draw in (datacalls.discover)."""
+    """A data call the trace saw a host draw in (hostrandom._seen_draw, datacalls.site_of)."""
     site: object
     where: str
     cpu_moved: bool   # torch's CPU generator moved in the step before the draw
