@@ -212,3 +212,35 @@ def test_a_sampler_called_from_a_training_function_the_step_calls_stays_refused(
         for p, q in zip(q1.parameters(), q2.parameters()):
             assert torch.equal(p, q), i
     assert errors == 4 and sg.stats.captures == 0, sg.stats
+
+
+class CoinBuffer(ReplayBuffer):
+    """A sampler that flips a coin in a helper (a takeable draw, made in a function the sampler
+    calls) before its own ``random.sample``: the coin is the data call's, not a draw of its own
+    (taken twice, the host stream would run ahead of eager's)."""
+
+    def _coin(self):
+        return random.random() < 0.5
+
+    def sample(self, n):
+        flip = self._coin()
+        mini_batch = random.sample(self.buffer, n)
+        s = torch.tensor([m[0] for m in mini_batch], dtype=torch.float)
+        a = torch.tensor([[m[1]] for m in mini_batch])
+        r = torch.tensor([[m[2]] for m in mini_batch])
+        return (s.flip(0), a.flip(0), r.flip(0)) if flip else (s, a, r)
+
+
+def test_a_draw_in_a_helper_of_the_data_call_is_taken_with_the_call():
+    (q1, o1), (q2, o2) = q_net(), q_net()
+    m1, m2 = CoinBuffer(), CoinBuffer()
+    g = random.Random(9)
+
+    def feed(i):
+        for _ in range(5):
+            t = ([g.random() for _ in range(3)], g.randrange(2), g.random())
+            m1.put(t)
+            m2.put(t)
+    sg = stepgraph.compile(train)
+    _same_run(sg, train, lambda i: (q1, m1, o1), lambda i: (q2, m2, o2), feed)
+    assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats

@@ -190,6 +190,19 @@ def call_frame():
     return f if _user_code(f.f_code) else None
 
 
+def step_callee_frame():
+    """At a host draw: the frame of the user function the step's own code called that the draw
+    runs in, at any depth below it (a helper the sampler calls), or None."""
+    step = getattr(_STATE, "step", None)
+    if step is None:
+        return None
+    code = _function(step[0]).__code__
+    f = sys._getframe(1)
+    while f is not None and f.f_back is not None and f.f_back.f_code is not code:
+        f = f.f_back
+    return None if f is None or f.f_back is None or f.f_code is code else f
+
+
 def in_data_call() -> bool:
     """Whether the caller runs inside a data call already recorded (NeRF's ``sample_rays(i)`` reads
     ``images[img_i]`` after drawing ``img_i``): what it reads is taken with the call. If no plan

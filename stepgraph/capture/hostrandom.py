@@ -190,16 +190,17 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
     whole call is taken, the draws it made before recorded with it)."""
     from . import datacalls
     from .fetches import SeenCall, SeenDraw, takeable
-    frame = datacalls.call_frame()
-    if frame is not None and datacalls.recorded(frame):
+    outer = datacalls.step_callee_frame()   # (the step's call this draw runs in, at any depth)
+    if outer is not None and datacalls.recorded(outer):
         return
+    frame = datacalls.call_frame()   # (the draw's own frame, when the step called it itself: outer)
     if frame is not None and not takeable(a, k, out):
         site = datacalls.site_of(frame)
-        if site is not None:
+        if site is not None:   # (a helper's draws inside it, recorded before, are the call's)
             seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
             seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu))
             return
-    seen.append(SeenDraw(label, name, a, k, where, out, frame))
+    seen.append(SeenDraw(label, name, a, k, where, out, outer))
 
 
 def _seeding(seen: list, label: str, name: str, orig):
