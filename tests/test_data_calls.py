@@ -55,6 +55,18 @@ def train(q, memory, optimizer):
     return loss.detach()
 
 
+def _feeding(m1, m2, seed):
+    """The environment loop: five new transitions into both buffers before each call."""
+    g = random.Random(seed)
+
+    def feed(i):
+        for _ in range(5):
+            t = ([g.random() for _ in range(3)], g.randrange(2), g.random())
+            m1.put(t)
+            m2.put(t)
+    return feed
+
+
 def _same_run(sg, eager, args_sg, args_eager, feed, calls=8):
     """Both on the same ``random``/numpy streams: each call's stream state after stepgraph must be
     eager's; returns the losses."""
@@ -76,13 +88,7 @@ def _same_run(sg, eager, args_sg, args_eager, feed, calls=8):
 def test_a_replay_buffer_sampled_inside_the_step_is_taken_before_it():
     (q1, o1), (q2, o2) = q_net(), q_net()
     m1, m2 = ReplayBuffer(), ReplayBuffer()
-    g = random.Random(5)
-
-    def feed(i):   # the environment loop pushes transitions between train() calls
-        for _ in range(5):
-            t = ([g.random() for _ in range(3)], g.randrange(2), g.random())
-            m1.put(t)
-            m2.put(t)
+    feed = _feeding(m1, m2, seed=5)
     sg = stepgraph.compile(train)
     _same_run(sg, train, lambda i: (q1, m1, o1), lambda i: (q2, m2, o2), feed)
     for p, q in zip(q1.parameters(), q2.parameters()):
@@ -187,7 +193,7 @@ def test_a_sampler_called_from_a_training_function_the_step_calls_stays_refused(
     (a first version did: WRONG by 0.17). Refused as before; every call's state is eager's."""
     (q1, o1), (q2, o2) = q_net(), q_net()
     m1, m2 = ReplayBuffer(), ReplayBuffer()
-    g = random.Random(7)
+    feed = _feeding(m1, m2, seed=7)
 
     def make(q, memory, opt):
         def step():
@@ -197,10 +203,7 @@ def test_a_sampler_called_from_a_training_function_the_step_calls_stays_refused(
     sg, eager = stepgraph.compile(make(q1, m1, o1)), make(q2, m2, o2)
     errors = 0
     for i in range(5):
-        for _ in range(5):
-            t = ([g.random() for _ in range(3)], g.randrange(2), g.random())
-            m1.put(t)
-            m2.put(t)
+        feed(i)
         state = random.getstate()
         try:
             sg()
@@ -234,13 +237,7 @@ class CoinBuffer(ReplayBuffer):
 def test_a_draw_in_a_helper_of_the_data_call_is_taken_with_the_call():
     (q1, o1), (q2, o2) = q_net(), q_net()
     m1, m2 = CoinBuffer(), CoinBuffer()
-    g = random.Random(9)
-
-    def feed(i):
-        for _ in range(5):
-            t = ([g.random() for _ in range(3)], g.randrange(2), g.random())
-            m1.put(t)
-            m2.put(t)
+    feed = _feeding(m1, m2, seed=9)
     sg = stepgraph.compile(train)
     _same_run(sg, train, lambda i: (q1, m1, o1), lambda i: (q2, m2, o2), feed)
     assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats

@@ -51,7 +51,7 @@ from torch.overrides import TorchFunctionMode
 
 _HERE = __file__.rsplit("/capture/", 1)[0]   # stepgraph's own code
 _STATE = threading.local()   # the step being traced: (fn, args, kwargs), frames recorded
-UNSAFE: "weakref.WeakSet" = weakref.WeakSet()   # steps whose data call computed from grads
+UNSAFE: "weakref.WeakSet" = weakref.WeakSet()   # steps whose data call touched the model
 
 
 @dataclass(frozen=True)
@@ -171,36 +171,27 @@ class tracing:
         _STATE.step, _STATE.frames = self.prev, []
 
 
-def call_frame():
-    """At a host draw: the frame of the user function that made the draw itself when the step's
-    own code called that function (``memory.sample(n)`` drawing ``random.sample``), or None --
-    drawn in the step's own frame, or deeper: minimalRL DDPG's step calls ``train(...)``, which
-    calls ``memory.sample``; ``train`` runs the model and steps the optimizers, so only the
-    innermost function, called by the step itself, is a data call."""
+def draw_frames():
+    """At a host draw: ``(outer, own)``. ``outer``: the frame of the user function the step's own
+    code called that the draw runs in, at any depth below it (a helper the sampler calls), or
+    None. ``own``: that same frame when it made the draw itself (``memory.sample(n)`` drawing
+    ``random.sample``), the only kind of data call, else None -- minimalRL DDPG's step calls
+    ``train(...)``, which calls ``memory.sample``; ``train`` runs the model and steps the
+    optimizers, so only the function that draws, called by the step itself, is a data call."""
     step = getattr(_STATE, "step", None)
     if step is None:
-        return None
+        return None, None
     code = _function(step[0]).__code__
     f = sys._getframe(1)
     while f is not None and f.f_code.co_filename.startswith(_HERE):
         f = f.f_back   # (stepgraph's own frames: the draw's wrapper)
-    if f is None or f.f_back is None or f.f_back.f_code is not code or f.f_code is code:
-        return None
-    from .pyvalues import _user_code
-    return f if _user_code(f.f_code) else None
-
-
-def step_callee_frame():
-    """At a host draw: the frame of the user function the step's own code called that the draw
-    runs in, at any depth below it (a helper the sampler calls), or None."""
-    step = getattr(_STATE, "step", None)
-    if step is None:
-        return None
-    code = _function(step[0]).__code__
-    f = sys._getframe(1)
+    drew = f
     while f is not None and f.f_back is not None and f.f_back.f_code is not code:
         f = f.f_back
-    return None if f is None or f.f_back is None or f.f_code is code else f
+    if f is None or f.f_back is None or f.f_code is code:
+        return None, None
+    from .pyvalues import _user_code
+    return f, (f if f is drew and _user_code(f.f_code) else None)
 
 
 def in_data_call() -> bool:

@@ -190,10 +190,9 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
     whole call is taken, the draws it made before recorded with it)."""
     from . import datacalls
     from .fetches import SeenCall, SeenDraw, takeable
-    outer = datacalls.step_callee_frame()   # (the step's call this draw runs in, at any depth)
+    outer, frame = datacalls.draw_frames()   # (the step's call this draw runs in; it, if it drew)
     if outer is not None and datacalls.recorded(outer):
         return
-    frame = datacalls.call_frame()   # (the draw's own frame, when the step called it itself: outer)
     if frame is not None and not takeable(a, k, out):
         site = datacalls.site_of(frame)
         if site is not None:   # (a helper's draws inside it, recorded before, are the call's)

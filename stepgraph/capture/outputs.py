@@ -318,7 +318,9 @@ def refuse_hidden_changes(before: list, trace, args, fn) -> None:
     called (``memory.put(t)``); a replay runs no Python code, so it would not change it again
     (and the trace may have stored its own proxies there): refused, state as the call left it.
     Before, the replays silently skipped the change."""
-    for s, name, c, n in _changed(before, trace, args)[:1]:
+    changed = _changed(before, trace, args)
+    if changed:
+        s, name, c, n = changed[0]
         code = getattr(getattr(fn, "__func__", fn), "__code__", None)
         where = f"{code.co_filename}:{code.co_firstlineno}" if code is not None else "the step function"
         raise CaptureError(

@@ -340,10 +340,12 @@ def scrub(log) -> None:
     if not out:
         return
     ids = {id(p) for p in out}
-    _replace(gc.get_referrers(*out), ids, lambda v: v._v, out)
+    holders = gc.get_referrers(*out)
+    _replace(holders, ids, lambda v: v._v, out)
     # A tuple holding one (an argument's ``(state, action)`` the step stored, ``memory.put(t)``)
     # cannot change: the tuple is replaced, with plain numbers, where it is held.
-    tuples = [r for r in gc.get_referrers(*out) if type(r) is tuple and any(id(v) in ids for v in r)]
+    tuples = [r for r in holders if type(r) is tuple and any(id(v) in ids for v in r)]
+    del holders
     if tuples:
         plain = {id(t): tuple(v._v if id(v) in ids else v for v in t) for t in tuples}
         _replace(gc.get_referrers(*tuples), set(plain), lambda t: plain[id(t)], tuples)
