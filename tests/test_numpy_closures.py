@@ -66,8 +66,16 @@ def test_a_large_array_read_by_the_step_is_refused_with_a_fix_that_works():
             opt.zero_grad()
             return loss
         return step
-    sg = stepgraph.compile(mk(m, o, lambda: torch.from_numpy(table)))
-    eager = mk(t, to, lambda: torch.from_numpy(table))
+    def direct(model, opt):   # (read in the step's own code)
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y, weight=torch.from_numpy(table)[:3])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg = stepgraph.compile(direct(m, o))
+    eager = direct(t, to)
     x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
     sg(x, y), eager(x, y)
     with pytest.raises(stepgraph.CaptureError, match="numpy array table") as e:
@@ -75,6 +83,16 @@ def test_a_large_array_read_by_the_step_is_refused_with_a_fix_that_works():
     eager(x, y)
     assert "test_numpy_closures.py" in str(e.value) and "torch.from_numpy" in e.value.fix
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), t.parameters()))
+    # read by a function the step calls (``w()``): a data call, made before the step at each
+    # call (capture/dataorder.py), so a changed table is what the step uses
+    sg = stepgraph.compile(mk(m, o, lambda: torch.from_numpy(table)))
+    eager = mk(t, to, lambda: torch.from_numpy(table))
+    for k in range(4):
+        table[:3] = [1 + k, 2, 1 + k * k]
+        x, y = torch.randn(5, 4), torch.randint(0, 3, (5,))
+        assert torch.equal(sg(x, y), eager(x, y)), k
+    assert sg.stats.replays >= 1
+    table[:3] = 1
     # the fix: a tensor made once outside the step, sharing the array's memory
     shared = torch.from_numpy(table)
     sg = stepgraph.compile(mk(m, o, lambda: shared))

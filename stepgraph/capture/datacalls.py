@@ -186,6 +186,8 @@ def draw_frames():
     while f is not None and f.f_code.co_filename.startswith(_HERE):
         f = f.f_back   # (stepgraph's own frames: the draw's wrapper)
     drew = f
+    while drew is not None and drew.f_code.co_name in _NESTED and drew.f_back is not None:
+        drew = drew.f_back   # (a comprehension's frame, Python 3.11's: its function's work)
     while f is not None and f.f_back is not None and f.f_back.f_code is not code:
         f = f.f_back
     if f is None or f.f_back is None or f.f_code is code:
@@ -272,14 +274,14 @@ class handed_back:
     (in order); another receiver, other arguments, or a call past those taken run the original."""
 
     def __init__(self, taken: list, on_mismatch):
-        self.taken, self.on_mismatch = taken, on_mismatch   # [(site, bound, args, value, host rng state)]
+        self.taken, self.on_mismatch = taken, on_mismatch   # [(site, bound, args, value, host rng state, snapshots)]
         self.saved: list = []
 
     def __enter__(self):
         queues: dict = {}
-        for site, bound, args, value, state in self.taken:
+        for site, bound, args, value, state, snaps in self.taken:
             key = (id(site.fn), site.target, site.method)   # (one patch per callable: its calls in order)
-            queues.setdefault(key, (site, bound, []))[2].append((args, value, state))
+            queues.setdefault(key, (site, bound, []))[2].append((args, value, state, snaps))
         for site, bound, queue in queues.values():
             self._patch(site, bound, queue)
         return self
@@ -289,6 +291,9 @@ class handed_back:
         orig = site.callable(bound)
 
         def handed(*a, **k):
+            if queue and queue[0][3] is not None and _receiver_changed(site, queue[0][3]):
+                queue.clear()   # (taken first, it read the receiver before the step's change)
+                return orig(*a, **k)
             if queue and not k and _same(a, queue[0][0]):
                 return queue.pop(0)[1]
             if queue:
@@ -322,7 +327,29 @@ class handed_back:
         self.saved.clear()
 
 
+def _receiver_changed(site, snaps) -> bool:
+    """The step changed what the call reads after it was taken (dataorder.py): the take's own
+    changes the step left alone are put back, and the step is refused from the next call on."""
+    import logging
+    import warnings
+    from .dataorder import changed, merge
+    before, after = snaps
+    name = changed(after, site.method or site.target.name)
+    if name is None:
+        return False
+    merge(before, after)
+    UNSAFE.add(site.fn)
+    what = f"{site.target.name}.{name}" if site.method else f"the global {name}"
+    msg = (f"stepgraph: the step changes {what} before calling {site.describe()} ({site.where}), so that "
+           "call cannot be taken before the step: this call ran it where the step calls it, and the step "
+           "is refused from the next call on (call it in the loop and pass its result as an argument)")
+    warnings.warn(msg, stacklevel=3)
+    logging.getLogger("stepgraph").warning(msg)
+    return True
+
+
 _MISSING = object()
+_NESTED = ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
 
 
 def _same(a, b) -> bool:

@@ -40,7 +40,7 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
-from . import datacalls
+from . import dataorder, datacalls
 from .rollback import _host_rng
 
 FETCH_KW = "_stepgraph_batches"   # the hidden keyword argument that carries the call's inputs
@@ -85,7 +85,8 @@ class SeenCall:
     """A data call the trace saw a host draw in (hostrandom._seen_draw, datacalls.site_of)."""
     site: object
     where: str
-    cpu_moved: bool   # torch's CPU generator moved in the step before the draw
+    cpu_moved: bool   # a generator the call draws on moved in the step before it (dataorder.py)
+    frame: object = field(default=None, compare=False, repr=False)   # the call's, while traced
 
 
 @dataclass(frozen=True)
@@ -208,8 +209,11 @@ def take(fetches: list, args, kwargs: dict) -> dict:
     """The call's kwargs with its inputs, taken now in the step's order. Fewer than planned when
     an iterator ran out (``taken_all`` says so): that call runs eagerly, the step's own ``except
     StopIteration`` (minGPT's restart of its loader) handling it, the inputs taken handed back."""
-    values, states = [], []
+    values, states, snaps = [], [], []
     _TAKEN.unsafe = False
+    if any(f.call is not None and f.call.fn in datacalls.UNSAFE for f in fetches):   # (dataorder.py)
+        _TAKEN.unsafe, _TAKEN.last = (None, None), []
+        return {**kwargs, FETCH_KW: []}
     for f in fetches:
         if f.source is not None:
             try:
@@ -222,12 +226,14 @@ def take(fetches: list, args, kwargs: dict) -> dict:
             values.append(f.function()(*f.args, **f.kwargs))
             continue
         bound = datacalls.bind(f.call.fn, args, kwargs)
+        snaps.append((f.call, bound, dataorder.snapshot(f.call, bound)))
         value, touched = datacalls.run(f.call, bound)
         values.append(value)
         if touched and not _TAKEN.unsafe:
             _TAKEN.unsafe = (f, touched)
     _TAKEN.last = states   # (the call's: the trace hands back copies of ``values``, no identity)
-    if _TAKEN.unsafe:   # (not data: this call runs eagerly with it, and the step is refused from now on)
+    _TAKEN.snaps = [(before, dataorder.snapshot(site, bound)) for site, bound, before in snaps]
+    if _TAKEN.unsafe and _TAKEN.unsafe[1] is not None:   # (not data: this call runs eagerly with it, and the step is refused from now on)
         f, touched = _TAKEN.unsafe
         datacalls.UNSAFE.add(f.call.fn)
         msg = (f"stepgraph: {f.describe()} ({f.where}) draws on the host and runs the model ({touched} "
@@ -239,18 +245,13 @@ def take(fetches: list, args, kwargs: dict) -> dict:
 
 
 def taken_all(fetches: list, kwargs: dict) -> bool:
-    return len(kwargs.get(FETCH_KW, ())) == len(fetches) and not unsafe_take()
+    return len(kwargs.get(FETCH_KW, ())) == len(fetches) and not getattr(_TAKEN, "unsafe", False)
 
 
 def kept(fetches: list | None) -> list | None:
-    """The plan after a take: dropped when a data call ran the model (the step is refused from
-    the next call on, datacalls.UNSAFE)."""
-    return None if unsafe_take() else fetches
-
-
-def unsafe_take() -> bool:
-    """The last take's data call returned tensors computed with autograd (datacalls.UNSAFE)."""
-    return bool(getattr(_TAKEN, "unsafe", False))
+    """The plan after a take: dropped when a data call ran the model, or the step changed what
+    one reads before calling it (refused from the next call on, datacalls.UNSAFE)."""
+    return None if getattr(_TAKEN, "unsafe", False) else fetches
 
 
 
@@ -261,6 +262,9 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
     last = getattr(_TAKEN, "last", None)
     n_draws = sum(1 for f in fetches[:len(values)] if f.source is None)
     states = iter(last if last is not None and len(last) == n_draws else ())
+    n_calls = sum(1 for f in fetches[:len(values)] if f.call is not None)
+    snaps = getattr(_TAKEN, "snaps", None)
+    snaps = iter(snaps if snaps is not None and len(snaps) == n_calls else ())
     queues: dict = {}
     draws: deque = deque()
     calls: list = []
@@ -269,7 +273,7 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
             queues.setdefault(id(f.source.read_or(args)), (f, deque()))[1].append(v)
         elif f.call is not None:
             bound = datacalls.bind(f.call.fn, args, kwargs or {})
-            calls.append((f.call, bound, f.call.values(bound), v, next(states, None)))
+            calls.append((f.call, bound, f.call.values(bound), v, next(states, None), next(snaps, None)))
         else:
             draws.append((f, v, next(states, None)))
     saved = [(builtins, "next", builtins.next)]

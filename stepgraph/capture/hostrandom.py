@@ -197,7 +197,7 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
         site = datacalls.site_of(frame)
         if site is not None:   # (a helper's draws inside it, recorded before, are the call's)
             seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
-            seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu))
+            seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu, frame))
             return
     seen.append(SeenDraw(label, name, a, k, where, out, outer))
 
@@ -216,6 +216,7 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
     """While the step is traced: each module-level draw of ``random`` / ``numpy.random``, and
     each ``next()`` in user code that returns tensors ``named`` does not know, adds a problem
     (once per call site). Draws made from inside another draw are not counted twice."""
+    from .dataorder import watching
     saved, inside = [], [False]
     start_cpu = _draw_states()[0] if seen is not None else None
     orig_next, watched = _next_watch(problems, named, seen)
@@ -264,7 +265,8 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                 saved.append((mod, name, orig))
                 setattr(mod, name, _seeding(seen, label, name, orig))
     try:
-        yield
+        with watching(seen, problems):   # (reads and torch draws of data calls: dataorder.py)
+            yield
     finally:
         for mod, name, orig in reversed(saved):
             setattr(mod, name, orig)

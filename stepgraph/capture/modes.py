@@ -29,6 +29,7 @@ from .steparrays import StepArrays
 from .cpuwork import _argument_to_device, _cpu_work
 from .tensordata import _TENSOR_FROM_DATA, _tensor_of_live_floats, _tensor_of_step_tensors
 from .collectives import direct_collective
+from .dataorder import note_draw
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
 
@@ -330,6 +331,8 @@ class _DispatchCheckMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            note_draw(func, args, kwargs)   # (which data call drew, on which device: dataorder.py)
         self._foreign_history(args, kwargs, func)
         folded = self.constants.fold(func, args, kwargs)
         if folded is not NotImplemented:

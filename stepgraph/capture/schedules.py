@@ -49,12 +49,16 @@ def _refuse(view, how: str, write: bool = False):
             f"the step writes into the numpy array {label} ({how}): a replay would not write it",
             op=how, where=user_frame(),
             fix=f"change {label} outside the step, or keep the values in a tensor the step updates in place")
-    raise CaptureError(
-        f"the step reads the numpy array {label} ({view.nbytes} bytes) by {how}: a graph would keep "
-        f"the values it had at capture, and an array over {_BY_VALUE_BYTES} bytes is not compared "
-        "at each call (numpy has no version counter)", op=how, where=user_frame(),
-        fix=f"pass {label} to the step as an argument (numpy arguments are fed at each call), or "
-            "make it a tensor once outside the step (torch.from_numpy shares its memory)")
+    from .dataorder import note_read
+    from .effects import Problem
+    what = (f"the step reads the numpy array {label} ({view.nbytes} bytes) by {how}: a graph would keep "
+            f"the values it had at capture, and an array over {_BY_VALUE_BYTES} bytes is not compared "
+            "at each call (numpy has no version counter)")
+    fix = (f"pass {label} to the step as an argument (numpy arguments are fed at each call), or "
+           "make it a tensor once outside the step (torch.from_numpy shares its memory)")
+    if note_read(Problem(what, user_frame(), fix, plain=True)):
+        return   # (a data call's read, nanoGPT's get_batch: refused unless the call is taken first)
+    raise CaptureError(what, op=how, where=user_frame(), fix=fix)
 
 
 def item_at(array, index):

@@ -1,0 +1,168 @@
+"""Data calls found by what they read, and the two orders that taking them first must keep.
+
+nanoGPT's step ends each micro-step with ``X, Y = get_batch('train')``: ``torch.randint`` picks
+offsets, Python slices the token array (``np.memmap``) at them. llm.c's ``train_loader.next_batch()``
+slices ``self.tokens`` at ``self.current_position`` and advances it. Neither draws with ``random``
+or numpy, so hostrandom.py never saw a data call there; the step was refused at the numpy read
+(schedules.py: a graph would keep the array's values). Such a read made by a function the step's
+own code calls (``draw_frames``' ``own`` frame, its comprehensions included) with a repeatable
+call site is recorded as a data call instead (``note_read``), its refusal kept as a problem that
+stands unless the plan takes the call.
+
+Taken before the step, the call moves two things ahead of the step's code that came before it in
+eager, so two checks:
+- random draws (``note_draw``, from the trace's dispatch mode): a call that draws on a device's
+  default generator is not planned when the step drew on that generator before it (``moved_before``).
+  On a GPU nanoGPT's dropout draws on CUDA and ``get_batch`` on the CPU: planned. On the CPU, with
+  dropout, the forward's masks come first in eager: refused (``torch.randint`` in the loop, passed
+  in, is the fix);
+- the receiver (``snapshot`` / ``changed``): a step that changes the loader before calling it
+  (``train_loader.reset()`` then ``next_batch()``, llm.c's ``--overfit_single_batch``) would get a
+  batch read before its change. At hand-back (datacalls.handed_back) the receiver's attributes, or
+  the globals the function reads, are compared with what they were right after the take; changed,
+  the taken effects the step did not overwrite are put back (``merge``), the original call runs,
+  and the step is refused from the next call on (datacalls.UNSAFE).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+import torch
+
+_HERE = __file__.rsplit("/capture/", 1)[0]   # stepgraph's own code
+_LOG = threading.local()   # while traced: draws [(outer frame, device)], seen list, problems
+
+
+class watching:
+    """hostrandom.host_random_watch's lists, for reads found outside it (schedules.py)."""
+
+    def __init__(self, seen, problems):
+        self.lists = (seen, problems)
+
+    def __enter__(self):
+        self.prev = getattr(_LOG, "lists", None), getattr(_LOG, "draws", None)
+        _LOG.lists, _LOG.draws = self.lists, []
+        return self
+
+    def __exit__(self, *exc):
+        seen, problems = self.lists
+        if seen is not None:
+            from dataclasses import replace
+            from .effects import Problem
+            from .fetches import SeenCall
+            frames = [s.frame for s in seen if isinstance(s, SeenCall) and s.frame is not None]
+            for k, s in enumerate(seen):
+                if isinstance(s, SeenCall) and s.frame is not None and moved_before(_LOG.draws, s.frame, frames):
+                    seen[k] = replace(s, cpu_moved=True)
+                    problems.insert(0, Problem(
+                        f"the step calls {s.site.describe()}, which reads its data on the host and draws "
+                        "from a random generator the step drew from before the call (dropout on the CPU): "
+                        "made before the step, its draws would come first, unlike eager's", s.where,
+                        f"call {s.site.describe()} in the loop and pass its result to the step as "
+                        "arguments", plain=True))
+                    break
+        _LOG.lists, _LOG.draws = self.prev
+
+
+def note_draw(func, args, kwargs) -> None:
+    """A seeded op ran in the trace: which call of the step's (if any) made it, on which device."""
+    draws = getattr(_LOG, "draws", None)
+    if draws is None or kwargs.get("generator") is not None:
+        return   # (a generator of the user's own: not the default one a data call's draw moves)
+    from .datacalls import draw_frames
+    dev = kwargs.get("device")
+    if dev is None:
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.get_default_device()
+    draws.append((draw_frames()[0], torch.device(dev).type))
+
+
+def moved_before(draws: list, frame, frames: list) -> bool:
+    """The step (not a data call) drew on a generator ``frame``'s call draws on, before it."""
+    own = {d for f, d in draws if f is frame}
+    for f, d in draws:
+        if f is frame:
+            return False   # (from here on: the call's own draws, then what came after it)
+        if d in own and not any(f is x for x in frames):
+            return True
+    return False
+
+
+def note_read(problem) -> bool:
+    """A read a graph cannot keep (``problem``) made by a data call of the step's: recorded as one
+    (the problem stands unless the plan takes the call). False: not in such a call."""
+    lists = getattr(_LOG, "lists", None)
+    if lists is None or lists[0] is None:
+        return False
+    from . import datacalls
+    from .fetches import SeenCall
+    outer, own = datacalls.draw_frames()
+    if outer is not None and datacalls.recorded(outer):
+        return True
+    site = datacalls.site_of(own) if own is not None else None
+    if site is None:
+        return False
+    seen, problems = lists
+    seen.append(SeenCall(site, site.where, False, own))
+    problems.append(problem)
+    return True
+
+
+def _targets(site, bound) -> list:
+    """(namespace dict, names) the call reads that the step could change before it."""
+    from .datacalls import _function
+    if site.method:
+        d = getattr(site.target.read(site.fn, bound), "__dict__", None)
+        return [(d, None)] if isinstance(d, dict) else []
+    f = _function(site.callable(bound))
+    g = getattr(f, "__globals__", None)
+    return [(g, f.__code__.co_names)] if isinstance(g, dict) else []
+
+
+def snapshot(site, bound) -> list:
+    """What ``_targets`` hold now: [(dict, {name: value})]."""
+    out = []
+    for d, names in _targets(site, bound):
+        keys = list(d) if names is None else [n for n in names if n in d]
+        out.append((d, {k: d[k] for k in keys}, names))
+    return out
+
+
+def _same(a, b) -> bool:
+    from .tracked import plain
+    if a is b or (type(plain(a)) in (int, float, str, bool) and plain(a) == plain(b)):
+        return True
+    np = sys.modules.get("numpy")   # (the same memory: a global array and the view a trace hands the step, schedules.py)
+    return np is not None and isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \
+        a.__array_interface__ == b.__array_interface__
+
+
+def changed(snap: list, patched=None) -> str | None:
+    """The first name whose value is not what ``snap`` holds (but ``patched``, the hand-back's
+    own stand-in for the method), or None."""
+    for d, vals, names in snap:
+        keys = (set(vals) | (set(d) if names is None else {n for n in names if n in d})) - {patched}
+        for k in sorted(keys, key=str):
+            if k in d and _ours(d[k]):
+                continue   # (stepgraph's own stand-in for a method, pycalls.py, datacalls.handed_back)
+            if k not in vals or k not in d or not _same(d[k], vals[k]):
+                return str(k)
+    return None
+
+
+def _ours(v) -> bool:
+    code = getattr(v, "__code__", None)
+    return code is not None and code.co_filename.startswith(_HERE)
+
+
+def merge(before: list, after: list) -> None:
+    """Put back what the take changed (``before`` -> ``after``) where the step has not written
+    since (its own writes stay): the state eager had before the call, as far as it is known."""
+    for (d, old, _), (_, new, _) in zip(before, after):
+        for k in set(old) | set(new):
+            if k in new and k in d and not _same(d[k], new[k]):
+                continue   # (the step wrote it)
+            if k in old:
+                d[k] = old[k]
+            elif k in d:
+                del d[k]

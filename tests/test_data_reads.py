@@ -1,0 +1,155 @@
+"""Data calls found by what they read (capture/dataorder.py): nanoGPT's ``X, Y = get_batch('train')``
+inside the step (``torch.randint`` offsets, Python slices of a numpy token array) and llm.c's
+``train_loader.next_batch()`` (slices ``self.tokens`` and advances ``self.current_position``). Before,
+both were refused at the numpy read. Each test runs the program eagerly beside stepgraph on the
+same data and torch CPU stream and compares bitwise, the stream and the loader included."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+V, B, T = 32, 4, 8
+DATA = np.random.default_rng(0).integers(0, V, 4096).astype(np.uint16)   # (8192 bytes: not keyed by value)
+
+
+def get_batch(split):
+    """nanoGPT's train.py ("poor man's data loader")."""
+    data = DATA
+    ix = torch.randint(len(data) - T, (B,))
+    x = torch.stack([torch.from_numpy((data[i:i + T]).astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy((data[i + 1:i + 1 + T]).astype(np.int64)) for i in ix])
+    return x, y
+
+
+class Net(nn.Module):
+    def __init__(self, p=0.0):
+        super().__init__()
+        self.emb, self.drop, self.head = nn.Embedding(V, 16), nn.Dropout(p), nn.Linear(16, V)
+
+    def forward(self, x, y):
+        logits = self.head(self.drop(self.emb(x)))
+        return F.cross_entropy(logits.view(-1, V), y.view(-1))
+
+
+def _model(p=0.0):
+    torch.manual_seed(0)
+    m = Net(p)
+    return m, torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+
+def _nanogpt_step(model, opt):
+    def train_step(X, Y):
+        for _ in range(2):   # (gradient_accumulation_steps)
+            loss = model(X, Y) / 2
+            X, Y = get_batch('train')   # (prefetch the next batch, as train.py does)
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss, X, Y
+    return train_step
+
+
+def _run(step, calls=7):
+    torch.manual_seed(123)
+    X, Y = get_batch('train')
+    out = []
+    for _ in range(calls):
+        loss, X, Y = step(X, Y)
+        out.append((loss.detach().clone(), X.clone(), Y.clone()))
+    return out, torch.get_rng_state()
+
+
+def test_nanogpt_get_batch_in_step_is_taken_first():
+    m1, o1 = _model()
+    m2, o2 = _model()
+    sg = stepgraph.compile(_nanogpt_step(m1, o1))
+    got, rng_got = _run(sg)
+    want, rng_want = _run(_nanogpt_step(m2, o2))
+    assert sg.stats.replays >= 3, sg.stats
+    for (l1, x1, y1), (l2, x2, y2) in zip(got, want):
+        assert torch.equal(l1, l2) and torch.equal(x1, x2) and torch.equal(y1, y2)
+    assert torch.equal(rng_got, rng_want)
+    for p1, p2 in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(p1, p2)
+    assert "get_batch('train')" in sg.explain()
+
+
+def test_get_batch_after_cpu_dropout_is_refused():
+    """On the CPU the forward's dropout draws from the generator get_batch draws from, before it:
+    taken first, the draws would come in another order. Refused; state as eager's."""
+    m1, o1 = _model(0.2)
+    m2, o2 = _model(0.2)
+    sg = stepgraph.compile(_nanogpt_step(m1, o1))
+    with pytest.raises(stepgraph.CaptureError, match="draws from a random generator the step drew from before"):
+        _run(sg, calls=2)
+    torch.manual_seed(123)
+    X, Y = get_batch('train')
+    for _ in range(2):
+        _, X, Y = _nanogpt_step(m2, o2)(X, Y)
+    for p1, p2 in zip(m1.parameters(), m2.parameters()):
+        assert torch.equal(p1, p2)
+
+
+class DataLoaderLite:
+    """llm.c's train_gpt2.py loader: a token shard held as a numpy array, a moving position."""
+
+    def __init__(self):
+        self.tokens = DATA[:2600]   # (5200 bytes: not keyed by value)
+        self.reset()
+
+    def reset(self):
+        self.current_position = 0
+
+    def next_batch(self):
+        buf = self.tokens[self.current_position: self.current_position + B * T + 1]
+        buf = torch.tensor(buf.astype(np.int32), dtype=torch.long)
+        x, y = (buf[:-1]).view(B, T), (buf[1:]).view(B, T)
+        self.current_position += B * T
+        if self.current_position + (B * T + 1) > len(self.tokens):
+            self.reset()
+        return x, y
+
+
+def _llmc_step(model, opt, loader, overfit=False):
+    def train_step():
+        opt.zero_grad(set_to_none=True)
+        if overfit:
+            loader.reset()
+        lossf = 0.0
+        for _ in range(2):
+            x, y = loader.next_batch()
+            loss = model(x, y) / 2
+            lossf += loss.detach()
+            loss.backward()
+        opt.step()
+        return lossf
+    return train_step
+
+
+@pytest.mark.parametrize("overfit", [False, True])
+def test_llmc_next_batch_in_step(overfit):
+    """The loader advances at each call (wrapping around its shard). With ``--overfit_single_batch``
+    the step resets it first: taken before the step, the batch would be read before the reset, so
+    that call runs it where the step does (warned) and the step is refused from then on."""
+    (m1, o1), (m2, o2) = _model(), _model()
+    l1, l2 = DataLoaderLite(), DataLoaderLite()
+    sg = stepgraph.compile(_llmc_step(m1, o1, l1, overfit))
+    eager = _llmc_step(m2, o2, l2, overfit)
+    for i in range(14):
+        try:
+            a = sg()
+        except stepgraph.CaptureError:
+            assert overfit
+            a = None
+        b = eager()
+        assert a is None or torch.equal(a, b), i
+        assert l1.current_position == l2.current_position, i
+        for p1, p2 in zip(m1.parameters(), m2.parameters()):
+            assert torch.equal(p1, p2), i
+    if not overfit:
+        assert sg.stats.replays >= 8, sg.stats
