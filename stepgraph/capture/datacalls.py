@@ -32,6 +32,9 @@ What makes that eager's result, and what is checked:
   and the step is refused from then on;
 - a step that changes the receiver's containers in code it calls (``memory.put(t)`` before the
   sample) is refused, and never planned (outputs.refuse_hidden_changes).
+A call that reads its data from a numpy array instead of drawing (nanoGPT's ``get_batch``, llm.c's
+``next_batch``) is found by that read (dataorder.py), which also checks the order of torch draws and
+that the step leaves the call's receiver alone before the call.
 Not covered: a call reading other tensor state (a module buffer, optimizer state) that the step
 updates before the call would read it before the update.
 """
