@@ -74,16 +74,24 @@ def note_draw(func, args, kwargs) -> None:
     dev = kwargs.get("device")
     if dev is None:
         dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.get_default_device()
-    draws.append((draw_frames()[0], torch.device(dev).type))
+    draws.append((call_key(draw_frames()[0]), torch.device(dev).type))
 
 
-def moved_before(draws: list, frame, frames: list) -> bool:
-    """The step (not a data call) drew on a generator ``frame``'s call draws on, before it."""
-    own = {d for f, d in draws if f is frame}
-    for f, d in draws:
-        if f is frame:
+def call_key(frame):
+    """One call of the step's, without holding its frame (a finished frame keeps its locals: a
+    helper's logits until the trace ends): the frame's id, code and the step's call instruction."""
+    if frame is None:
+        return None
+    return id(frame), frame.f_code, frame.f_back.f_lasti if frame.f_back is not None else -1
+
+
+def moved_before(draws: list, call, calls: list) -> bool:
+    """The step (not a data call) drew on a generator the data ``call`` draws on, before it."""
+    own = {d for c, d in draws if c == call}
+    for c, d in draws:
+        if c == call:
             return False   # (from here on: the call's own draws, then what came after it)
-        if d in own and not any(f is x for x in frames):
+        if d in own and c not in calls:
             return True
     return False
 
@@ -103,7 +111,7 @@ def note_read(problem) -> bool:
     if site is None:
         return False
     seen, problems = lists
-    seen.append(SeenCall(site, site.where, False, own))
+    seen.append(SeenCall(site, site.where, False, call_key(own)))
     problems.append(problem)
     return True
 

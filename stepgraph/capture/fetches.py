@@ -86,7 +86,7 @@ class SeenCall:
     site: object
     where: str
     cpu_moved: bool   # a generator the call draws on moved in the step before it (dataorder.py)
-    frame: object = field(default=None, compare=False, repr=False)   # the call's, while traced
+    frame: object = field(default=None, compare=False, repr=False)   # the call's (dataorder.call_key)
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,7 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
     or a float array), or else the data call of the step's it is made in (datacalls.py: that
     whole call is taken, the draws it made before recorded with it)."""
     from . import datacalls
+    from .dataorder import call_key
     from .fetches import SeenCall, SeenDraw, takeable
     outer, frame = datacalls.draw_frames()   # (the step's call this draw runs in; it, if it drew)
     if outer is not None and datacalls.recorded(outer):
@@ -197,7 +198,7 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
         site = datacalls.site_of(frame)
         if site is not None:   # (a helper's draws inside it, recorded before, are the call's)
             seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
-            seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu, frame))
+            seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu, call_key(frame)))
             return
     seen.append(SeenDraw(label, name, a, k, where, out, outer))
 
