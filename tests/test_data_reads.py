@@ -153,3 +153,53 @@ def test_llmc_next_batch_in_step(overfit):
             assert torch.equal(p1, p2), i
     if not overfit:
         assert sg.stats.replays >= 8, sg.stats
+
+
+IT_A = IT_B = 0   # (test_a_data_call_whose_argument_the_step_changes_first_is_refused's counters)
+
+
+def get_rows(i):
+    return torch.from_numpy(DATA[i * 8:i * 8 + 8].astype(np.int64)).view(2, 4)
+
+
+def _counting_steps(m1, o1, m2, o2):
+    def step_a():
+        global IT_A
+        IT_A += 1
+        x = get_rows(IT_A)
+        loss = m1(x, x)
+        loss.backward()
+        o1.step()
+        o1.zero_grad()
+        return loss.detach()
+
+    def step_b():
+        global IT_B
+        IT_B += 1
+        x = get_rows(IT_B)
+        loss = m2(x, x)
+        loss.backward()
+        o2.step()
+        o2.zero_grad()
+        return loss.detach()
+    return step_a, step_b
+
+
+def test_a_data_call_whose_argument_the_step_changes_first_is_refused():
+    """``IT += 1`` then ``get_rows(IT)``: taken before the step, the call would read the old
+    ``IT`` at every replay (one window behind eager's). The capturing call sees other arguments:
+    it runs the call where the step does, warns, and the step is refused from then on."""
+    (m1, o1), (m2, o2) = _model(), _model()
+    step_a, eager = _counting_steps(m1, o1, m2, o2)
+    sg = stepgraph.compile(step_a)
+    refused = 0
+    for i in range(8):
+        try:
+            a = sg()
+        except stepgraph.CaptureError:
+            a, refused = None, refused + 1
+        b = eager()
+        assert IT_A == IT_B, i
+        assert a is None or torch.equal(a, b), i
+        for p1, p2 in zip(m1.parameters(), m2.parameters()):
+            assert torch.equal(p1, p2), i

@@ -294,13 +294,14 @@ class handed_back:
         orig = site.callable(bound)
 
         def handed(*a, **k):
-            if queue and queue[0][3] is not None and _receiver_changed(site, queue[0][3]):
+            if queue and queue[0][3] is not None and _taken_otherwise(site, queue[0][3]):
                 queue.clear()   # (taken first, it read the receiver before the step's change)
                 return orig(*a, **k)
             if queue and not k and _same(a, queue[0][0]):
                 return queue.pop(0)[1]
-            if queue:
+            if queue:   # (other arguments: a global ``it`` the step advanced before get_batch(it))
                 self.on_mismatch(queue[0][2])
+                _taken_otherwise(site, queue[0][3], f"the arguments of {site.describe()}")
                 queue.clear()
             return orig(*a, **k)
         if site.method:
@@ -330,19 +331,21 @@ class handed_back:
         self.saved.clear()
 
 
-def _receiver_changed(site, snaps) -> bool:
-    """The step changed what the call reads after it was taken (dataorder.py): the take's own
-    changes the step left alone are put back, and the step is refused from the next call on."""
+def _taken_otherwise(site, snaps, what: str | None = None) -> bool:
+    """The step changed what the call reads (its receiver, the globals it reads: dataorder.py;
+    ``what``: its arguments) after it was taken: the take's own changes the step left alone
+    are put back, and the step is refused from the next call on (a replay would take it so)."""
     import logging
     import warnings
     from .dataorder import changed, merge
-    before, after = snaps
-    name = changed(after, site.method or site.target.name)
-    if name is None:
-        return False
-    merge(before, after)
+    if what is None:
+        name = changed(snaps[1], site.method or site.target.name) if snaps is not None else None
+        if name is None:
+            return False
+        what = f"{site.target.name}.{name}" if site.method else f"the global {name}"
+    if snaps is not None:
+        merge(*snaps)
     UNSAFE.add(site.fn)
-    what = f"{site.target.name}.{name}" if site.method else f"the global {name}"
     msg = (f"stepgraph: the step changes {what} before calling {site.describe()} ({site.where}), so that "
            "call cannot be taken before the step: this call ran it where the step calls it, and the step "
            "is refused from the next call on (call it in the loop and pass its result as an argument)")
