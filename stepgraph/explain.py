@@ -122,7 +122,8 @@ def explain(self) -> str:
             lines.append("    tensors of loop variables read as inputs at each call: "
                          + _names([src.describe() for src in tr.source_inputs], 6))
         written = [f"{src.describe()} (a {k})" for src, k in
-                   [(x.source, x.kind if x.kind == "tensor" else "number") for x in tr.source_effects]]
+                   [(x.source, x.kind if x.kind == "tensor" else f"tuple of {x.n} tensors" if x.kind == "tensors"
+                     else "number") for x in tr.source_effects]]
         written += [x.root.label for x in tr.number_effects]
         if written:
             lines.append("    Python values written back after each replay: " + _names(written, 6))

@@ -202,7 +202,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       host_reads=step.host_reads == "guard", rollback=rollback, track=track,
                                       live_tensors=live_tensors, effect_sources=effects_at,
                                       append_sources=appends_at, append_lens=append_lens,
-                                      moving_numbers=step._moving_numbers | fetches.draw_labels(step._fetch), call_sources=calls_at,
+                                      moving_numbers=step._moving_numbers | fetches.draw_labels(step._fetch), call_sources=calls_at, rebound=guards.rebound,
                                       lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
                                                                              or plan.backend.segmented is not None))
             refuse_collectives_with_reads(reg, plan.device, traced.trace)
@@ -251,7 +251,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.summary = summarize(gm, reg.name_of)
     # (tensors the step binds to loop variables are cloned like its results: pyeffects.py)
     traced.n_user = sum(1 for kind, _ in tr.out_leaves if kind in ("tensor", "numpy")) \
-        + sum(1 for e in tr.source_effects + tr.append_effects if e.kind == "tensor") + tensors_of(tr.call_effects)
+        + sum(e.n for e in tr.source_effects + tr.append_effects if e.kind in ("tensor", "tensors")) + tensors_of(tr.call_effects)
 
 
 def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:

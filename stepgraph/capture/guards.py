@@ -15,7 +15,7 @@ import torch.utils._pytree as pytree
 from .hostscalar import predicate_results
 from .forward_attrs import module_sources
 from .pyvalues import _MISSING, PyValues, find_sources
-from .pyeffects import live_tensor, state_free, tensor_key
+from .pyeffects import live_tensor, live_tuple, rebound_names, state_free, tensor_key
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry, stateless_config
@@ -103,6 +103,7 @@ class Guards(Reasons, LiveKeys):
         self.preds: dict = {}    # live value -> ((path, op, constant), ...) the graphs branched on
         self.py = PyValues()     # Python values the step's code reads (pyvalues.py)
         self.keyed: set = set()  # sources a graph baked without tracking them: keyed by value
+        self.rebound: frozenset = frozenset()   # what the step's code assigns (pyeffects.rebound_names)
         self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
 
     def find_python_values(self, fn, args) -> None:
@@ -111,6 +112,7 @@ class Guards(Reasons, LiveKeys):
         names = {id(m): (f"{root}.{k}" if k else root) for root, mod in self.reg.modules
                  for k, m in mod.named_modules()}
         self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
+        self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)
 
     def _py_key(self, args) -> tuple:
@@ -125,7 +127,8 @@ class Guards(Reasons, LiveKeys):
         held = {id(x) for _, _, h in self.reg.device_hypers for x in (h if isinstance(h, tuple) else (h,))}
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else ("device hyper-parameter",) if id(v) in held
-                     else tensor_key(v) if type(v) is torch.Tensor and live_tensor(s, v, args, known)
+                     else tensor_key(v) if (type(v) is torch.Tensor and live_tensor(s, v, args, known)
+                                            or live_tuple(s, v, args, known, self.rebound))
                      else state_free(key_of(s, v, args, skip), v, known)
                      for s in self.py.sources for v in (s.read_or(args, _MISSING),))
 

@@ -33,9 +33,16 @@ from .hostscalar import _plain, current
 class SourceEffect:
     """A variable the step rebinds to a graph value: written back after each replay."""
     source: object   # pyvalues.Source
-    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number)
+    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number) |
+    #                  "tensors" (a tuple of ``n`` outputs from ``index`` on: a recurrent state)
     index: int = -1  # its graph output position (reads: set once the graph is made)
     node: object = None  # a read's graph node, until placed
+    n: int = 1
+    seq: type = tuple    # ("tensors": a tuple, or a list -- Transformer-XL's ``ret[1:]``)
+
+    def value(self, outs):
+        """What a replay writes back, from the graph's outputs (a new container each replay)."""
+        return self.seq(outs[self.index:self.index + self.n]) if self.kind == "tensors" else outs[self.index]
 
 
 def reachable(s) -> bool:
@@ -55,8 +62,54 @@ def live_tensor(s, v, args, known) -> bool:
             and writable(s, args))
 
 
+def rebound_names(fn) -> frozenset:
+    """What the step's own code assigns: ("global" | "cell" | "attr", name)."""
+    import dis
+    code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+    kinds = {"STORE_GLOBAL": "global", "STORE_DEREF": "cell", "STORE_ATTR": "attr"}
+    return frozenset((kinds[i.opname], i.argval) for i in dis.get_instructions(code)
+                     if i.opname in kinds) if code is not None else frozenset()
+
+
+def _rebound(s, names) -> bool:
+    if not s.path:
+        return (s.kind, s.name) in names
+    return s.path[-1][0] == "attr" and ("attr", s.path[-1][1]) in names
+
+
+def live_tuple(s, v, args, known, rebound=frozenset()) -> bool:
+    """``s`` holds a tuple (or list) of such tensors and the step's own code assigns it
+    (``rebound``): a recurrent state rebound at each call (Transformer-XL's ``loss, mems =
+    ret[0], ret[1:]``, an LSTM's ``hidden = (h, c)``), each element an input. (A list the step
+    changes in place instead: refused, ``collect``. One it only reads, a pool it picks from, stays
+    keyed by identity: a tensor picked from it is the pool's own object in eager.)"""
+    return type(v) in (tuple, list) and 0 < len(v) <= _MAX_TUPLE and _rebound(s, rebound) \
+        and all(_element(s, t, args, known) for t in v) \
+        and len({t.untyped_storage().data_ptr() for t in v}) == len(v)
+
+
+def _element(s, t, args, known) -> bool:
+    """As ``live_tensor``, but a tensor with autograd history is one too: the state an eager
+    warm-up left (an LSTM's output ``(h, c)``), which the step detaches first (a replay's are
+    plain outputs)."""
+    if type(t) is not torch.Tensor or (t.requires_grad and t.grad_fn is None):
+        return False
+    return live_tensor(s, t.detach(), args, known) and id(t) not in known
+
+
+_MAX_TUPLE = 64
+
+
 def tensor_key(v) -> tuple:
+    if type(v) in (tuple, list):
+        return ("live tensors", type(v), tuple(tensor_key(t) for t in v))
     return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
+
+
+def _items(s, v) -> list:
+    """One Source per element of the tuple ``s`` holds (read at each call as an input)."""
+    from .pyvalues import Source
+    return [Source(s.kind, s.root, s.name, s.path + (("item", i),), s.where) for i in range(len(v))]
 
 
 def state_free(key, v, known):
@@ -84,7 +137,9 @@ def tensor_sources(guards, args) -> list:
     known = guards.reg.names
     found = [s for s in guards.py.sources if s not in guards.live
              and live_tensor(s, s.read_or(args), args, known)] + \
-        [s for s in _records(guards, args) if record_tensor(s.read_or(args))]
+        [s for s in _records(guards, args) if record_tensor(s.read_or(args))] + \
+        [e for s in guards.py.sources if s not in guards.live
+         and live_tuple(s, v := s.read_or(args), args, known, guards.rebound) for e in _items(s, v)]
     return _by_path(found, lambda s: id(s.read_or(args)))
 
 
@@ -108,11 +163,17 @@ def _by_path(sources, place) -> list:
     return out
 
 
+class _Olds(list):
+    members: dict   # position -> the ids a list held (a list changed in place: collect)
+
+
 def before(sources) -> list:
     """What each candidate holds before the step (compared by identity after it)."""
     from . import attrstores
     attrstores.snapshot()   # (and the tensors objects' attributes hold: attrstores.collect)
-    return [s.read_or(()) for s in sources]
+    out = _Olds(s.read_or(()) for s in sources)
+    out.members = {k: tuple(map(id, v)) for k, v in enumerate(out) if type(v) is list and len(v) <= _MAX_TUPLE}
+    return out
 
 
 def _graph_kind(v, tracer) -> str | None:
@@ -134,7 +195,7 @@ def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
 
 
 def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=(),
-            const_stores=frozenset()) -> tuple[list, list]:
+            const_stores=frozenset(), rebound=frozenset()) -> tuple[list, list]:
     """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
     appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
     cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
@@ -144,15 +205,28 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
     tracer = get_proxy_mode().tracer
     replayed = {(id(e.root.ref[0]), e.root.ref[1]) for e in number_effects if e.container is not None}
     tensors, reads = [], []
-    for s, old in zip(sources, olds):
+    members = getattr(olds, "members", {})
+    for k, (s, old) in enumerate(zip(sources, olds)):
         new = s.read_or(())
+        if new is old and k in members and tuple(map(id, new)) != members[k] \
+                and any(_graph_kind(t, tracer) == "tensor" for t in new):
+            problems.append(Problem(   # (keyed by its tensors' metadata: nothing else would see it)
+                f"the step puts tensors it computes into the list {s.describe()} in place: a replay "
+                "could not redo that", s.where or where,
+                f"rebind it to a new list or tuple ({s.describe()} = [...]), which a replay writes back",
+                plain=True))
+            continue
         if new is old or (number(new) and type(new) is type(old) and new == old):
             continue
         rec = getattr(s, "record", None)
         if rec is not None and (id(rec), s.path[-1][1]) in replayed:
             continue
         kind = _graph_kind(new, tracer)
-        if kind == "tensor":
+        if type(new) in (tuple, list) and new and all(_graph_kind(t, tracer) == "tensor" for t in new) \
+                and rec is None and len(new) <= _MAX_TUPLE and _rebound(s, rebound):   # (mems = ret[1:])
+            graph_outs.extend(new)
+            tensors.append(SourceEffect(s, "tensors", len(graph_outs) - len(new), n=len(new), seq=type(new)))
+        elif kind == "tensor":
             tensors.append(_effect(s, new, kind, graph_outs))
         elif kind == "read":
             reads.append(_effect(s, new, kind, graph_outs))
@@ -170,7 +244,7 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
                 s.where or where, f"compute the new value of {s.describe()} in the step, or "
                 "rebind it outside the step", plain=True))
     from . import attrstores   # (``self.out = x @ self.weight`` on an object no Source names)
-    done = {id(graph_outs[e.index]) for e in tensors}
+    done = {id(graph_outs[e.index]) for e in tensors if e.kind == "tensor"}
     for src, t in attrstores.collect(graph_outs, _is_traced, done):
         tensors.append(_effect(src, t, "tensor", graph_outs))
     return tensors, reads
@@ -270,7 +344,17 @@ def snapshot(srcs):
     def restore():
         for s, v, data in saved:
             if data is not None:
-                v.copy_(data)
-            s.write(v)
+                with torch.no_grad():
+                    v.copy_(data)
+            if not _in_tuple(s):   # (an element of a tuple: the tuple's own source puts it back)
+                s.write(v)
     return restore
+
+
+def _in_tuple(s) -> bool:
+    from .trackplan import _parent
+    try:
+        return bool(s.path) and s.path[-1][0] == "item" and type(_parent(s, ())) is tuple
+    except Exception:  # noqa: BLE001 - not readable now: nothing to write either
+        return True
 

@@ -108,7 +108,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
                append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None,
-               call_sources=()) -> TraceResult:
+               call_sources=(), rebound=frozenset()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
@@ -226,7 +226,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
-                                           box.get("number_effects", ()), track.const_stores if track else ())
+                                           box.get("number_effects", ()), track.const_stores if track else (), rebound)
         argchanges.check(argw, [e.source for e in box["number_effects"] + box["effects"][0] + box["effects"][1] if e.source is not None],
                          a, problems, user_frame(), rollback.keep_container if rollback is not None else None)
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
