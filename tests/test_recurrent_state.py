@@ -102,3 +102,28 @@ def test_a_state_that_starts_empty_gets_one_more_graph():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert len(got_mems) == 2 and all(torch.equal(a, b) for a, b in zip(got_mems, eager_mems()))
     assert sg.stats.replays >= 3, sg.stats
+
+
+def test_a_carried_list_changed_in_place_is_refused():
+    """A state list the step rebinds on one path and writes into on another (``mems[0] = h``):
+    keyed by its tensors' metadata, an in-place change would go unseen, so it is refused."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    mems = [torch.zeros(3, 4)]
+
+    def step(x, reset):
+        nonlocal mems
+        if reset:
+            mems = [torch.zeros(3, 4)]
+        h = lin(x + mems[0])
+        loss = h.pow(2).mean()
+        mems[0] = h.detach()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(torch.randn(3, 4), False)
+    with pytest.raises(stepgraph.CaptureError, match="in place"):
+        sg(torch.randn(3, 4), False)
