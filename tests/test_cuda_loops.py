@@ -285,3 +285,36 @@ def test_accumulation_with_optimizer_outside_every_3_calls_on_gpu(set_to_none):
     for p, q in zip(m.parameters(), m2.parameters()):
         assert torch.equal(p, q)
     assert sg.stats.replays >= 5 and sg.captures[-1].backend == "cudagraph", sg.stats
+
+
+def test_a_carried_tuple_state_is_written_back_after_each_graph_replay():
+    """``nonlocal mems; ...; mems = (h.detach(), (2 * h).detach())`` (a recurrent state,
+    pyeffects.live_tuple) under the CUDA-graph backend: each replay reads the tuple the last one
+    wrote back (fresh tensors, never a graph's static buffer), bitwise with eager."""
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 8).cuda()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        mems = (torch.zeros(4, 8, device="cuda"), torch.zeros(4, 8, device="cuda"))
+
+        def step(x):
+            nonlocal mems
+            h = torch.tanh(lin(x + mems[0] - 0.5 * mems[1]))
+            loss = h.pow(2).mean()
+            mems = (h.detach(), (2 * h).detach())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step, lambda: mems
+    (a, ma), (b, mb) = make(), make()
+    sg = stepgraph.compile(a)
+    g = torch.Generator().manual_seed(4)
+    kept = []
+    for _ in range(STEPS):
+        x = torch.randn(4, 8, generator=g).cuda()
+        assert torch.equal(sg(x), b(x))
+        assert all(torch.equal(p, q) for p, q in zip(ma(), mb()))
+        kept.append(ma())
+    assert sg.stats.replays >= STEPS - 3 and sg.explain().count("tuple of 2 tensors") == 1
+    assert kept[-2][0].data_ptr() != kept[-1][0].data_ptr()   # (each replay's own tensors)

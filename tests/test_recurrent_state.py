@@ -127,3 +127,32 @@ def test_a_carried_list_changed_in_place_is_refused():
     sg(torch.randn(3, 4), False)
     with pytest.raises(stepgraph.CaptureError, match="in place"):
         sg(torch.randn(3, 4), False)
+
+
+def test_elements_the_step_reads_by_index_come_with_the_tuple():
+    """``x + mems[0] - 0.5 * mems[1]``: the step's code reads the elements by index (Python values
+    of their own); they are read with the carried tuple, not refused as rebound tensors."""
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 8)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        mems = (torch.zeros(4, 8), torch.zeros(4, 8))
+
+        def step(x):
+            nonlocal mems
+            h = torch.tanh(lin(x + mems[0] - 0.5 * mems[1]))
+            loss = h.pow(2).mean()
+            mems = (h.detach(), (2 * h).detach())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step, lambda: mems
+    (a, ma), (b, mb) = make(), make()
+    sg = stepgraph.compile(a)
+    g = torch.Generator().manual_seed(4)
+    for _ in range(6):
+        x = torch.randn(4, 8, generator=g)
+        assert torch.equal(sg(x), b(x))
+        assert all(torch.equal(p, q) for p, q in zip(ma(), mb()))
+    assert sg.stats.replays == 4 and not sg.stats.recaptures

@@ -15,7 +15,8 @@ import torch.utils._pytree as pytree
 from .hostscalar import predicate_results
 from .forward_attrs import module_sources
 from .pyvalues import _MISSING, PyValues, find_sources
-from .pyeffects import live_tensor, live_tuple, rebound_names, state_free, tensor_key
+from .pyeffects import (carried_element, live_tensor, live_tuple, rebound_names, source_id, state_free,
+                        tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry, stateless_config
@@ -125,12 +126,16 @@ class Guards(Reasons, LiveKeys):
         # of it on the GPU: the hyper-parameter part of the key has it; keyed here by metadata,
         # then by identity once the capture knew it, it recaptured once for nothing)
         held = {id(x) for _, _, h in self.reg.device_hypers for x in (h if isinstance(h, tuple) else (h,))}
+        values = [(s, s.read_or(args, _MISSING)) for s in self.py.sources]
+        # (a carried tuple, and its elements the step's code reads by index: ``mems[0]``)
+        carried = {source_id(s) for s, v in values if live_tuple(s, v, args, known, self.rebound)}
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else ("device hyper-parameter",) if id(v) in held
                      else tensor_key(v) if (type(v) is torch.Tensor and live_tensor(s, v, args, known)
-                                            or live_tuple(s, v, args, known, self.rebound))
+                                            or source_id(s) in carried
+                                            or type(v) is torch.Tensor and carried_element(s, carried))
                      else state_free(key_of(s, v, args, skip), v, known)
-                     for s in self.py.sources for v in (s.read_or(args, _MISSING),))
+                     for s, v in values)
 
     def _marker(self, h, value):
         """A live value's part of a signature: only what the graphs decided from it."""

@@ -115,8 +115,12 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
     param group's value an LR scheduler stepped inside the step changed, a number assigned
     from tracked arithmetic (``replayed``, ``completed_steps += 1``) and a buffer the step
     rebinds (``slots``: state.Slot escapes, ``self.center = ...``): replays redo them."""
+    from .pyeffects import carried_element, source_id
+    carried = {source_id(s) for s in replayed}   # (a carried tuple's elements come with it)
     replayed = {_place(s) for s in replayed} | {(id(s.owner), s.key) for s in slots if s.kind == "buffer"}
     for s, a, b in zip(py.sources, before, after):
+        if carried_element(s, carried):
+            continue
         if _in_place(a, b):
             continue   # (the members of a container the step changed in place, its length kept:
             # not refused, as when such containers were keyed by identity and length only)

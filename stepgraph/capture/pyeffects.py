@@ -106,6 +106,17 @@ def tensor_key(v) -> tuple:
     return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
 
 
+def source_id(s, path=None) -> tuple:
+    """Where a source reads (its root and path): a carried tuple's element ``mems[0]``, which
+    the step's code reads too, is ``source_id(mems) + item`` (``carried_element``)."""
+    return s.kind, id(s.root), s.name, s.path if path is None else path
+
+
+def carried_element(s, carried: set) -> bool:
+    """``s`` reads an element of a carried tuple (``carried``: their ``source_id``)."""
+    return bool(s.path) and s.path[-1][0] == "item" and source_id(s, s.path[:-1]) in carried
+
+
 def _items(s, v) -> list:
     """One Source per element of the tuple ``s`` holds (read at each call as an input)."""
     from .pyvalues import Source
