@@ -156,3 +156,32 @@ def test_elements_the_step_reads_by_index_come_with_the_tuple():
         assert torch.equal(sg(x), b(x))
         assert all(torch.equal(p, q) for p, q in zip(ma(), mb()))
     assert sg.stats.replays == 4 and not sg.stats.recaptures
+
+
+def test_a_gru_hidden_tensor_rebound_in_the_step_is_carried():
+    """A single tensor state (``nonlocal hidden; hidden = hidden.detach(); out, hidden = gru(x,
+    hidden)``): the eager warm-up leaves it with history, which the step detaches; an input too."""
+    def make():
+        torch.manual_seed(0)
+        rnn, head = nn.GRU(4, 8), nn.Linear(8, 4)
+        opt = torch.optim.SGD(list(rnn.parameters()) + list(head.parameters()), lr=0.1)
+        hidden = torch.zeros(1, 2, 8)
+
+        def step(x, y):
+            nonlocal hidden
+            hidden = hidden.detach()
+            out, hidden = rnn(x, hidden)
+            loss = F.mse_loss(head(out), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step, lambda: hidden
+    (a, ha), (b, hb) = make(), make()
+    sg = stepgraph.compile(a)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(6):
+        x, y = torch.randn(5, 2, 4, generator=g), torch.randn(5, 2, 4, generator=g)
+        assert torch.equal(sg(x, y), b(x, y))
+        assert torch.equal(ha(), hb())
+    assert sg.stats.replays == 4
