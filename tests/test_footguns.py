@@ -10,7 +10,9 @@
     (``calls[0] += 1`` is such arithmetic; a graph tensor stored into a constant slot,
     ``info['loss'] = t``, is written back after each replay; ``d.update(...)`` or a computed key
     is refused: test_pyvalues.py).
-(b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``.
+(b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``; so is a
+    tensor a replay writes back to the step's variables (a carried RNN state the step does not
+    detach before keeping it: eager's would hold this call's graph; test_b_carried_state below).
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
 (e) (no longer a difference) A global Python number read inside the step is guarded: a change
@@ -198,6 +200,30 @@ def test_b_replayed_loss_has_no_autograd_history():
     assert not out.requires_grad and out.grad_fn is None
     assert torch.equal(out, train(twin, topt, *batch(2)))
     assert torch.equal(eager_out, twin_out)
+
+
+def test_b_carried_state_has_no_autograd_history():
+    """``nonlocal h; h = torch.tanh(lin(x) + h.detach())``: eager keeps ``h`` with this call's
+    graph; the state a replay writes back is plain (the next call detaches it either way)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    h = torch.zeros(2, 4)
+
+    def step(x):
+        nonlocal h
+        h = torch.tanh(lin(x) + h.detach())
+        loss = h.pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(torch.randn(2, 4))
+    assert h.grad_fn is not None   # (eager's warm-up)
+    for _ in range(3):
+        sg(torch.randn(2, 4))
+    assert sg.stats.replays == 2 and h.grad_fn is None and not h.requires_grad
 
 
 def test_c_returned_tensors_are_fresh_each_call():
