@@ -103,3 +103,48 @@ def test_numpy_scalar_arithmetic_with_a_step_counter_float():
         x = torch.randn(3, 4)
         _compare(model, twin, opt, topt, step(x), eager(x.clone()))
     assert step.stats.captures == 1 and step.stats.replays == 4, step.stats
+
+
+def set_requires_grad(nets, requires_grad=False):
+    """pytorch-CycleGAN-and-pix2pix's BaseModel.set_requires_grad."""
+    for net in nets if isinstance(nets, list) else [nets]:
+        for param in net.parameters():
+            param.requires_grad = requires_grad
+
+
+def test_a_discriminator_frozen_at_the_end_of_the_step_gets_its_grads_written_back():
+    """pix2pix's optimize_parameters: ``set_requires_grad(netD, True)`` before D's update,
+    ``set_requires_grad(netD, False)`` before G's. The capturing call starts with D frozen (as the
+    last call left it): its grads were no grad slot, so replays left D's ``.grad`` at the capture's
+    values while eager holds this call's (parameters were right)."""
+    torch.manual_seed(0)
+    G, D = nn.Linear(4, 4), nn.Linear(4, 1)
+    tG, tD = copy.deepcopy(G), copy.deepcopy(D)
+
+    def make(G, D):
+        optG, optD = torch.optim.Adam(G.parameters(), lr=1e-2), torch.optim.Adam(D.parameters(), lr=1e-2)
+
+        def optimize_parameters(real, z):
+            fake = G(z)
+            set_requires_grad(D, True)
+            optD.zero_grad()
+            loss_D = (D(fake.detach()) - D(real)).mean()
+            loss_D.backward()
+            optD.step()
+            set_requires_grad(D, False)
+            optG.zero_grad()
+            loss_G = -D(fake).mean()
+            loss_G.backward()
+            optG.step()
+            return loss_D.detach(), loss_G.detach()
+        return optimize_parameters
+    sg, eager = stepgraph.compile(make(G, D)), make(tG, tD)
+    g = torch.Generator().manual_seed(1)
+    for i in range(6):
+        real, z = torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g)
+        a, b = sg(real, z), eager(real, z)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), i
+        for p, q in list(zip(D.parameters(), tD.parameters())) + list(zip(G.parameters(), tG.parameters())):
+            assert torch.equal(p, q) and torch.equal(p.grad, q.grad), i
+            assert p.requires_grad == q.requires_grad
+    assert sg.stats.replays >= 3

@@ -146,8 +146,12 @@ class StateRegistry(WeakHolding, HookWatching):
         seen = set()
         params = list(self.params) + [(self.names.get(id(p), f"<param #{i}>"), p)
                                       for i, p in enumerate(extra_params)]
+        # (a parameter an optimizer steps is trainable even while the step has it frozen:
+        # pix2pix's set_requires_grad(netD, False) at the end of the step, True at its start.
+        # Without its slot the grads its backward made were never written back: stale .grad)
+        stepped = {id(q) for _, opt in self.optimizers for g in opt.param_groups for q in g["params"]}
         for src, p in params:
-            if id(p) in seen or not p.requires_grad:
+            if id(p) in seen or not (p.requires_grad or p.grad is not None or id(p) in stepped):
                 continue
             seen.add(id(p))
             out.append(Slot("grad", f"{src}.grad", p))
