@@ -203,3 +203,38 @@ def test_a_data_call_whose_argument_the_step_changes_first_is_refused():
         assert a is None or torch.equal(a, b), i
         for p1, p2 in zip(m1.parameters(), m2.parameters()):
             assert torch.equal(p1, p2), i
+
+
+class _Loader:
+    def __init__(self):
+        self.pos = 0
+
+    def next_batch(self, bs):
+        x = torch.from_numpy(DATA[self.pos:self.pos + 4 * bs].astype(np.int64)).view(bs, 4)
+        self.pos += 4 * bs
+        return x
+
+
+def test_a_data_call_through_functools_partial():
+    """``next_batch = functools.partial(loader.next_batch, 2)`` called by the step: the loader's
+    read was baked (the source finder did not look through the partial) and the loader never
+    advanced at replays, silently; now it is a data call like ``loader.next_batch(2)``."""
+    import functools
+    (m1, o1), (m2, o2) = _model(), _model()
+    l1, l2 = _Loader(), _Loader()
+
+    def mk(model, opt, get):
+        def step():
+            x = get()
+            loss = model(x, x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg = stepgraph.compile(mk(m1, o1, functools.partial(l1.next_batch, 2)))
+    eager = mk(m2, o2, functools.partial(l2.next_batch, 2))
+    for i in range(6):
+        assert torch.equal(sg(), eager()), i
+        assert l1.pos == l2.pos
+    assert sg.stats.replays >= 2

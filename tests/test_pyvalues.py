@@ -806,3 +806,40 @@ def test_a_parameters_grad_the_step_reads_by_name_is_state():
     got, fn = run(True)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(got, want))
     assert fn.stats.captures == 1 and fn.stats.replays == 4, fn.stats
+
+
+class _Cfg:
+    factor = 1.0
+
+
+def _scaled_loss(c, out):
+    return out.pow(2).mean() * c.factor
+
+
+def test_values_a_functools_partial_binds_are_the_steps_too():
+    """``loss_fn = functools.partial(scaled_loss, cfg)``, ``cfg.factor`` changed by the loop: the
+    source finder did not look through the partial, so the factor of the capture was baked and
+    every replay used it, silently (found by a probe, session 23)."""
+    import functools
+    cfg = _Cfg()
+    loss_fn = functools.partial(_scaled_loss, cfg)
+
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 1)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+        def step(x):
+            loss = loss_fn(lin(x))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make()), make()
+    g = torch.Generator().manual_seed(0)
+    for i in range(5):
+        cfg.factor = 1.0 + i
+        x = torch.randn(3, 4, generator=g)
+        assert torch.equal(sg(x), eager(x)), i
+    assert sg.stats.replays == 3

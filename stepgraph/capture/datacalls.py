@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import builtins
 import dis
+import functools
 import inspect
 import sys
 import threading
@@ -102,6 +103,13 @@ class CallSite:
 
 def _function(fn):
     return getattr(fn, "__func__", fn)
+
+
+def unwrapped(fn):
+    """What a ``functools.partial`` (``partial(loader.next_batch, 2)``) calls."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 def bind(fn, args, kwargs) -> dict:
@@ -235,7 +243,7 @@ def site_of(frame) -> CallSite | None:
         receiver = site.target.read(fn, bound) if site.method else None
     except Exception:  # noqa: BLE001 - not repeatable as read
         return None
-    if getattr(_function(target), "__code__", None) is not frame.f_code \
+    if getattr(_function(unwrapped(target)), "__code__", None) is not frame.f_code \
             or (site.method and not isinstance(getattr(receiver, "__dict__", None), dict)):
         return None   # (a receiver without an instance dict: its method cannot be handed back)
     _STATE.frames.append(frame)   # (held: a freed frame's id is reused)

@@ -118,11 +118,15 @@ def note_read(problem) -> bool:
 
 def _targets(site, bound) -> list:
     """(namespace dict, names) the call reads that the step could change before it."""
-    from .datacalls import _function
+    from .datacalls import _function, unwrapped
     if site.method:
         d = getattr(site.target.read(site.fn, bound), "__dict__", None)
         return [(d, None)] if isinstance(d, dict) else []
-    f = _function(site.callable(bound))
+    f = unwrapped(site.callable(bound))
+    if getattr(f, "__self__", None) is not None:   # (a partial of a bound method: its receiver)
+        d = getattr(f.__self__, "__dict__", None)
+        return [(d, None)] if isinstance(d, dict) else []
+    f = _function(f)
     g = getattr(f, "__globals__", None)
     return [(g, f.__code__.co_names)] if isinstance(g, dict) else []
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import builtins
 
 import dis
+import functools
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -194,6 +195,14 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     const_stores: set = set()
 
     def visit(func, depth, bound=None, binds=None, self_is_record=False):
+        while isinstance(func, functools.partial):   # (``next_batch = partial(loader.next_batch, 2)``:
+            try:                                      # what it calls reads the loader and its data;
+                import inspect                        # ``partial(loss_fn, cfg)``: cfg's values too)
+                got = inspect.signature(func.func).bind_partial(*func.args, **func.keywords).arguments
+                binds = {**got, **(binds or {})}
+            except (TypeError, ValueError):
+                pass
+            func = func.func
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
@@ -267,7 +276,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 continue   # (``cw[0]``: a numpy scalar made at each read; the array is the source)
             if p != () and p[-1] == ("attr", "grad") and (v is None or isinstance(v, torch.Tensor)):
                 continue   # (``model.fc.weight.grad``: a parameter's grad is state, its slot's to guard and write)
-            if isinstance(v, (types.FunctionType, types.MethodType)):
+            if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
                 visit(v, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
