@@ -114,7 +114,9 @@ def unwrapped(fn):
 
 def bind(fn, args, kwargs) -> dict:
     """The step's parameters by name for this call (``self`` of a bound method included)."""
+    from .fetches import FETCH_KW
     f = _function(fn)
+    kwargs = {k: v for k, v in kwargs.items() if k != FETCH_KW}   # (a planned call's taken inputs)
     out = dict(inspect.signature(fn).bind_partial(*args, **kwargs).arguments)
     if f is not fn and f.__code__.co_varnames:
         out[f.__code__.co_varnames[0]] = fn.__self__
@@ -199,10 +201,13 @@ def draw_frames():
     drew = f
     while drew is not None and drew.f_code.co_name in _NESTED and drew.f_back is not None:
         drew = drew.f_back   # (a comprehension's frame, Python 3.11's: its function's work)
+    inner = None
     while f is not None and f.f_back is not None and f.f_back.f_code is not code:
-        f = f.f_back
+        f, inner = f.f_back, f
     if f is None or f.f_back is None or f.f_code is code:
         return None, None
+    if f.f_code.co_filename.startswith(_HERE) and inner is not None:
+        f = inner   # (called through handed_back's stand-in: the user's function it called)
     from .pyvalues import _user_code
     return f, (f if f is drew and _user_code(f.f_code) else None)
 
@@ -231,6 +236,8 @@ def site_of(frame) -> CallSite | None:
     """The repeatable call site of the data call running in ``frame`` (then recorded), or None."""
     fn, args, kwargs = _STATE.step
     caller = frame.f_back
+    while caller is not None and caller.f_code.co_filename.startswith(_HERE):
+        caller = caller.f_back   # (handed_back's stand-in between the step and the call)
     site = call_site(fn, caller.f_code, caller.f_lasti, f"{caller.f_code.co_filename}:{caller.f_lineno}")
     if site is None:
         return None
@@ -243,7 +250,7 @@ def site_of(frame) -> CallSite | None:
         receiver = site.target.read(fn, bound) if site.method else None
     except Exception:  # noqa: BLE001 - not repeatable as read
         return None
-    if getattr(_function(unwrapped(target)), "__code__", None) is not frame.f_code \
+    if getattr(_function(unwrapped(getattr(target, "sg_original", target))), "__code__", None) is not frame.f_code \
             or (site.method and not isinstance(getattr(receiver, "__dict__", None), dict)):
         return None   # (a receiver without an instance dict: its method cannot be handed back)
     _STATE.frames.append(frame)   # (held: a freed frame's id is reused)
@@ -303,6 +310,7 @@ class handed_back:
 
         def handed(*a, **k):
             if queue and queue[0][3] is not None and _taken_otherwise(site, queue[0][3]):
+                self.on_mismatch(queue[0][2])   # (its draws: from where eager makes them)
                 queue.clear()   # (taken first, it read the receiver before the step's change)
                 return orig(*a, **k)
             if queue and not k and _same(a, queue[0][0]):
@@ -312,6 +320,7 @@ class handed_back:
                 _taken_otherwise(site, queue[0][3], f"the arguments of {site.describe()}")
                 queue.clear()
             return orig(*a, **k)
+        handed.sg_original = orig   # (site_of: a call of it made through this stand-in)
         if site.method:
             d = getattr(target, "__dict__", None)
             if d is None:

@@ -96,12 +96,29 @@ def moved_before(draws: list, call, calls: list) -> bool:
     return False
 
 
+class taking_next:
+    """While ``next(iterator)`` runs in the step (hostrandom._next_watch): what the iterator reads
+    is its batch's, taken before the step once planned (fetches.py). A generator reading a numpy
+    array was refused from inside its own frame, which closed it: the eager rerun of the call then
+    met StopIteration, a new epoch eager never started."""
+
+    def __enter__(self):
+        _LOG.in_next = getattr(_LOG, "in_next", 0) + 1
+
+    def __exit__(self, *exc):
+        _LOG.in_next -= 1
+
+
 def note_read(problem) -> bool:
-    """A read a graph cannot keep (``problem``) made by a data call of the step's: recorded as one
-    (the problem stands unless the plan takes the call). False: not in such a call."""
+    """A read a graph cannot keep (``problem``) made by a data call of the step's, or by an
+    iterator the step takes its batch from: recorded as a problem that stands unless the plan
+    takes the call (or the ``next()``). False: neither."""
     lists = getattr(_LOG, "lists", None)
     if lists is None or lists[0] is None:
         return False
+    if getattr(_LOG, "in_next", 0):
+        lists[1].append(problem)
+        return True
     from . import datacalls
     from .fetches import SeenCall
     outer, own = datacalls.draw_frames()
@@ -114,6 +131,17 @@ def note_read(problem) -> bool:
     seen.append(SeenCall(site, site.where, False, call_key(own)))
     problems.append(problem)
     return True
+
+
+def torch_cpu_rewinder(taken: list):
+    """(setter, state) for ``fetches._set_host_states``: torch's CPU generator back to where a data
+    call drew from it when it was taken -- if nothing drew since the take (``taken[0]``: its state
+    after every call was taken), else left alone (the step's own draws came after). A call made
+    again where the step makes it (its receiver or arguments changed) then draws as eager does."""
+    def rewind(state):
+        if taken and taken[0] is not None and torch.equal(torch.get_rng_state(), taken[0]):
+            torch.set_rng_state(state)
+    return rewind, torch.get_rng_state()
 
 
 def _targets(site, bound) -> list:

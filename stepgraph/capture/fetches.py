@@ -40,6 +40,8 @@ import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
+import torch
+
 from . import dataorder, datacalls
 from .rollback import _host_rng
 
@@ -110,11 +112,9 @@ def _constant(x) -> bool:
 
 
 def _value_kind(v) -> bool:
-    """A number, or a numpy array of floats (PyTorch-GAN's noise, ``Tensor(np.random.normal(0, 1,
-    (n, latent_dim)))``): taken before the call, the array is an argument like a numpy array
-    passed in (capture/arrays.py: its memory an input; read on the host, its values are keyed).
-    Not an integer array (``np.random.randint(0, n, size=b)``: a replay buffer's indices, read
-    in Python to pick items: each call's new values would capture again)."""
+    """A number, or a numpy array of floats (PyTorch-GAN's noise): taken first, an argument like
+    a numpy array passed in (arrays.py). Not an integer array (``np.random.randint(0, n, size=b)``:
+    a replay buffer's indices, read in Python to pick items: each call would capture again)."""
     if type(v) in (int, float, bool):
         return True
     np = sys.modules.get("numpy")
@@ -209,7 +209,7 @@ def take(fetches: list, args, kwargs: dict) -> dict:
     """The call's kwargs with its inputs, taken now in the step's order. Fewer than planned when
     an iterator ran out (``taken_all`` says so): that call runs eagerly, the step's own ``except
     StopIteration`` (minGPT's restart of its loader) handling it, the inputs taken handed back."""
-    values, states, snaps = [], [], []
+    values, states, snaps, taken_cpu = [], [], [], []
     _TAKEN.unsafe = False
     if any(f.call is not None and f.call.fn in datacalls.UNSAFE for f in fetches):   # (dataorder.py)
         _TAKEN.unsafe, _TAKEN.last = (None, None), []
@@ -225,6 +225,7 @@ def take(fetches: list, args, kwargs: dict) -> dict:
         if f.call is None:
             values.append(f.function()(*f.args, **f.kwargs))
             continue
+        states[-1] += (dataorder.torch_cpu_rewinder(taken_cpu),)   # (its torch draws too: dataorder.py)
         bound = datacalls.bind(f.call.fn, args, kwargs)
         snaps.append((f.call, bound, dataorder.snapshot(f.call, bound)))
         value, touched = datacalls.run(f.call, bound)
@@ -233,6 +234,7 @@ def take(fetches: list, args, kwargs: dict) -> dict:
             _TAKEN.unsafe = (f, touched)
     _TAKEN.last = states   # (the call's: the trace hands back copies of ``values``, no identity)
     _TAKEN.snaps = [(before, dataorder.snapshot(site, bound)) for site, bound, before in snaps]
+    taken_cpu.append(torch.get_rng_state() if snaps else None)
     if _TAKEN.unsafe and _TAKEN.unsafe[1] is not None:   # (not data: this call runs eagerly with it, and the step is refused from now on)
         f, touched = _TAKEN.unsafe
         datacalls.UNSAFE.add(f.call.fn)
@@ -372,11 +374,9 @@ class _Held:
     """A source stand-in for an iterator a trace took batches from."""
     it: object
 
-    def read(self, args=()):
+    def read(self, args=(), default=None):
         return self.it
-
-    def read_or(self, args=(), default=None):
-        return self.it
+    read_or = read
 
     def describe(self) -> str:
         return type(self.it).__name__

@@ -154,7 +154,9 @@ def _next_watch(problems: list, named, seen=None):
             before = _draw_states() if seen is not None else None
         finally:
             inside[0] = False
-        out = orig(*a)
+        from .dataorder import taking_next
+        with taking_next():   # (an iterator's reads are its batch's: dataorder.note_read)
+            out = orig(*a)
         from .pyvalues import _user_code
         caller = sys._getframe(1).f_code
         if _user_code(caller) and not caller.co_filename.startswith(_HERE) and _data_from_iterator(a[0], out, named):
