@@ -185,3 +185,24 @@ def test_a_gru_hidden_tensor_rebound_in_the_step_is_carried():
         assert torch.equal(sg(x, y), b(x, y))
         assert torch.equal(ha(), hb())
     assert sg.stats.replays == 4
+
+
+def test_an_lstm_under_no_grad_replays_bitwise():
+    """An evaluation step running an LSTM under ``torch.no_grad()``: the replay ran the mkldnn
+    RNN kernel in grad mode (as a training step needs, for its workspace), which rounds otherwise
+    than eager's no-grad kernel (3.7e-8 apart); now it runs in the grad mode the trace saw."""
+    torch.manual_seed(0)
+    lstm = nn.LSTM(16, 16, 2)
+    h0 = (torch.randn(2, 3, 16), torch.randn(2, 3, 16))
+
+    def eval_step(x):
+        with torch.no_grad():
+            y, (h, c) = lstm(x, h0)
+        return y, h
+    sg = stepgraph.compile(eval_step)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(5, 3, 16, generator=g)
+        a, b = sg(x), eval_step(x)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert sg.stats.replays == 2

@@ -77,7 +77,7 @@ def generate(gm: fx.GraphModule, fn_name: str = "step_graph", grad_bindings=()):
         elif n.op == "call_function":
             t = n.target
             fn = t._op if isinstance(t, torch._ops.OpOverload) else t
-            if t in _NEEDS_GRAD_MODE:
+            if t in _NEEDS_GRAD_MODE and n.meta.get("grad_enabled", True):   # (not under no_grad)
                 fn = _in_grad_mode(fn)
             callee = g.bind(fn, "f")
             args = [g.arg(a) for a in n.args] + [f"{k}={g.arg(v)}" for k, v in n.kwargs.items()]

@@ -331,8 +331,7 @@ class _DispatchCheckMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            note_draw(func, args, kwargs)   # (which data call drew, on which device: dataorder.py)
+        if torch.Tag.nondeterministic_seeded in func.tags: note_draw(func, args, kwargs)   # (dataorder.py)
         self._foreign_history(args, kwargs, func)
         folded = self.constants.fold(func, args, kwargs)
         if folded is not NotImplemented:
@@ -360,6 +359,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
         self.constants.note(func, args, out)
+        if func is torch.ops.aten.mkldnn_rnn_layer.default: _note_grad_mode(out)   # (replayed in the step's grad mode)
         if func is torch.ops.aten._pack_padded_sequence.default:
             if self.cuda_step:
                 from .rnns import refuse_packed
@@ -382,3 +382,13 @@ class _DispatchCheckMode(TorchDispatchMode):
                 "move those tensors to the GPU before the step (or make them state on the GPU)",
                 library_frame(stack)))
         return out
+
+
+def _note_grad_mode(out) -> None:
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+    tracer = get_proxy_mode().tracer
+    t = out[0] if isinstance(out, (tuple, list)) else out
+    if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer):
+        node = get_proxy_slot(t, tracer).proxy.node
+        node = node.args[0] if node.target is operator.getitem else node
+        node.meta["grad_enabled"] = torch.is_grad_enabled()
