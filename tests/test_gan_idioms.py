@@ -148,3 +148,38 @@ def test_a_discriminator_frozen_at_the_end_of_the_step_gets_its_grads_written_ba
             assert torch.equal(p, q) and torch.equal(p.grad, q.grad), i
             assert p.requires_grad == q.requires_grad
     assert sg.stats.replays >= 3
+
+
+def test_a_float32_numpy_lr_is_refused_for_what_it_is():
+    """``g["lr"] = sched[it]`` from a float32 schedule: eager AdamW computes ``lr /
+    bias_correction1`` in float32 (NumPy 2); the replay's Python float was 1.5e-8 off, silently,
+    and the same lr assigned by the loop was refused as "control flow on a step counter" with a
+    fix that does not apply. Refused now, naming the value and the fix; state as eager's."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    twin = copy.deepcopy(m)
+    sched = np.linspace(0.1, 0.01, 12).astype(np.float32)
+
+    def make(model):
+        opt = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.05)
+
+        def step(it, x):
+            for g in opt.param_groups:
+                g["lr"] = sched[it]
+            opt.zero_grad()
+            (model(x) ** 2).mean().backward()
+            opt.step()
+        return step
+    sg, eager = stepgraph.compile(make(m)), make(twin)
+    g = torch.Generator().manual_seed(1)
+    refused = 0
+    for i in range(4):
+        x = torch.randn(4, 8, generator=g)
+        try:
+            sg(i, x)
+        except stepgraph.CaptureError as e:
+            assert "numpy float32" in str(e) and "float(value)" in e.fix
+            refused += 1
+        eager(i, x)
+        assert all(torch.equal(p, q) for p, q in zip(m.parameters(), twin.parameters())), i
+    assert refused

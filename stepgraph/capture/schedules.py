@@ -98,7 +98,10 @@ def _view_class():
             read_as_index(k)   # (indices passed in: values read, arrays.py)
             arr = self.view(np.ndarray)
             uses = self.sg_uses
-            e = _index_expr(k) if uses is not None and uses.active else None
+            # (a float32 schedule's element is a numpy float32 whose arithmetic eager does in float32
+            # -- AdamW's lr / bias_correction: a Python float there was 1.5e-8 off -- so it stays a plain read)
+            e = _index_expr(k) if uses is not None and uses.active and arr.dtype.kind + str(arr.dtype.itemsize) != "f4" \
+                and arr.dtype.kind + str(arr.dtype.itemsize) != "f2" else None
             if e is not None:
                 v = arr[tuple(plain(x) for x in k) if type(k) is tuple else plain(k)]
                 if isinstance(v, np.generic):   # (a scalar element, not a row)

@@ -15,6 +15,7 @@ Problems are collected, the trace runs to its end (so state stays eager-equal), 
 from __future__ import annotations
 
 import contextlib
+import sys
 import traceback
 from dataclasses import dataclass, field
 
@@ -184,6 +185,12 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             except _DataDependentBranch as e:
                 # (down to where it was raised: the user's line inside the step, not the call's)
                 stack = traceback.extract_stack(e.__traceback__.tb_frame)[:-1] + traceback.extract_tb(e.__traceback__)
+                narrow = _narrow_numpy_hyper(reg)
+                if narrow is not None:   # (np.float32 / step counter: numpy asks the counter for a float)
+                    raise CaptureError(f"{narrow} is a numpy float32 scalar: the optimizer's arithmetic on it is "
+                                       "float32, which the graph's host arithmetic cannot repeat", op="numpy.float32 "
+                                       "hyper-parameter", where=user_frame(stack), fix="assign float(value) (or "
+                                       "build the schedule as float64): eager then computes in float64 too") from None
                 raise CaptureError("Python control flow on an optimizer step counter cannot be captured",
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
@@ -346,3 +353,16 @@ def raise_problems(problems: list[Problem]) -> None:
 def _clip(text: str, n: int = 100) -> str:
     """``text`` cut at a word boundary near ``n`` characters."""
     return text if len(text) <= n else text[:n].rsplit(" ", 1)[0] + " ..."
+
+
+def _narrow_numpy_hyper(reg) -> str | None:
+    """The first param-group value that is a numpy float narrower than float64 (a float32 lr)."""
+    np = sys.modules.get("numpy")
+    if np is None:
+        return None
+    for name, opt in reg.optimizers:
+        for gi, g in enumerate(opt.param_groups):
+            for k, v in g.items():
+                if isinstance(v, np.floating) and v.dtype.itemsize < 8:
+                    return f"{name}.param_groups[{gi}]['{k}']"
+    return None
