@@ -57,7 +57,7 @@ class watching:
                     seen[k] = replace(s, cpu_moved=True)
                     problems.insert(0, Problem(
                         f"the step calls {s.site.describe()}, which reads its data on the host and draws "
-                        "from a random generator the step drew from before the call (dropout on the CPU): "
+                        "from a random generator the step drew from before the call (a CPU dropout, a torch.rand): "
                         "made before the step, its draws would come first, unlike eager's", s.where,
                         f"call {s.site.describe()} in the loop and pass its result to the step as "
                         "arguments", plain=True))
