@@ -843,3 +843,34 @@ def test_values_a_functools_partial_binds_are_the_steps_too():
         x = torch.randn(3, 4, generator=g)
         assert torch.equal(sg(x), eager(x)), i
     assert sg.stats.replays == 3
+
+
+def test_a_defaultdict_key_the_step_reads_only_in_a_branch_is_not_made():
+    """``meters = defaultdict(AverageMeter)``; the step updates ``meters["grad_norm"]`` only when
+    it skips a step, which this loop never does: keying the step read ``meters["grad_norm"]``,
+    and a defaultdict makes a missing key when read, so a phantom meter appeared (eager has none;
+    the loop's summary then divided by its zero count). Found by a probe, session 23."""
+    import collections
+
+    class Meter:
+        def __init__(self):
+            self.sum, self.n = 0.0, 0
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    meters = collections.defaultdict(Meter)
+
+    def step(x, skip):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if skip:
+            meters["grad_norm"].n += 1
+        else:
+            opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for _ in range(4):
+        sg(torch.randn(3, 4), False)
+    assert sg.stats.replays == 2 and list(meters) == []

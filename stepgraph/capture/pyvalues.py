@@ -95,7 +95,7 @@ class Source:
     def read(self, args=()):
         v = self._root_value(args)
         for kind, k in self.path:
-            v = getattr(v, k) if kind == "attr" else v[k]
+            v = getattr(v, k) if kind == "attr" else item(v, k)
         return v
 
     def read_or(self, args=(), default=None):
@@ -135,12 +135,21 @@ class Source:
             return
         parent = self._root_value(args)
         for kind, k in self.path[:-1]:
-            parent = getattr(parent, k) if kind == "attr" else parent[k]
+            parent = getattr(parent, k) if kind == "attr" else item(parent, k)
         kind, k = self.path[-1]
         if kind == "attr":
             setattr(parent, k, value)
         else:
             parent[k] = value
+
+
+def item(v, k):
+    """``v[k]`` without making it: a ``defaultdict`` meter's missing key read by stepgraph (to key
+    the step) was inserted, so a branch eager never took left a phantom meter (a summary loop then
+    divided by its zero count; found by a probe). A missing key is a KeyError here."""
+    if isinstance(v, dict) and hasattr(type(v), "__missing__") and k not in v:
+        raise KeyError(k)
+    return v[k]
 
 
 @dataclass

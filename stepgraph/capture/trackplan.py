@@ -22,7 +22,7 @@ from torch import nn
 
 from .hostscalar import HostFloat, _tracer, current
 from .numchecks import Root
-from .pyvalues import _MISSING
+from .pyvalues import _MISSING, item
 from . import schedules
 from .schedules import schedule_array
 from .tracked import _PROXIES
@@ -92,7 +92,7 @@ def record_parts(s, v) -> list:
 def _parent(s, args):
     v = s._root_value(args)
     for kind, k in s.path[:-1]:
-        v = getattr(v, k) if kind == "attr" else v[k]
+        v = getattr(v, k) if kind == "attr" else item(v, k)
     return v
 
 
