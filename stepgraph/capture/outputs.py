@@ -88,7 +88,7 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
     will not append. Warned (returned for explain()), not refused: the graph does not read them.
     Not ``replayed``: lists given only graph tensors and host reads, which replays append to
     (pyeffects.collect_appends)."""
-    notes = [f"{s.describe()} grows by {b - a} at each call (read at {s.where}); replays do not run "
+    notes = [f"{s.describe()} grew by {b - a} in the call captured (read at {s.where}); replays do not run "
              "Python code, so they will not add to it (return the values from the step instead)"
              for s, a, b in zip(py.sources, map(_size, before), map(_size, after)) if s.identity_only
              and a is not None and b is not None and a != b and id(s) not in replayed]
