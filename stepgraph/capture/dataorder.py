@@ -30,7 +30,9 @@ import threading
 
 import torch
 
-_HERE = __file__.rsplit("/capture/", 1)[0]   # stepgraph's own code
+from . import datacalls
+from .datacalls import _HERE
+
 _LOG = threading.local()   # while traced: draws [(outer frame, device)], seen list, problems
 
 
@@ -51,9 +53,9 @@ class watching:
             from dataclasses import replace
             from .effects import Problem
             from .fetches import SeenCall
-            frames = [s.frame for s in seen if isinstance(s, SeenCall) and s.frame is not None]
+            calls = [s.frame for s in seen if isinstance(s, SeenCall) and s.frame is not None]
             for k, s in enumerate(seen):
-                if isinstance(s, SeenCall) and s.frame is not None and moved_before(_LOG.draws, s.frame, frames):
+                if isinstance(s, SeenCall) and s.frame is not None and moved_before(_LOG.draws, s.frame, calls):
                     seen[k] = replace(s, cpu_moved=True)
                     problems.insert(0, Problem(
                         f"the step calls {s.site.describe()}, which reads its data on the host and draws "
@@ -70,11 +72,10 @@ def note_draw(func, args, kwargs) -> None:
     draws = getattr(_LOG, "draws", None)
     if draws is None or kwargs.get("generator") is not None:
         return   # (a generator of the user's own: not the default one a data call's draw moves)
-    from .datacalls import draw_frames
     dev = kwargs.get("device")
     if dev is None:
         dev = next((a.device for a in args if isinstance(a, torch.Tensor)), None) or torch.get_default_device()
-    draws.append((call_key(draw_frames()[0]), torch.device(dev).type))
+    draws.append((call_key(datacalls.draw_frames()[0]), torch.device(dev).type))
 
 
 def call_key(frame):
@@ -119,7 +120,6 @@ def note_read(problem) -> bool:
     if getattr(_LOG, "in_next", 0):
         lists[1].append(problem)
         return True
-    from . import datacalls
     from .fetches import SeenCall
     outer, own = datacalls.draw_frames()
     if outer is not None and datacalls.recorded(outer):
@@ -146,15 +146,14 @@ def torch_cpu_rewinder(taken: list):
 
 def _targets(site, bound) -> list:
     """(namespace dict, names) the call reads that the step could change before it."""
-    from .datacalls import _function, unwrapped
     if site.method:
         d = getattr(site.target.read(site.fn, bound), "__dict__", None)
         return [(d, None)] if isinstance(d, dict) else []
-    f = unwrapped(site.callable(bound))
+    f = datacalls.unwrapped(site.callable(bound))
     if getattr(f, "__self__", None) is not None:   # (a partial of a bound method: its receiver)
         d = getattr(f.__self__, "__dict__", None)
         return [(d, None)] if isinstance(d, dict) else []
-    f = _function(f)
+    f = datacalls._function(f)
     g = getattr(f, "__globals__", None)
     return [(g, f.__code__.co_names)] if isinstance(g, dict) else []
 
@@ -169,8 +168,7 @@ def snapshot(site, bound) -> list:
 
 
 def _same(a, b) -> bool:
-    from .tracked import plain
-    if a is b or (type(plain(a)) in (int, float, str, bool) and plain(a) == plain(b)):
+    if datacalls._same((a,), (b,)):
         return True
     np = sys.modules.get("numpy")   # (the same memory: a global array and the view a trace hands the step, schedules.py)
     return np is not None and isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and \

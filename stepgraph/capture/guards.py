@@ -15,8 +15,8 @@ import torch.utils._pytree as pytree
 from .hostscalar import predicate_results
 from .forward_attrs import module_sources
 from .pyvalues import _MISSING, PyValues, find_sources
-from .pyeffects import (carried_element, live_state, live_tensor, live_tuple, rebound_names, source_id,
-                        state_free, tensor_key)
+from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, source_id, state_free,
+                        tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry, stateless_config
@@ -131,10 +131,9 @@ class Guards(Reasons, LiveKeys):
         carried = {source_id(s) for s, v in values if live_tuple(s, v, args, known, self.rebound)}
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else ("device hyper-parameter",) if id(v) in held
-                     else tensor_key(v) if (type(v) is torch.Tensor and (live_tensor(s, v, args, known)
-                                                                      or live_state(s, v, args, known, self.rebound))
-                                            or source_id(s) in carried
-                                            or type(v) is torch.Tensor and carried_element(s, carried))
+                     else tensor_key(v) if (live_input(s, v, args, known, self.rebound)
+                                            or carried and (source_id(s) in carried
+                                                            or type(v) is torch.Tensor and carried_element(s, carried)))
                      else state_free(key_of(s, v, args, skip), v, known)
                      for s, v in values)
 

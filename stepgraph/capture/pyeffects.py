@@ -88,10 +88,12 @@ def live_tuple(s, v, args, known, rebound=frozenset()) -> bool:
         and len({t.untyped_storage().data_ptr() for t in v}) == len(v)
 
 
-def live_state(s, v, args, known, rebound=frozenset()) -> bool:
-    """A tensor the step's own code rebinds (a GRU's ``hidden``), with or without the history an
-    eager warm-up left it (the step detaches it): an input, as ``live_tensor``."""
-    return type(v) is torch.Tensor and _rebound(s, rebound) and _element(s, v, args, known)
+def live_input(s, v, args, known, rebound=frozenset()) -> bool:
+    """A variable's tensor the graph reads as an input: ``live_tensor``, or a tensor the step's own
+    code rebinds (a GRU's ``hidden``) with the history an eager warm-up left it (the step detaches
+    it). The signature (guards.py) and the trace's inputs (``tensor_sources``) ask this one rule."""
+    return type(v) is torch.Tensor and (live_tensor(s, v, args, known)
+                                        or _rebound(s, rebound) and _element(s, v, args, known))
 
 
 def _element(s, t, args, known) -> bool:
@@ -153,7 +155,7 @@ def tensor_sources(guards, args) -> list:
     from .trackplan import record_tensor
     known = guards.reg.names
     found = [s for s in guards.py.sources if s not in guards.live
-             and (live_tensor(s, v := s.read_or(args), args, known) or live_state(s, v, args, known, guards.rebound))] + \
+             and live_input(s, s.read_or(args), args, known, guards.rebound)] + \
         [s for s in _records(guards, args) if record_tensor(s.read_or(args))] + \
         [e for s in guards.py.sources if s not in guards.live
          and live_tuple(s, v := s.read_or(args), args, known, guards.rebound) for e in _items(s, v)]

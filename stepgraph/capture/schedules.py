@@ -61,6 +61,12 @@ def _refuse(view, how: str, write: bool = False):
     raise CaptureError(what, op=how, where=user_frame(), fix=fix)
 
 
+def narrow_float(dtype) -> bool:
+    """A float dtype narrower than float64 (float32, float16): numpy computes in it, a Python
+    float would not (trace.py names such a hyper-parameter in its refusal)."""
+    return dtype.kind == "f" and dtype.itemsize < 8
+
+
 def item_at(array, index):
     """The expression's op: ``array[index]`` as a Python number (graph node target, check)."""
     return array[index].item()
@@ -100,8 +106,7 @@ def _view_class():
             uses = self.sg_uses
             # (a float32 schedule's element is a numpy float32 whose arithmetic eager does in float32
             # -- AdamW's lr / bias_correction: a Python float there was 1.5e-8 off -- so it stays a plain read)
-            e = _index_expr(k) if uses is not None and uses.active and arr.dtype.kind + str(arr.dtype.itemsize) != "f4" \
-                and arr.dtype.kind + str(arr.dtype.itemsize) != "f2" else None
+            e = _index_expr(k) if uses is not None and uses.active and not narrow_float(arr.dtype) else None
             if e is not None:
                 v = arr[tuple(plain(x) for x in k) if type(k) is tuple else plain(k)]
                 if isinstance(v, np.generic):   # (a scalar element, not a row)

@@ -357,12 +357,13 @@ def _clip(text: str, n: int = 100) -> str:
 
 def _narrow_numpy_hyper(reg) -> str | None:
     """The first param-group value that is a numpy float narrower than float64 (a float32 lr)."""
+    from .schedules import narrow_float
     np = sys.modules.get("numpy")
     if np is None:
         return None
     for name, opt in reg.optimizers:
         for gi, g in enumerate(opt.param_groups):
             for k, v in g.items():
-                if isinstance(v, np.floating) and v.dtype.itemsize < 8:
+                if isinstance(v, np.floating) and narrow_float(v.dtype):
                     return f"{name}.param_groups[{gi}]['{k}']"
     return None
