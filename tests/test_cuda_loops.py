@@ -291,23 +291,8 @@ def test_a_carried_tuple_state_is_written_back_after_each_graph_replay():
     """``nonlocal mems; ...; mems = (h.detach(), (2 * h).detach())`` (a recurrent state,
     pyeffects.live_tuple) under the CUDA-graph backend: each replay reads the tuple the last one
     wrote back (fresh tensors, never a graph's static buffer), bitwise with eager."""
-    def make():
-        torch.manual_seed(0)
-        lin = nn.Linear(8, 8).cuda()
-        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
-        mems = (torch.zeros(4, 8, device="cuda"), torch.zeros(4, 8, device="cuda"))
-
-        def step(x):
-            nonlocal mems
-            h = torch.tanh(lin(x + mems[0] - 0.5 * mems[1]))
-            loss = h.pow(2).mean()
-            mems = (h.detach(), (2 * h).detach())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-        return step, lambda: mems
-    (a, ma), (b, mb) = make(), make()
+    from carried import tuple_state_step
+    (a, ma), (b, mb) = tuple_state_step("cuda"), tuple_state_step("cuda")
     sg = stepgraph.compile(a)
     g = torch.Generator().manual_seed(4)
     kept = []

@@ -756,23 +756,8 @@ def test_an_rnn_state_the_step_detaches_is_carried_from_call_to_call():
     the last call's state (with its history) was refused as any tensor from before the step; now
     a tuple the step's own code rebinds is a recurrent state: its tensors are inputs, the new
     tuple written back after each replay (pyeffects.live_tuple; tests/test_recurrent_state.py)."""
-    def make():
-        torch.manual_seed(0)
-        rnn, head = nn.LSTM(4, 8), nn.Linear(8, 4)
-        opt = torch.optim.SGD(list(rnn.parameters()) + list(head.parameters()), lr=0.1)
-        hidden = (torch.zeros(1, 2, 8), torch.zeros(1, 2, 8))
-
-        def step(x, y):
-            nonlocal hidden
-            hidden = tuple(h.detach() for h in hidden)
-            out, hidden = rnn(x, hidden)
-            loss = F.mse_loss(head(out), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return step, lambda: hidden
-    (a, ha), (b, hb) = make(), make()
+    from carried import rnn_state_step
+    (a, ha), (b, hb) = rnn_state_step("lstm"), rnn_state_step("lstm")
     sg = stepgraph.compile(a)
     g = torch.Generator().manual_seed(3)
     for _ in range(5):

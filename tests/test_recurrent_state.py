@@ -10,6 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import stepgraph
+from carried import rnn_state_step, tuple_state_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 V, H, T, B = 20, 16, 5, 3
@@ -132,23 +133,7 @@ def test_a_carried_list_changed_in_place_is_refused():
 def test_elements_the_step_reads_by_index_come_with_the_tuple():
     """``x + mems[0] - 0.5 * mems[1]``: the step's code reads the elements by index (Python values
     of their own); they are read with the carried tuple, not refused as rebound tensors."""
-    def make():
-        torch.manual_seed(0)
-        lin = nn.Linear(8, 8)
-        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
-        mems = (torch.zeros(4, 8), torch.zeros(4, 8))
-
-        def step(x):
-            nonlocal mems
-            h = torch.tanh(lin(x + mems[0] - 0.5 * mems[1]))
-            loss = h.pow(2).mean()
-            mems = (h.detach(), (2 * h).detach())
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss.detach()
-        return step, lambda: mems
-    (a, ma), (b, mb) = make(), make()
+    (a, ma), (b, mb) = tuple_state_step(), tuple_state_step()
     sg = stepgraph.compile(a)
     g = torch.Generator().manual_seed(4)
     for _ in range(6):
@@ -161,23 +146,7 @@ def test_elements_the_step_reads_by_index_come_with_the_tuple():
 def test_a_gru_hidden_tensor_rebound_in_the_step_is_carried():
     """A single tensor state (``nonlocal hidden; hidden = hidden.detach(); out, hidden = gru(x,
     hidden)``): the eager warm-up leaves it with history, which the step detaches; an input too."""
-    def make():
-        torch.manual_seed(0)
-        rnn, head = nn.GRU(4, 8), nn.Linear(8, 4)
-        opt = torch.optim.SGD(list(rnn.parameters()) + list(head.parameters()), lr=0.1)
-        hidden = torch.zeros(1, 2, 8)
-
-        def step(x, y):
-            nonlocal hidden
-            hidden = hidden.detach()
-            out, hidden = rnn(x, hidden)
-            loss = F.mse_loss(head(out), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return step, lambda: hidden
-    (a, ha), (b, hb) = make(), make()
+    (a, ha), (b, hb) = rnn_state_step("gru"), rnn_state_step("gru")
     sg = stepgraph.compile(a)
     g = torch.Generator().manual_seed(3)
     for _ in range(6):
