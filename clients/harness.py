@@ -402,11 +402,13 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     # through the step (a branch the other way, a gradient None then a tensor, a number reset
     # where a tensor was): its graph is kept and replayed whenever that path comes back. A
     # *recapture* is a guard site missing again (a value that keeps changing): the user pays a
-    # capture per change, which is what RECAPTURES flags.
+    # capture per change, which is what RECAPTURES flags. The same reason again (a logging
+    # branch taken for a second model, forward-forward's layers) is that variant needed once
+    # more under other state, not a new value: a site counts once per distinct reason.
     recaptures = [r for s in stats for r in s.recaptures if " shape " not in r.split(" (now")[0]]
     shapes = sum(1 for s in stats for r in s.recaptures) - len(recaptures)
     sites: dict = {}
-    for r in recaptures:
+    for r in dict.fromkeys(recaptures):
         sites.setdefault(reason_kind(r), []).append(r)
     repeated = [rs for rs in sites.values() if len(rs) > 1]
     if not sgr.steps:
