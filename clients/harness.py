@@ -357,8 +357,15 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
             got_s, want_s = state_tensors(sgr.tracked), state_tensors(twin.tracked)
             worst, at = compare(got_s, want_s)
             if worst > rtol and device != "cpu":   # (the GPU's floor and eager's own spread, as below)
-                _, again, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
-                spread = {k: e for k, e in errors(state_tensors(again.tracked), want_s, floor=rtol).items() if e > 0}
+                # (two more eager runs: cyclegan's ReflectionPad backward atomics spread its
+                # Adam state by up to 1.7 between eager runs, and one run's spread was judged
+                # 1.1e-3 short of the stepgraph run's on an H200)
+                spread: dict = {}
+                for _ in range(2):
+                    _, again, _, _ = _run(name, False, steps, device, amp, seed, stop_after=sgr.calls)
+                    for k, e in errors(state_tensors(again.tracked), want_s, floor=rtol).items():
+                        if e > 0:
+                            spread[k] = max(e, spread.get(k, 0.0))
                 worst, at = compare(got_s, want_s, floor=rtol, spread=spread)
             if worst <= rtol:
                 res.status, res.detail = CLEAR, f"{first} [{where.split(' (')[0]}]"
