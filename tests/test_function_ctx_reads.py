@@ -134,3 +134,19 @@ def test_a_library_function_keeping_a_read_in_ctx_is_live_too():
     exec(compile(_LIBRARY, where, "exec"), scope)
     step, _ = _run(scope["ScaledGrad"])
     assert step.stats.captures == 1 and step.stats.replays == 4
+
+
+class NormalizedGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g / g.abs().max().item()
+
+
+def test_a_read_inside_a_backward_is_a_host_read_like_any_other():
+    # (it was refused: the read reached the aten level unseen, as a data-dependent op)
+    step, _ = _run(NormalizedGrad)
+    assert step.stats.captures == 1 and step.stats.replays == 4
