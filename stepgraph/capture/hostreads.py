@@ -21,6 +21,7 @@ import gc
 import math
 import operator
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -41,6 +42,7 @@ class ReadLog:
     reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
     uses: object = None                           # tracked.UseLog: int reads become tracked numbers
     int_reads: list = field(default_factory=list)  # numchecks.Root("read") of each one
+    ctxs: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # Functions' ctx a backward used (fnbackward.py)
 
     def sites(self) -> list[str]:
         """Where the step read values on the host (live reads and guards), in order."""

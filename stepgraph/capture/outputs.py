@@ -232,6 +232,8 @@ def read_side_effects(tr, step_name: str) -> list:
             for v in (x.values() if isinstance(x, dict) else x):
                 walk(v, depth + 1)
     walk(tr.result)
+    for ctx in list(log_.ctxs):   # (``ctx.scale = x.item()``: used live by its backward, fnbackward.py)
+        walk(vars(ctx))
     containers.append(vars(tr))  # the TraceResult itself holds the result
     import gc   # ...and the pipeline's one-item tuple of it (``return tot``, a float summed from reads)
     containers += [r for r in gc.get_referrers(tr.result) if type(r) is tuple and len(r) == 1]

@@ -37,6 +37,7 @@ from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .libstate import state_counter
 from .rnns import RnnDecomposition
+from .fnbackward import backward_under_modes
 from . import pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback, saving_writes
 from .datarebind import data_assignments
@@ -180,7 +181,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 watching(array_reads) if array_pos else contextlib.nullcontext():
             try:
                 swapped = swap_in(track, uses, a) if track else []
-                out = fn(*a, **kw)
+                with backward_under_modes(hm.reads.ctxs if hm.reads is not None else None):   # (all modes on)
+                    out = fn(*a, **kw)
                 absorb_floats(reg)   # (an lr set after the last opt.step: transformer-xl's warm-up)
             except _DataDependentBranch as e:
                 # (down to where it was raised: the user's line inside the step, not the call's)
