@@ -165,7 +165,7 @@ class CapturedStep:
                 k = {n: evaluate(x._e, leaves, args, memo) if _tracked(x) else x for n, x in k.items()}
             sched.step(*a, **k)
         for e in tr.source_effects:
-            e.source.write(e.value(outs))   # total_loss = <this replay's tensor> (pyeffects.py)
+            e.source.write(e.value(outs), args)   # total_loss = <this replay's tensor> (pyeffects.py)
         for e in tr.append_effects:
             e.source.read(()).append(outs[e.index])   # history.append(<this replay's value>)
         memo = dict(self.last_reads)

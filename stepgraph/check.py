@@ -85,7 +85,7 @@ def checked_call(stepfn, entry, replay, args, kwargs, rtol: float):
     reg = stepfn.registry
     tr = entry.trace   # loop variables the replay writes (pyeffects.py)
     before = _snapshot(reg, [sc for sc, *_ in tr.scheduler_steps])
-    restore_vars = snapshot(list(tr.source_inputs) + [e.source for e in tr.source_effects])
+    restore_vars = snapshot(list(tr.source_inputs) + [e.source for e in tr.source_effects], args)
     out_r = replay()
     after_r = {name: t.detach().clone() for name, t in _state(reg)}
     out_r = torch.utils._pytree.tree_map(lambda x: x.detach().clone() if isinstance(x, torch.Tensor) else x, out_r)

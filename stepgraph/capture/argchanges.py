@@ -6,9 +6,11 @@ step on the arguments as pytree rebuilt them (a dict or list argument is a *copy
 runs no Python. The capturing call's change went to the copy, and replays made none: the user's
 dict, list or meter silently stopped changing (a step counter in a dict left the lr schedule
 frozen). State the step's own variables reach (globals, closure cells) is replayed by
-trackplan/pyeffects; through arguments it is not. Here such a change is found after the trace,
-set on the user's own container (so the capturing call leaves what eager leaves, and an undone
-capture puts it back), and refused with the fix the user can apply.
+trackplan/pyeffects. Through arguments, only an attribute of an object passed positionally that
+the step advances by what a replay recomputes (``train_state.step += 1``: :func:`replayed`, the
+same NumberEffect / SourceEffect, found by path in each call's arguments). Any other change is
+found after the trace, set on the user's own container (so the capturing call leaves what eager
+leaves, and an undone capture puts it back), and refused with the fix the user can apply.
 """
 from __future__ import annotations
 
@@ -78,6 +80,51 @@ def write_back(w: ArgWatch, keep=None) -> None:
             if keep is not None:
                 keep(base)
             vars(base).update(changed)
+
+
+def replayed(w: ArgWatch, trace_args, names, graph_outs: list, number_effects: list, const_stores=frozenset()) -> list:
+    """After the step (inside the trace): an attribute of an object passed in positionally that
+    the step set to a value a replay recomputes is written again after each replay, on the
+    call's own object, found by its path from the arguments (a new TrainState each epoch is
+    written, not the captured one). As for the step's own variables (trackplan.swap_out,
+    pyeffects.collect): tracked arithmetic (``train_state.step += 1``, ``samples += x.shape[0]``:
+    a NumberEffect), a literal of the step's code (``accum_step = 0``), a tensor the graph
+    computes or a float it reads (``tokens += batch.ntokens`` from an int: a SourceEffect; a
+    tensor already there is added to in place, an input the graph writes). Appends the number
+    effects to ``number_effects``; returns the source effects (their tensors joined
+    ``graph_outs``). Anything else is left to :func:`check`."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    from .numchecks import Root
+    from .hostscalar import _plain
+    from .pyeffects import _effect, _graph_kind
+    from .pyvalues import Source
+    from .tracked import _PROXIES
+    from .trackplan import NumberEffect
+    tracer = get_proxy_mode().tracer
+    done = {slot_of(e.source, trace_args) for e in number_effects if e.source is not None}
+    bases = {id(c): b for c, b, _ in w.copies}
+    out = []
+    for path, obj, then in w.objects:
+        if len(path) < 2 or path[0] != 0:
+            continue   # (a keyword argument: the replay's writes find objects by position)
+        for k, v in list(vars(obj).items()):
+            if then.get(k, _GONE) is v or (id(obj), k) in done:
+                continue
+            i = path[1]
+            src = Source("arg", i, names[i] if i < len(names) else f"argument #{i}",
+                         tuple(("item", x) for x in path[2:]) + (("attr", k),))
+            kind = _graph_kind(v, tracer)
+            if type(v) in _PROXIES and getattr(v, "_e", None) is not None:
+                number_effects.append(NumberEffect(Root("source", src, src.describe()), None, v._e))
+            elif type(v) in (int, float) and (k, v) in const_stores:
+                number_effects.append(NumberEffect(Root("source", src, src.describe()), None, v))
+            elif kind is not None:
+                out.append(_effect(src, v, kind, graph_outs))
+                if kind == "read":   # (eager leaves a plain float, on the user's object too)
+                    for o in (obj, bases.get(id(obj))):
+                        if o is not None:
+                            vars(o)[k] = _plain(v)
+    return out
 
 
 def _users(obj) -> bool:

@@ -76,6 +76,15 @@ def _leaf_value(v):
         return ("object", type(v), Ident(v))
 
 
+def _opened_inputs(values, args) -> set:
+    """Ids of the sources reading a tensor attribute of an argument opened like a batch
+    (``train_state.tokens``, found when the TrainState held no tensor): that tensor is a leaf
+    of the arguments, an input of the graph, keyed by metadata there; by identity here, a new
+    TrainState each epoch was a new graph."""
+    return {id(s) for s, v in values if s.kind == "arg" and len(s.path) == 1 and type(v) is torch.Tensor
+            and s.root < len(args) and argtree.opened(args[s.root])}
+
+
 def _quick_state(a):
     """A state object by identity; a module holding no tensors by its settings (a new
     ``nn.CrossEntropyLoss()`` per call can take the freed one's id: by id, a call with other
@@ -129,9 +138,10 @@ class Guards(Reasons, LiveKeys):
         values = [(s, s.read_or(args, _MISSING)) for s in self.py.sources]
         # (a carried tuple, and its elements the step's code reads by index: ``mems[0]``)
         carried = {source_id(s) for s, v in values if live_tuple(s, v, args, known, self.rebound)}
+        opened = _opened_inputs(values, args)
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else ("device hyper-parameter",) if id(v) in held
-                     else tensor_key(v) if (live_input(s, v, args, known, self.rebound)
+                     else tensor_key(v) if (live_input(s, v, args, known, self.rebound) or id(s) in opened
                                             or carried and (source_id(s) in carried
                                                             or type(v) is torch.Tensor and carried_element(s, carried)))
                      else state_free(key_of(s, v, args, skip), v, known)

@@ -103,10 +103,11 @@ def _warned(notes: list, step_name: str) -> list:
     return notes
 
 
-def _place(s):
-    """Where a source's value lives (one place, whatever path the code took to it)."""
+def _place(s, args=()):
+    """Where a source's value lives (one place, whatever path the code took to it; an
+    attribute of an argument found through the call's ``args``)."""
     from .trackplan import slot_of
-    return slot_of(s, ()) or id(s)
+    return slot_of(s, args) or id(s)
 
 
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
@@ -117,14 +118,14 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
     rebinds (``slots``: state.Slot escapes, ``self.center = ...``): replays redo them."""
     from .pyeffects import carried_element, source_id
     carried = {source_id(s) for s in replayed}   # (a carried tuple's elements come with it)
-    replayed = {_place(s) for s in replayed} | {(id(s.owner), s.key) for s in slots if s.kind == "buffer"}
+    replayed = {_place(s, args) for s in replayed} | {(id(s.owner), s.key) for s in slots if s.kind == "buffer"}
     for s, a, b in zip(py.sources, before, after):
         if carried_element(s, carried):
             continue
         if _in_place(a, b):
             continue   # (the members of a container the step changed in place, its length kept:
             # not refused, as when such containers were keyed by identity and length only)
-        if a != b and s.from_step and _place(s) not in replayed \
+        if a != b and s.from_step and _place(s, args) not in replayed \
                 and not (scheduled and ".param_groups[" in s.describe()):
             if _tensor_key(a) or _tensor_key(b):   # (vqvae's new nn.Parameter each step)
                 raise CaptureError(

@@ -214,16 +214,17 @@ def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
 
 
 def collect(sources, olds, graph_outs: list, problems: list, where, number_effects=(),
-            const_stores=frozenset(), rebound=frozenset()) -> tuple[list, list]:
+            const_stores=frozenset(), rebound=frozenset(), taken=()) -> tuple[list, list]:
     """After the step ran (inside the trace): the variables it rebound. Tensors it computed are
-    appended to ``graph_outs``; returns (tensor effects, read effects); a rebinding the graph
-    cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
+    appended to ``graph_outs``; returns (tensor effects, read effects), ``taken`` (effects already
+    made: argchanges.replayed) among them; a rebinding the graph cannot redo is a problem. (A record's attribute is checked here, whatever its value: the
     guards key a record by its structure, so nothing else would see it change.)"""
     from torch.fx.experimental.proxy_tensor import get_proxy_mode
     from .trackplan import number, source_name
     tracer = get_proxy_mode().tracer
     replayed = {(id(e.root.ref[0]), e.root.ref[1]) for e in number_effects if e.container is not None}
-    tensors, reads = [], []
+    tensors = [e for e in taken if e.kind != "read"]
+    reads = [e for e in taken if e.kind == "read"]
     members = getattr(olds, "members", {})
     for k, (s, old) in enumerate(zip(sources, olds)):
         new = s.read_or(())
@@ -353,27 +354,27 @@ def place_read_roots(gm, number_effects) -> list:
     return placed
 
 
-def snapshot(srcs):
+def snapshot(srcs, args=()):
     """What these variables and their tensors hold now, to put back: after a check-mode replay
     (the eager shadow then runs the step's Python on them), or after a failed trace (the call
-    then runs eagerly from its start)."""
+    then runs eagerly from its start). ``args``: the call's, for attributes of its arguments."""
     saved = [(s, v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
-             for s in srcs for v in [s.read_or(())]]
+             for s in srcs for v in [s.read_or(args)]]
 
     def restore():
         for s, v, data in saved:
             if data is not None:
                 with torch.no_grad():
                     v.copy_(data)
-            if not _in_tuple(s):   # (an element of a tuple: the tuple's own source puts it back)
-                s.write(v)
+            if not _in_tuple(s, args):   # (an element of a tuple: the tuple's own source puts it back)
+                s.write(v, args)
     return restore
 
 
-def _in_tuple(s) -> bool:
+def _in_tuple(s, args=()) -> bool:
     from .trackplan import _parent
     try:
-        return bool(s.path) and s.path[-1][0] == "item" and type(_parent(s, ())) is tuple
+        return bool(s.path) and s.path[-1][0] == "item" and type(_parent(s, args)) is tuple
     except Exception:  # noqa: BLE001 - not readable now: nothing to write either
         return True
 

@@ -234,8 +234,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             else:
                 kinds.append(("const", v))
         box["out_leaves"] = kinds
+        # (counters on an object passed in: ``train_state.step += 1``, argchanges.replayed)
+        from .guards import arg_names
+        taken = argchanges.replayed(argw, a, arg_names(fn), graph_outs, box["number_effects"],
+                                    track.const_stores if track else frozenset())
         box["effects"] = pyeffects.collect(effect_sources, olds, graph_outs, problems, user_frame(),
-                                           box.get("number_effects", ()), track.const_stores if track else (), rebound)
+                                           box.get("number_effects", ()), track.const_stores if track else (), rebound,
+                                           taken)
         argchanges.check(argw, [e.source for e in box["number_effects"] + box["effects"][0] + box["effects"][1] if e.source is not None],
                          a, problems, user_frame(), rollback.keep_container if rollback is not None else None)
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
