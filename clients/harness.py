@@ -415,7 +415,9 @@ def run_client(name: str, *, steps: int = 8, device: str = "cpu", amp=None, seed
     recaptures = [r for s in stats for r in s.recaptures if " shape " not in r.split(" (now")[0]]
     shapes = sum(1 for s in stats for r in s.recaptures) - len(recaptures)
     sites: dict = {}
-    for r in dict.fromkeys(recaptures):
+    # (a flag's two ways, ``... True -> False`` and ``... False -> True``, are one pair of
+    # variants: a boolean takes no third value)
+    for r in dict.fromkeys(re.sub(r"\b(True|False)\b", "<bool>", r) for r in recaptures):
         sites.setdefault(reason_kind(r), []).append(r)
     repeated = [rs for rs in sites.values() if len(rs) > 1]
     if not sgr.steps:
