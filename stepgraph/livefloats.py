@@ -129,9 +129,13 @@ class LiveFloats:
         py_values = tuple(entry(s, v) for s, v in zip(g.py.sources, key.py_values))
         return key._replace(hypers=hypers, py_values=py_values)
 
-    def to_device(self, gm, device, sig, frozen, numbers=None):
+    def to_device(self, gm, device, sig, frozen, numbers=None, segmented=False):
         """Feed the graph's live floats in as one device tensor; where an op has no tensor form,
-        bake them and guard their values again (a change then recaptures, with its reason).
+        bake them and guard their values again (a change then recaptures, with its reason) --
+        unless the graph is ``segmented`` anyway (it reads values on the host): then they stay
+        Python the segments run on the host, with the ops they feed, as its numbers do
+        (microsoft/LoRA's AdamW: ``lr * sqrt(1 - beta2 ** step)`` meets the optimizer's step
+        count, which a segmented graph does not feed; baked, every scheduled lr recaptured).
         ``numbers``: the tracked numbers read at each replay too, but the readers in this set
         (device_scalars.numbers_to_feed; they cannot be baked: where one finds no tensor form,
         the ops it feeds run between graph segments). Returns (DeviceScalars or None, signature)."""
@@ -145,6 +149,12 @@ class LiveFloats:
                 if bad and numbers is not False:
                     numbers |= bad
                     continue
+                if segmented:
+                    note = (f"the live floats reach an op with no tensor form ({e}): they and the ops "
+                            "they feed run on the host between graph segments")
+                    log.info("stepgraph: %s: %s", self.name, note)
+                    self.notes.append(note)
+                    return None, sig
                 labels = {h.target.live_label for h in e.roots}
                 gone = {h for h in g.live if g.live_label(h) in labels}
                 if not gone:  # not known which: bake them all

@@ -307,7 +307,8 @@ def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
         if not backend.runs_host_reads and (step._guards.live or numbers is not None):
-            scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen, numbers)
+            scalars, plan.sig = step._live.to_device(gm, device, plan.sig, traced.frozen, numbers,
+                                                     segmented=host_work and backend.segmented is not None)
             step._prepared += step._live.notes
             step._live.notes.clear()
             if scalars is not None:
