@@ -150,3 +150,41 @@ def test_eval_inference_with_nested_tensors_refused_with_a_fix():
 def _nothing():
     import contextlib
     return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("module", ["mha_padding_mask", "mha_no_mask", "decoder_teacher"])
+def test_an_eval_teacher_in_a_training_step_takes_eager_fast_path(module):
+    """An eval attention module run under no_grad inside a training step (a distillation teacher,
+    a validation pass): nn.MultiheadAttention.forward also declines its fast path while make_fx
+    traces (``_is_make_fx_tracing``), so the graph ran the slow path, 6e-8 from eager's
+    ``_native_multi_head_attention`` at the capture and every replay (found by a probe)."""
+    torch.manual_seed(0)
+    if module == "decoder_teacher":
+        teacher = nn.TransformerDecoder(nn.TransformerDecoderLayer(D, 4, 32, batch_first=True), 2).eval()
+    else:
+        teacher = nn.MultiheadAttention(D, 4, batch_first=True).eval()
+    head = nn.Linear(D, 1)
+    head2 = copy.deepcopy(head)
+    opt, opt2 = torch.optim.SGD(head.parameters(), lr=0.1), torch.optim.SGD(head2.parameters(), lr=0.1)
+
+    def make(h, o):
+        def step(x, pad):
+            with torch.no_grad():
+                if module == "decoder_teacher":
+                    a = teacher(x, x)
+                else:
+                    a = teacher(x, x, x, key_padding_mask=pad if module == "mha_padding_mask" else None)[0]
+            loss = h(a).pow(2).mean()
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return a
+        return step
+    step, eager = stepgraph.compile(make(head, opt)), make(head2, opt2)
+    for k in range(5):
+        x, pad, _ = _batch(k)
+        pad = pad.clone()
+        pad[:, 0] = False   # (no row all padding)
+        assert torch.equal(step(x, pad), eager(x, pad)), k
+        assert torch.equal(head.weight, head2.weight), k
+    assert step.stats.replays == 3, step.explain()

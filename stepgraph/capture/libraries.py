@@ -62,8 +62,13 @@ def torch_fast_paths(where):
     kernels); nested-tensor conversion of a padded batch raises a ``CaptureError`` (``where()``
     names the user's line)."""
     from ..errors import CaptureError
+    from torch.nn.modules import activation
     ov = torch.overrides
     saved = ov.has_torch_function, torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask
+    # (nn.MultiheadAttention.forward also refuses its fast path while make_fx traces: an eval
+    # MHA under no_grad -- a distillation teacher, a validation pass in the step -- took the
+    # slow path, 6e-8 from eager's torch._native_multi_head_attention at every replay)
+    saved_mha = getattr(activation, "_is_make_fx_tracing", None)
 
     def has_torch_function(args):
         if sys._getframe(1).f_globals.get("__name__") in _FAST_PATH_MODULES:
@@ -83,10 +88,14 @@ def torch_fast_paths(where):
     # batch that could take the nested path to the refusal above, never to a different path.
     torch._nested_tensor_from_mask_left_aligned = lambda *a, **k: True
     torch._nested_tensor_from_mask = nested_from_mask
+    if saved_mha is not None:
+        activation._is_make_fx_tracing = lambda: False
     try:
         yield
     finally:
         ov.has_torch_function, torch._nested_tensor_from_mask_left_aligned, torch._nested_tensor_from_mask = saved
+        if saved_mha is not None:
+            activation._is_make_fx_tracing = saved_mha
 
 
 # Host reads inside library code: what to change in the user's own code instead.
