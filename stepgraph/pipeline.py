@@ -45,6 +45,7 @@ from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot
 from .capture.libstate import library_scalars, refuse_library_changes
 from .capture.outputs import (container_slots, hidden_changed, hidden_containers, kept_reads, live_outputs, read_side_effects,
                               refuse_hidden_changes, refuse_host_python, refuse_python_side_effects, refuse_slot_stores, warn_appends)
+from .capture.floatleaks import plain_after
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
@@ -112,6 +113,11 @@ class _Done:
 
 def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
     """Capture this call; returns its real result (eager's, if the capture failed)."""
+    with plain_after():   # (no live float of the trace stays in the user's objects)
+        return _capture(step, sig, args, kwargs, reason, sibling_of)
+
+
+def _capture(step, sig: Signature, args, kwargs, reason, sibling_of):
     plan = plan_capture(step, sig, args, kwargs, reason)
     adapt_optimizers(step, plan, args, kwargs)
     done = _Done()

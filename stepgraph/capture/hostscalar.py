@@ -15,6 +15,9 @@ import operator
 import torch
 
 
+MADE: list | None = None   # the HostFloats of the capture running (floatleaks.plain_after)
+
+
 class HostFloat(float):
     """A float that remembers the fx node computing it during a trace."""
 
@@ -23,6 +26,8 @@ class HostFloat(float):
     def __new__(cls, value, node):
         self = float.__new__(cls, float.__float__(value) if isinstance(value, float) else value)
         self.node = node
+        if MADE is not None:
+            MADE.append(self)   # (floatleaks.py: none stays in the user's objects after the capture)
         self.numbers = ()   # tracked numbers read live into this value (used if it is baked)
         self.counter = False   # computed from an optimizer step counter (a decision on it is guarded)
         node.meta["host_value"] = float.__float__(self)  # what the trace saw (baking uses it)

@@ -1,0 +1,80 @@
+"""No stepgraph float left in the user's objects once a capture is over.
+
+While tracing, a float the step reads live (a param group's lr: ``HyperFloat``; a value read
+from a tensor: ``ReadFloat``) is a ``hostscalar.HostFloat``, a float subclass that carries its
+graph node. Python code that copies one into its own objects kept it after the capture:
+``ReduceLROnPlateau.step`` stepped in the step copies the lr into ``_last_lr``, and a checkpoint of
+the scheduler then failed ``torch.load``'s default ``weights_only=True`` ("Unsupported global:
+GLOBAL float"); ``log.append(("loss", step, loss.item()))`` left one in the user's list, where
+``type(x) is float`` is false (both found by probes). After the capture, each one still held
+outside stepgraph is replaced by the plain float in the lists, dicts, cells and tuples holding it
+(tracked numbers have their own pass: sinks.scrub).
+"""
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import types
+
+from . import hostscalar
+from .sinks import _replace
+
+
+@contextlib.contextmanager
+def plain_after():
+    """Around a capture: the HostFloats it makes are replaced by plain floats where the
+    user's objects hold them, whatever the capture's outcome."""
+    outer, hostscalar.MADE = hostscalar.MADE, []
+    made = hostscalar.MADE
+    try:
+        yield
+    finally:
+        hostscalar.MADE = outer
+        _scrub(made)
+
+
+def _scrub(made: list) -> None:
+    # (held only by ``made``, the loop variable and getrefcount's argument: not escaped)
+    out = [f for f in made if sys.getrefcount(f) > 3]
+    made.clear()
+    if not out:
+        return
+    ids = {id(f) for f in out}
+    holders = _users(gc.get_referrers(*out))
+    _replace(holders, ids, float.__float__, None)
+    tuples = [r for r in holders if type(r) is tuple and any(id(v) in ids for v in r)]
+    del holders
+    if tuples:
+        plain = {id(t): tuple(float.__float__(v) if id(v) in ids else v for v in t) for t in tuples}
+        _replace(_users(gc.get_referrers(*tuples)), set(plain), lambda t: plain[id(t)], None)
+
+
+def _users(holders: list) -> list:
+    """The holders not stepgraph's or a graph's (a trace's records, fx nodes), held neither
+    directly by one nor as an attribute in one's ``__dict__`` (a user's module dict is no such
+    thing, even where a stepgraph source refers to it). Two heap scans, whatever their number."""
+    holders = [h for h in holders if not isinstance(h, types.FrameType)]
+    if not holders:
+        return []
+    by_id = {id(h): h for h in holders}
+    internal, dicts = set(), []
+    for r in gc.get_referrers(*holders):
+        if isinstance(r, types.FrameType) or r is holders:
+            continue
+        held = [id(x) for x in gc.get_referents(r) if id(x) in by_id]
+        if _ours(r):
+            internal.update(held)
+        elif type(r) is dict:
+            dicts.append((r, held))
+    if dicts:
+        ours = {id(vars(o)) for o in gc.get_referrers(*[d for d, _ in dicts])
+                if _ours(o) and isinstance(getattr(o, "__dict__", None), dict)}
+        for d, held in dicts:
+            if id(d) in ours:
+                internal.update(held)
+    return [h for h in holders if id(h) not in internal]
+
+
+def _ours(o) -> bool:
+    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx"))
