@@ -172,29 +172,31 @@ def discover_stepping_optimizers(reg: StateRegistry, mode: TorchFunctionMode | N
         reg.refresh_names()
 
 
+def _modes_see_values() -> bool:
+    """Outside a backward, or in one run under the step's torch-function modes: what Python
+    does with a read value there is seen (a hook with no mode on would bake it unseen)."""
+    return torch._C._current_graph_task_id() == -1 or torch._C._len_torch_function_stack() > 0
+
+
 @contextlib.contextmanager
 def _host_read_patches(problems: list, tolist=None, step_arrays=None):
-    """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op, and hooks
-    run by the autograd engine do not see torch-function modes: patch the methods themselves
-    for the trace so a read inside a backward hook is refused too. ``tolist(t)``: how to read a
+    """``.tolist()``, ``.numpy()`` and ``__array__`` read memory without any aten op: patch the
+    methods themselves for the trace. A backward the engine runs without the step's modes
+    (fnbackward.py puts them on) refuses them as ``.item()`` is. ``tolist(t)``: how to read a
     traced tensor's list instead (element by element, as host reads), or None to refuse.
     ``step_arrays`` (steparrays.StepArrays): ``.numpy()`` of a traced CPU tensor hands out a
     watched array, a graph output if the step only returns it; None to refuse."""
 
     def wrap(name, orig):
         def method(self, *a, **k):
-            # (inside a backward hook, run by the autograd engine, torch-function modes do not
-            # see what Python does with the values: refused there, as .item() is)
             if name == "tolist" and tolist is not None and _is_traced(self) and not a and not k \
-                    and not getattr(_host_read_patches, "inside", False) \
-                    and torch._C._current_graph_task_id() == -1:
+                    and not getattr(_host_read_patches, "inside", False) and _modes_see_values():
                 got = tolist(self)
                 if got is not NotImplemented:
                     return got
             if name == "numpy" and step_arrays is not None and _is_traced(self) and not a \
                     and k in ({}, {"force": False}) and self.device.type == "cpu" \
-                    and not getattr(_host_read_patches, "inside", False) \
-                    and torch._C._current_graph_task_id() == -1:
+                    and not getattr(_host_read_patches, "inside", False) and _modes_see_values():
                 with _disable_current_modes():
                     return step_arrays.make(self, orig(self))
             if _is_traced(self) and not getattr(_host_read_patches, "inside", False):

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dis
 import functools
+import gc
 import os
+import types
 
 from .watch import GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS
 
@@ -48,6 +50,34 @@ def side_effects(fn) -> list[str]:
                 and isinstance(ins.argval, str) and ins.argval in _EFFECT_CALLS:
             found.append(f"calls {ins.argval}()")
     return list(dict.fromkeys(found))
+
+
+def private_cells(hooks) -> list:
+    """Closure cells that only hooks registered during the trace hold, through closures of
+    closures (``s = h.max().item(); h.register_hook(lambda g: g * s)``; a multi-grad hook's
+    inner hooks hold the user's). Their backward ran under the step's modes (fnbackward.py), so
+    a read kept there was used live: no Python state a replay leaves stale. A cell the step's
+    own function shares (``nonlocal s``) is state outside the hook: not one of these."""
+    tuples, cells, seen, todo = set(), [], set(), [fn for _, fn in hooks]
+    while todo:
+        fn = todo.pop()
+        while isinstance(fn, functools.partial):
+            fn = fn.func
+        fn = getattr(fn, "__func__", fn)
+        closure = getattr(fn, "__closure__", None)
+        if id(fn) in seen or not closure:
+            continue
+        seen.add(id(fn))
+        tuples.add(id(closure))
+        for c in closure:
+            cells.append(c)
+            try:
+                todo.append(c.cell_contents)
+            except ValueError:   # (a cell not assigned yet)
+                pass
+    tuples.add(id(cells))
+    return [c for c in cells
+            if all(id(r) in tuples or isinstance(r, types.FrameType) for r in gc.get_referrers(c))]
 
 
 def registered_hooks(reg) -> list:

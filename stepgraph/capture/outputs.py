@@ -202,6 +202,7 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
 def read_side_effects(tr, step_name: str) -> list:
     """Values read from tensors that the step printed or stored in Python objects (a meter, a
     list, a global): that Python runs only at capture. Warned and returned for explain()."""
+    from .hooks import private_cells
     from .hostreads import stored_reads
     log_ = tr.reads
     printed = list(dict.fromkeys(log_.printed)) if log_ is not None else []
@@ -235,6 +236,7 @@ def read_side_effects(tr, step_name: str) -> list:
     walk(tr.result)
     for ctx in list(log_.ctxs):   # (``ctx.scale = x.item()``: used live by its backward, fnbackward.py)
         walk(vars(ctx))
+    containers += private_cells(tr.hooks)   # (``lambda g: g * s``: used live by the hook, too)
     containers.append(vars(tr))  # the TraceResult itself holds the result
     import gc   # ...and the pipeline's one-item tuple of it (``return tot``, a float summed from reads)
     containers += [r for r in gc.get_referrers(tr.result) if type(r) is tuple and len(r) == 1]
