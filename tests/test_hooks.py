@@ -373,9 +373,7 @@ def test_host_read_inside_a_hook(read):
     """A hook runs under the step's modes (capture/fnbackward.py): item and tolist are read at each
     replay, as in the step's own code (they were refused); float(t.numpy()) is refused there too."""
     get = {"item": lambda t: t.item(), "tolist": lambda t: t.tolist(), "numpy": lambda t: float(t.numpy())}[read]
-
-    def setup(m):
-        m[0].weight.register_hook(lambda g: g / get(g.abs().max()))
+    setup = lambda m: m[0].weight.register_hook(lambda g: g / get(g.abs().max()))   # noqa: E731
     if read != "numpy":
         return run_twins(plain, setup=setup)
     model = make_model()
