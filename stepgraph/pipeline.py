@@ -112,32 +112,29 @@ class _Done:
 
 
 def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
-    """Capture this call; returns its real result (eager's, if the capture failed)."""
-    with plain_after():   # (no live float of the trace stays in the user's objects)
-        return _capture(step, sig, args, kwargs, reason, sibling_of)
-
-
-def _capture(step, sig: Signature, args, kwargs, reason, sibling_of):
-    plan = plan_capture(step, sig, args, kwargs, reason)
-    adapt_optimizers(step, plan, args, kwargs)
-    done = _Done()
-    states = optimizer_states(step._reg)
-    try:
-        traced = trace(step, plan, args, kwargs, done)
-        if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
-            return warmed_up(step, traced.trace.result)
-        new = traced.trace.fetches and not hidden_changed(traced.hidden_before, traced.trace, args) \
-            and fetches.replan(step._fetch, step._replans, traced.trace.fetches, step._guards.py.sources, args)
-        if new:   # (next(loader), host random draws in the step: fetches.py)
-            step._replans, step._fetch = step._replans + (step._fetch is not None), new
-            return warmed_up(step, traced.trace.result, "it takes its own inputs (next(), host random draws): "
-                             "from the next call on they are taken before the step and fed in")
-        clean(step, plan, traced, args)
-        lowered = lower(step, plan, traced, args)
-    except BaseException as e:
-        step.stats.failed_captures += 1
-        return capture_failed(step, e, done.result)   # (the user's own exceptions propagate: failures.py)
-    return keep(step, plan, traced, lowered, args, kwargs, sibling_of)
+    """Capture this call; returns its real result (eager's, if the capture failed). No live
+    float of the trace stays in the user's objects after it (floatleaks.plain_after)."""
+    with plain_after():
+        plan = plan_capture(step, sig, args, kwargs, reason)
+        adapt_optimizers(step, plan, args, kwargs)
+        done = _Done()
+        states = optimizer_states(step._reg)
+        try:
+            traced = trace(step, plan, args, kwargs, done)
+            if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
+                return warmed_up(step, traced.trace.result)
+            new = traced.trace.fetches and not hidden_changed(traced.hidden_before, traced.trace, args) \
+                and fetches.replan(step._fetch, step._replans, traced.trace.fetches, step._guards.py.sources, args)
+            if new:   # (next(loader), host random draws in the step: fetches.py)
+                step._replans, step._fetch = step._replans + (step._fetch is not None), new
+                return warmed_up(step, traced.trace.result, "it takes its own inputs (next(), host random draws): "
+                                 "from the next call on they are taken before the step and fed in")
+            clean(step, plan, traced, args)
+            lowered = lower(step, plan, traced, args)
+        except BaseException as e:
+            step.stats.failed_captures += 1
+            return capture_failed(step, e, done.result)   # (the user's own exceptions propagate: failures.py)
+        return keep(step, plan, traced, lowered, args, kwargs, sibling_of)
 
 
 def plan_capture(step, sig: Signature, args, kwargs, reason) -> Plan:

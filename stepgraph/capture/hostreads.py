@@ -283,7 +283,8 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     """Sites of ReadFloats the step stored in Python objects (a meter, a list, a global): a
     replay runs no Python, so those objects keep this call's value. ``allowed``: containers
     stepgraph itself holds (the returned structure)."""
-    skip = {id(log.reads), id(allowed)} | {id(x) for x in allowed}
+    from . import hostscalar
+    skip = {id(log.reads), id(allowed), id(hostscalar.MADE)} | {id(x) for x in allowed}   # (MADE: floatleaks.py)
     sites = [f.site for f in log.reads
              if any(id(r) not in skip and not isinstance(r, types.FrameType) for r in gc.get_referrers(f))]
     return list(dict.fromkeys(sites))
