@@ -26,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from ..errors import CaptureError, user_frame
 from ..optimizers import absorb_floats
 from . import argchanges, argtree
+from .bindings import binding
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
 from .hostreads import ReadLog, math_patches, tolist
@@ -156,9 +157,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             v = src.read(a)
             if not isinstance(v, float) or names_slot(src, a, hyper_slots):
                 continue   # (None now, say: keyed by value for this graph, Guards._py_key)
+            at = binding(src, a)   # (where it lives: a class attribute stays on its class)
+            if at is None or at.get() is not v:   # (a frozen dataclass, a property: keyed by value)
+                box.setdefault("baked", HyperLog()).add(src)
+                continue
             live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
-            saved_hypers.append((src, None, v, live))
-            src.write(live, a)
+            saved_hypers.append((src, at, v, live))
+            at.set(live)
         for oi, gi, k in live_hypers:
             group = reg.optimizers[oi][1].param_groups[gi]
             live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", HyperLog()),

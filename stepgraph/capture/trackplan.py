@@ -328,8 +328,9 @@ def _same_float(v, old) -> bool:
 
 def hyper_effects(reg, assigned=(), scheduled=(), const_stores=frozenset(), args=()) -> list:
     """Put back the live values the trace put in (``assigned``: ``(group, key, old value, live
-    value)``, a Source where key is None), unless the step assigned new ones (a scheduler
-    stepped inside it): those are what eager leaves. Runs even when the step raised.
+    value)``; for a Source, the bindings.Binding it was put at as key), unless the step assigned
+    new ones (a scheduler stepped inside it): those are what eager leaves. Runs even when the
+    step raised.
 
     A param group's hyper-parameter the step assigned from tracked numbers (``g['lr'] =
     get_lr(it)``): written again after each replay (the graph itself read the number live or
@@ -344,9 +345,11 @@ def hyper_effects(reg, assigned=(), scheduled=(), const_stores=frozenset(), args
     from .pyvalues import Source
     effects = []
     for group, k, old, live in reversed(assigned):
-        if k is None:   # a Source
+        if isinstance(group, Source):   # k: its bindings.Binding, where the live value was put
+            if k.get() is live:
+                k.set(old)   # (exactly there: a class attribute read through an instance)
             cur = group.read(args)
-            if cur is live:
+            if cur is live:   # (the step assigned it where it reads it now: ``h.x = h.x``)
                 group.write(old, args)
             elif type(cur) in _PROXIES and getattr(cur, "_e", None) is not None:
                 effects.append(NumberEffect(Root("source", group, group.describe()), None, cur._e))
