@@ -227,9 +227,15 @@ def stateless_config(m) -> tuple | None:
     return tuple(out)
 
 
-def _consider(name: str, obj, found: dict, depth: int) -> None:
-    if isinstance(obj, nn.Module) and stateless_config(obj) is not None:
-        return   # (no state: keyed by its configuration, guards._leaf_value)
+def _consider(name: str, obj, found: dict, depth: int, leaf: bool = False) -> None:
+    """``leaf``: ``obj`` is a leaf of the call's arguments (or inside a list, tuple or dict of
+    them), which the signature keys by value."""
+    if leaf and isinstance(obj, nn.Module) and stateless_config(obj) is not None:
+        # (keyed by its configuration, guards._leaf_value: a new one per call is no new state.
+        # One the step reaches otherwise -- closure, globals, an object's attribute -- is state:
+        # its forward's reads are guarded (forward_attrs.py) and its train/eval keyed; skipped,
+        # a loop's ``criterion.label_smoothing = 0.3`` was replayed with the old value)
+        return
     if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
         found.setdefault(id(obj), (name, obj))
         if isinstance(obj, nn.Module) and depth <= 1:
@@ -247,12 +253,12 @@ def _consider(name: str, obj, found: dict, depth: int) -> None:
         return
     if isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj[:64]):
-            _consider(f"{name}[{i}]", v, found, depth + 1)
+            _consider(f"{name}[{i}]", v, found, depth + 1, leaf)
         return
     if isinstance(obj, dict):
         for k, v in list(obj.items())[:64]:
             if isinstance(k, str):
-                _consider(f"{name}[{k!r}]", v, found, depth + 1)
+                _consider(f"{name}[{k!r}]", v, found, depth + 1, leaf)
         return
     opt = getattr(obj, "optimizer", None)  # LR schedulers, GradScaler-like holders
     if isinstance(opt, torch.optim.Optimizer):
@@ -308,7 +314,7 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
                   obj if not isinstance(obj, tuple) else obj[1], found, 0)
     held = set(found)   # what the user's state= or the step's code reaches: held strongly
     for name, obj in _arg_objects(args, kwargs, arg_names):
-        _consider(name, obj, found, 0)
+        _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
     via_code: dict = {}
     _walk_function(fn, via_code)
@@ -327,6 +333,6 @@ def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:
     found: dict = {}
     for name, obj in _arg_objects(args, kwargs, arg_names):
         if not isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
-            _consider(name, obj, found, 0)
+            _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (inputs)
     return bool(found) and _found_to_registry(found, reg, weak=set(found))

@@ -1,0 +1,216 @@
+"""Python state a replay used to get silently wrong (found by a probe):
+
+* a module holding no tensors (``nn.CrossEntropyLoss()``, a user ``KDLoss`` with a
+  ``temperature``) reached from the step's closure, globals or an object it reads, whose
+  attributes the loop changes between calls: it was not found as state, so its forward's reads
+  were never guarded and replays kept the captured settings;
+* a ``collections.deque`` the step appends to: keyed by identity and skipped by the change
+  checks, so replays stopped changing it (and a ``maxlen`` deque's mean was baked).
+
+Each idiom runs against an eager twin; the change happens between calls."""
+import collections
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class KDLoss(nn.Module):
+    def __init__(self, temperature=2.0, alpha=0.5):
+        super().__init__()
+        self.temperature = temperature
+        self.alpha = alpha
+
+    def forward(self, s, y):
+        t = self.temperature
+        return self.alpha * F.cross_entropy(s / t, y) * t * t + (1 - self.alpha) * F.cross_entropy(s, y)
+
+
+def _batches(n, classes=4):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(6, 8, generator=g), torch.randint(0, classes, (6,), generator=g)) for _ in range(n)]
+
+
+def _same_params(a, b):
+    return all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def _run(make, change, calls=6):
+    """Run ``make()``'s step eagerly and compiled; ``change(k, world)`` before call k on both."""
+    (mE, cE, fE), (mC, cC, fC) = make(), make()
+    sg = stepgraph.compile(fC)
+    for k, (x, y) in enumerate(_batches(calls)):
+        change(k, cE)
+        change(k, cC)
+        torch.manual_seed(100 + k)   # (both twins draw the same dropout masks)
+        a = fE(x, y)
+        torch.manual_seed(100 + k)
+        b = sg(x, y)
+        assert torch.equal(a, b), (k, sg.stats.last_branch, a, b)
+        assert _same_params(mE, mC), k
+    return sg
+
+
+def _world(loss_at):
+    """A step whose loss module is reached by ``loss_at``: 'closure', 'object' (an attribute of a
+    trainer object the step reads), 'argument_object'."""
+    def make(crit_factory):
+        def build():
+            torch.manual_seed(0)
+            model = nn.Linear(8, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            crit = crit_factory()
+            if loss_at == "closure":
+                def step(x, y):
+                    loss = crit(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    return loss.detach()
+            else:
+                class Trainer:
+                    pass
+                trainer = Trainer()
+                trainer.criterion = crit
+
+                def step(x, y):
+                    loss = trainer.criterion(model(x), y)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    return loss.detach()
+            return model, crit, step
+        return build
+    return make
+
+
+@pytest.mark.parametrize("loss_at", ["closure", "object"])
+def test_cross_entropy_label_smoothing_changed_between_calls(loss_at):
+    def change(k, crit):
+        if k == 3:
+            crit.label_smoothing = 0.3
+    sg = _run(_world(loss_at)(nn.CrossEntropyLoss), change)
+    assert sg.stats.captures == 2, sg.stats
+    assert "label_smoothing" in sg.stats.recaptures[0], sg.stats.recaptures
+
+
+@pytest.mark.parametrize("loss_at", ["closure", "object"])
+def test_a_user_loss_modules_temperature_and_alpha_on_a_schedule(loss_at):
+    def change(k, kd):
+        kd.temperature = 2.0 + 0.5 * (k // 2)
+        if k == 4:
+            kd.alpha = 0.9
+    sg = _run(_world(loss_at)(KDLoss), change)
+    assert sg.stats.replays >= 1, sg.stats
+
+
+CRIT = nn.CrossEntropyLoss()
+
+
+def test_a_global_loss_modules_setting_changed_between_calls():
+    global CRIT
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        def step(x, y):
+            loss = CRIT(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    try:
+        for k, (x, y) in enumerate(_batches(6)):
+            CRIT.label_smoothing = 0.2 if k >= 3 else 0.0
+            assert torch.equal(sg(x, y), eager(x, y)), k
+            assert _same_params(m, m2), k
+    finally:
+        CRIT = nn.CrossEntropyLoss()
+    assert sg.stats.captures == 2 and "label_smoothing" in sg.stats.recaptures[0], sg.stats
+
+
+def test_a_closure_dropout_module_toggled_and_its_p_changed():
+    """``drop = nn.Dropout(0.5)`` beside the model: its train/eval and ``p`` decide the graph."""
+    def make():
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        drop = nn.Dropout(0.5)
+
+        def step(x, y):
+            loss = F.cross_entropy(drop(model(x)), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return model, drop, step
+
+    def change(k, drop):
+        drop.train(k not in (2, 3))
+        if k == 4:
+            drop.p = 0.2
+    sg = _run(make, change, calls=7)
+    assert sg.stats.captures >= 3, sg.stats
+
+
+def test_a_loss_module_passed_as_argument_is_keyed_the_same_way():
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+    kd, kd2 = KDLoss(), KDLoss()
+
+    def step(model, opt, crit, x, y):
+        loss = crit(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for k, (x, y) in enumerate(_batches(6)):
+        if k == 3:
+            kd.temperature = kd2.temperature = 4.0
+        assert torch.equal(sg(m, o, kd, x, y), step(m2, o2, kd2, x, y)), k
+        assert _same_params(m, m2), k
+    assert sg.stats.captures == 2 and "temperature" in sg.stats.recaptures[0], sg.stats
+
+
+def test_a_submodules_plain_attribute_changed_between_calls():
+    """``model.head.temperature = 2.0``: the model is state, its submodules' forwards are read."""
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(8, 4)
+            self.temperature = 1.0
+
+        def forward(self, x):
+            return self.fc(x) / self.temperature
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), Head())
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return model, model, step
+
+    def change(k, model):
+        if k == 3:
+            model[1].temperature = 2.0
+    sg = _run(make, change)
+    assert sg.stats.captures == 2 and "temperature" in sg.stats.recaptures[0], sg.stats
