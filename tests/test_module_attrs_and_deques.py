@@ -139,6 +139,36 @@ def test_a_global_loss_modules_setting_changed_between_calls():
     assert sg.stats.captures == 2 and "label_smoothing" in sg.stats.recaptures[0], sg.stats
 
 
+def test_a_global_loss_module_rebound_each_call_with_its_setting():
+    """``crit = nn.CrossEntropyLoss(label_smoothing=s)`` made anew in the loop: the new object's
+    settings, not only its identity, decide the graph."""
+    global CRIT
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    m2 = copy.deepcopy(m)
+    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
+
+    def make(model, opt):
+        def step(x, y):
+            loss = CRIT(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    try:
+        for k, (x, y) in enumerate(_batches(8)):
+            CRIT = nn.CrossEntropyLoss()
+            if k >= 5:
+                CRIT.label_smoothing = 0.2
+            assert torch.equal(sg(x, y), eager(x, y)), k
+            assert _same_params(m, m2), k
+    finally:
+        CRIT = nn.CrossEntropyLoss()
+    assert sg.stats.replays >= 4, sg.stats
+
+
 def test_a_closure_dropout_module_toggled_and_its_p_changed():
     """``drop = nn.Dropout(0.5)`` beside the model: its train/eval and ``p`` decide the graph."""
     def make():

@@ -71,6 +71,7 @@ class StateRegistry(WeakHolding, HookWatching):
     # Leaf tensors that require grad, reached by the step's code outside any module or optimizer
     # (makemore's ``parameters = [C, W1, b1, W2, b2]``): parameters too, their .grad a slot.
     loose: list = field(default_factory=list)          # (source, tensor)
+    module_ids: frozenset = frozenset()                # id of every module held (guards._module_key)
 
     @classmethod
     def of_optimizers(cls, optimizers) -> "StateRegistry":
@@ -133,6 +134,7 @@ class StateRegistry(WeakHolding, HookWatching):
         self.grad_params = [p for _, p in self.params if p.requires_grad]
         self.requires_grad = tuple(p.requires_grad for _, p in self.params)
         self._all = [(None, self._hold(m)) for m in subs]
+        self.module_ids = frozenset(map(id, subs))
         self._all_plain = subs if not any(id(m) in self.weak_ids for m in subs) else None
         ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
         self._ddp = [(mname + (f".{sub}" if sub else ""), self._hold(m)) for mname, mod in self.modules

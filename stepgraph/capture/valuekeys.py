@@ -93,6 +93,13 @@ def _small_arrays(v) -> bool:
         all(isinstance(x, _SCALARS) or any(x is a for a in arrays) for x in v)
 
 
+def stateless_text(config) -> str:
+    """A module holding no tensors, by its settings (state.stateless_config)."""
+    name, cls, training, items = config[0]
+    shown = ", ".join(f"{k}={v!r}" for k, v in items)
+    return f"{cls.__name__}({shown}){'' if training else ' in eval mode'}"
+
+
 def _show(g) -> str:
     if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple") and any(
             isinstance(x, tuple) and x[:1] == ("ndarray",) for x in g[1]):
@@ -108,6 +115,8 @@ def _show(g) -> str:
         return f"a {g[2][0]} of {g[1]} items, members #{hash(g) & 0xffff:04x}"
     if g == ("number",):
         return "a Python number"
+    if isinstance(g, tuple) and g[:1] == ("stateless module",):   # (guards._module_key)
+        return stateless_text(g[1])
     if g == "<live>" or isinstance(g, tuple) and g[:1] == ("<live>",):   # (Guards._marker)
         return "a float read live"
     if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
