@@ -244,3 +244,63 @@ def test_a_submodules_plain_attribute_changed_between_calls():
             model[1].temperature = 2.0
     sg = _run(make, change)
     assert sg.stats.captures == 2 and "temperature" in sg.stats.recaptures[0], sg.stats
+
+
+# ---- deques ----------------------------------------------------------------------------------
+_DEQUE_STEPS = {
+    "tensor": "dq.append(loss.detach())",
+    "item": "dq.append(loss.item())",
+    "extend": "dq.extend([loss.detach(), loss.detach() * 2])",
+    "mean": "dq.append(loss.detach())\n    return torch.stack(list(dq)).mean()",
+    "int": "st['i'] += 1\n    dq.append(st['i'])",
+}
+
+
+def _deque_world(idiom, maxlen):
+    """A model, a deque and a step (its own code, so that ``dq`` is read only as written)."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    ns = {"model": model, "opt": torch.optim.SGD(model.parameters(), lr=0.1), "F": F, "torch": torch,
+          "dq": collections.deque(maxlen=maxlen), "st": {"i": 0}}
+    src = ("def step(x, y):\n    loss = F.cross_entropy(model(x), y)\n    opt.zero_grad()\n"
+           "    loss.backward()\n    opt.step()\n    " + _DEQUE_STEPS[idiom] + "\n    return loss.detach()\n")
+    exec(compile(src, f"<deque step {idiom}>", "exec"), ns)
+    return model, ns["dq"], ns["step"]
+
+
+def _same_deque(a, b):
+    return type(a) is type(b) and a.maxlen == b.maxlen and len(a) == len(b) and all(
+        type(x) is type(y) and (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y) for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("maxlen", [None, 3])
+@pytest.mark.parametrize("idiom", ["tensor", "item", "extend"])
+def test_a_deque_the_step_appends_to_is_appended_to_at_each_replay(idiom, maxlen):
+    import warnings
+    (mE, dE, fE), (mC, dC, fC) = _deque_world(idiom, maxlen), _deque_world(idiom, maxlen)
+    sg = stepgraph.compile(fC)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # (no "replays will not add to it", no "stores values read")
+        for k, (x, y) in enumerate(_batches(7)):
+            assert torch.equal(fE(x, y), sg(x, y)), k
+            assert _same_params(mE, mC), k
+            assert _same_deque(dE, dC), (k, sg.stats.last_branch, list(dE), list(dC))
+    assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats
+
+
+@pytest.mark.parametrize("maxlen", [None, 3])
+@pytest.mark.parametrize("idiom, match", [("mean", "puts tensors it computes into the deque"),
+                                          ("int", "the step changes the deque")])
+def test_a_deque_changed_otherwise_is_refused_as_eager_left_it(idiom, match, maxlen):
+    """Read as well as appended to (a sliding mean), or given a Python number: as a list, refused
+    at the capturing call, which ran eagerly to its end."""
+    (mE, dE, fE), (mC, dC, fC) = _deque_world(idiom, maxlen), _deque_world(idiom, maxlen)
+    sg = stepgraph.compile(fC)
+    batches = _batches(4)
+    assert torch.equal(fE(*batches[0]), sg(*batches[0]))
+    x, y = batches[1]
+    fE(x, y)
+    with pytest.raises(stepgraph.CaptureError, match=match):
+        sg(x, y)
+    assert _same_params(mE, mC)
+    assert _same_deque(dE, dC), (list(dE), list(dC))
