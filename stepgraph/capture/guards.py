@@ -93,6 +93,18 @@ def _quick_state(a):
     return id(a) if config is None else config
 
 
+def _module_key(key, v, held: frozenset):
+    """A module holding no tensors that is not the state found (a global ``criterion``
+    rebound to a new ``nn.CrossEntropyLoss(label_smoothing=s)`` in the loop): keyed by its
+    settings, as an argument's is. By identity, every new one recaptured, and its settings
+    changed later were not guarded: its forward was never read."""
+    if isinstance(v, torch.nn.Module) and isinstance(key, tuple) and key[:1] == ("object",) and id(v) not in held:
+        config = stateless_config(v)
+        if config is not None:
+            return ("stateless module", config)
+    return key
+
+
 def _spec_key(spec):
     try:
         hash(spec)
@@ -128,7 +140,7 @@ class Guards(Reasons, LiveKeys):
     def _py_key(self, args) -> tuple:
         live = self.live
         skip = live | self.keyed if self.keyed else live
-        known = self.reg.names
+        known, held_modules = self.reg.names, self.reg.module_ids
         # (a live variable holding no float now -- ``loss_ema = None`` at an epoch's start --
         # is keyed by value: a graph reading it live would read that None)
         # (the step's own ``opt.param_groups[0]["lr"]`` holding the device tensor stepgraph made
@@ -144,7 +156,7 @@ class Guards(Reasons, LiveKeys):
                      else tensor_key(v) if (live_input(s, v, args, known, self.rebound) or id(s) in opened
                                             or carried and (source_id(s) in carried
                                                             or type(v) is torch.Tensor and carried_element(s, carried)))
-                     else state_free(key_of(s, v, args, skip), v, known)
+                     else _module_key(state_free(key_of(s, v, args, skip), v, known), v, held_modules)
                      for s, v in values)
 
     def _marker(self, h, value):

@@ -8,6 +8,7 @@ Changes the step makes to Python values it reads are refused with the line that 
 """
 from __future__ import annotations
 
+import collections
 import logging
 import warnings
 
@@ -30,6 +31,8 @@ def container_slots(py, args) -> list:
         v = s.read_or(args)
         if type(v) is list:
             out.append(("list", [id(x) for x in v], id(v)))
+        elif isinstance(v, collections.deque):   # (its items held: a full ``maxlen`` one keeps its length)
+            out.append(("deque", tuple(v), id(v)))
         elif type(v) is dict:
             out.append(("dict", {k: id(x) for k, x in v.items()}, id(v)))
         elif isinstance(v, (list, dict, set)):
@@ -60,7 +63,7 @@ def refuse_slot_stores(py, before: list, after: list, args, covered=()) -> None:
     from .trackplan import slot_of
     done = {slot_of(s, args) for s in covered}
     for s, a, b in zip(py.sources, before, after):
-        if a is None or b is None or a[0] != b[0] or a[0] == "sized" or a[2] != b[2] or not s.from_step \
+        if a is None or b is None or a[0] != b[0] or a[0] in ("sized", "deque") or a[2] != b[2] or not s.from_step \
                 or ".param_groups" in s.describe():   # (rebound: the guard key's business; lr: live)
             continue
         v = s.read_or(args)
@@ -87,12 +90,32 @@ def warn_appends(py, before: list, after: list, step_name: str, replayed=frozens
     """Containers the step only calls methods on (``history.append(x)``) that grew: a replay
     will not append. Warned (returned for explain()), not refused: the graph does not read them.
     Not ``replayed``: lists given only graph tensors and host reads, which replays append to
-    (pyeffects.collect_appends)."""
+    (pyeffects.collect_appends). A deque changed otherwise is refused (_refuse_deque)."""
+    _refuse_deque(py, before, after, replayed)
     notes = [f"{s.describe()} grew by {b - a} in the call captured (read at {s.where}); replays do not run "
              "Python code, so they will not add to it (return the values from the step instead)"
              for s, a, b in zip(py.sources, map(_size, before), map(_size, after)) if s.identity_only
              and a is not None and b is not None and a != b and id(s) not in replayed]
     return _warned(notes, step_name)
+
+
+def _refuse_deque(py, before: list, after: list, replayed) -> None:
+    """A deque the step changed (``dq.append(step)``, ``dq.popleft()``) that no replay changes
+    again: refused, as a list it reads is. Keyed by identity (or, full at its ``maxlen``, by a
+    length that does not change), replays left it as the capture did, silently."""
+    for s, a, b in zip(py.sources, before, after):
+        if a is None or b is None or a[0] != "deque" or b[0] != "deque" or a[2] != b[2] \
+                or not s.from_step or id(s) in replayed:
+            continue
+        if len(a[1]) != len(b[1]) or any(x is not y for x, y in zip(a[1], b[1])):
+            raise CaptureError(
+                f"the step changes the deque {s.describe()} ({len(a[1])} -> {len(b[1])} items) with values "
+                "a replay cannot compute again (only tensors the step computes and values read from "
+                "them are appended after each replay); a replay runs no Python code, so it would not "
+                "change it\n  this call ran eagerly to its end: your model and optimizer hold the "
+                "result of this step", op=f"change of {s.describe()}", where=s.where,
+                fix=f"change {s.describe()} in the loop outside the step, or append only tensors the "
+                    "step computes (or their .item())")
 
 
 def _warned(notes: list, step_name: str) -> list:

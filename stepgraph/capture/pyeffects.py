@@ -21,6 +21,7 @@ writes them without the call's arguments.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import torch
@@ -191,7 +192,7 @@ def before(sources) -> list:
     from . import attrstores
     attrstores.snapshot()   # (and the tensors objects' attributes hold: attrstores.collect)
     out = _Olds(s.read_or(()) for s in sources)
-    out.members = {k: tuple(map(id, v)) for k, v in enumerate(out) if type(v) is list and len(v) <= _MAX_TUPLE}
+    out.members = {k: tuple(map(id, v)) for k, v in enumerate(out) if type(v) in (list, deque) and len(v) <= _MAX_TUPLE}
     return out
 
 
@@ -231,7 +232,7 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         if new is old and k in members and tuple(map(id, new)) != members[k] \
                 and any(_graph_kind(t, tracer) == "tensor" for t in new):
             problems.append(Problem(   # (keyed by its tensors' metadata: nothing else would see it)
-                f"the step puts tensors it computes into the list {s.describe()} in place: a replay "
+                f"the step puts tensors it computes into the {type(new).__name__} {s.describe()} in place: a replay "
                 "could not redo that", s.where or where,
                 f"rebind it to a new list or tuple ({s.describe()} = [...]), which a replay writes back",
                 plain=True))
@@ -283,13 +284,27 @@ def group_reads(reg, tracer) -> list:
 
 
 def append_sources(guards, args) -> list:
-    """Lists the step's own code reads and only calls methods on (``history.append(x)``)."""
+    """Lists and deques the step's own code reads and only calls methods on (``history.append(x)``)."""
     return [s for s in guards.py.sources if s.identity_only and s.from_step and s.kind != "arg"
-            and isinstance(s.read_or(args), list)]
+            and isinstance(s.read_or(args), (list, deque))]
 
 
 def lengths(sources) -> list:
-    return [len(s.read_or(())) for s in sources]
+    """A list's length; a deque's items (a full ``maxlen`` deque keeps its length as it grows)."""
+    return [tuple(v) if isinstance(v := s.read_or(()), deque) else len(v) for s in sources]
+
+
+def _appended(lst, n0, tracer) -> int:
+    """How many items the step appended: past a list's length ``n0``; a deque's trailing items the
+    step computed, after what it held (``n0``) less its oldest dropped by ``maxlen`` (0: it did
+    anything else to the deque, refused by outputs.warn_appends)."""
+    if not isinstance(lst, deque):
+        return max(len(lst) - n0, 0) if isinstance(lst, list) else 0
+    items, k = list(lst), 0
+    while k < len(items) and _graph_kind(items[-1 - k], tracer) is not None:
+        k += 1
+    kept = items[:len(items) - k]
+    return k if len(kept) <= len(n0) and all(a is b for a, b in zip(kept, n0[len(n0) - len(kept):])) else 0
 
 
 def collect_appends(sources, lens, graph_outs: list, tracer) -> list:
@@ -300,12 +315,14 @@ def collect_appends(sources, lens, graph_outs: list, tracer) -> list:
     effects = []
     for s, n0 in zip(sources, lens):
         lst = s.read_or(())
-        if not isinstance(lst, list) or len(lst) <= n0:
+        k = _appended(lst, n0, tracer)
+        if not k:
             continue
-        kinds = [_graph_kind(v, tracer) for v in lst[n0:]]
+        start = len(lst) - k
+        kinds = [_graph_kind(lst[i], tracer) for i in range(start, len(lst))]
         if None in kinds:
             continue
-        for i, kind in enumerate(kinds, n0):
+        for i, kind in enumerate(kinds, start):
             effects.append(_effect(s, lst[i], kind, graph_outs))
             if kind == "read":
                 lst[i] = _plain(lst[i])   # eager leaves a plain float there
@@ -317,7 +334,10 @@ def truncate(sources, lens):
     def restore():
         for s, n0 in zip(sources, lens):
             lst = s.read_or(())
-            if isinstance(lst, list):
+            if isinstance(lst, deque):
+                lst.clear()
+                lst.extend(n0)
+            elif isinstance(lst, list):
                 del lst[n0:]
     return restore
 

@@ -23,6 +23,7 @@ parameters (besides a bound method's ``self``) are keyed like ``self``.
 from __future__ import annotations
 
 import builtins
+import collections
 
 import dis
 import functools
@@ -304,7 +305,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                                              and replayable_callee(v, method) else None)
             appends.setdefault(key, []).append(p == path and statement and method in ("append", "extend"))
             g = guard_value(v)
-            if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set)):
+            if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set, collections.deque)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
                 # not its contents (reading them is another instruction, keyed by value). A
                 # method that reads them (``cfg.get(k)``, ``.items()``) is such a read.

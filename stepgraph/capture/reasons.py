@@ -10,6 +10,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from . import fetches
+from .valuekeys import stateless_text
 from .sigkey import DIFF_ORDER, SECTION_NAMES, SignatureKey, TensorMeta
 
 _TENSOR_FIELDS = ("type", "dtype", "device", "shape", "stride", "requires_grad", ".grad")
@@ -134,9 +135,7 @@ def _describe_leaf(x) -> str:
     if x[0] == "number":
         return "a Python number"
     if x[0] == "stateless module":   # (state.stateless_config: the root module's class and settings)
-        name, cls, training, items = x[1][0]
-        shown = ", ".join(f"{k}={v!r}" for k, v in items)
-        return f"{cls.__name__}({shown}){'' if training else ' in eval mode'}"
+        return stateless_text(x[1])
     if x[0] == "ndarray":   # (arrays.array_key)
         what = f"numpy array {x[1]}{list(x[2])}"
         if len(x) > 4:

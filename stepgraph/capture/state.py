@@ -71,6 +71,7 @@ class StateRegistry(WeakHolding, HookWatching):
     # Leaf tensors that require grad, reached by the step's code outside any module or optimizer
     # (makemore's ``parameters = [C, W1, b1, W2, b2]``): parameters too, their .grad a slot.
     loose: list = field(default_factory=list)          # (source, tensor)
+    module_ids: frozenset = frozenset()                # id of every module held (guards._module_key)
 
     @classmethod
     def of_optimizers(cls, optimizers) -> "StateRegistry":
@@ -133,6 +134,7 @@ class StateRegistry(WeakHolding, HookWatching):
         self.grad_params = [p for _, p in self.params if p.requires_grad]
         self.requires_grad = tuple(p.requires_grad for _, p in self.params)
         self._all = [(None, self._hold(m)) for m in subs]
+        self.module_ids = frozenset(map(id, subs))
         self._all_plain = subs if not any(id(m) in self.weak_ids for m in subs) else None
         ddp_type = getattr(nn.parallel, "DistributedDataParallel", ())
         self._ddp = [(mname + (f".{sub}" if sub else ""), self._hold(m)) for mname, mod in self.modules
@@ -227,9 +229,15 @@ def stateless_config(m) -> tuple | None:
     return tuple(out)
 
 
-def _consider(name: str, obj, found: dict, depth: int) -> None:
-    if isinstance(obj, nn.Module) and stateless_config(obj) is not None:
-        return   # (no state: keyed by its configuration, guards._leaf_value)
+def _consider(name: str, obj, found: dict, depth: int, leaf: bool = False) -> None:
+    """``leaf``: ``obj`` is a leaf of the call's arguments (or inside a list, tuple or dict of
+    them), which the signature keys by value."""
+    if leaf and isinstance(obj, nn.Module) and stateless_config(obj) is not None:
+        # (keyed by its configuration, guards._leaf_value: a new one per call is no new state.
+        # One the step reaches otherwise -- closure, globals, an object's attribute -- is state:
+        # its forward's reads are guarded (forward_attrs.py) and its train/eval keyed; skipped,
+        # a loop's ``criterion.label_smoothing = 0.3`` was replayed with the old value)
+        return
     if isinstance(obj, (nn.Module, torch.optim.Optimizer)):
         found.setdefault(id(obj), (name, obj))
         if isinstance(obj, nn.Module) and depth <= 1:
@@ -247,12 +255,12 @@ def _consider(name: str, obj, found: dict, depth: int) -> None:
         return
     if isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj[:64]):
-            _consider(f"{name}[{i}]", v, found, depth + 1)
+            _consider(f"{name}[{i}]", v, found, depth + 1, leaf)
         return
     if isinstance(obj, dict):
         for k, v in list(obj.items())[:64]:
             if isinstance(k, str):
-                _consider(f"{name}[{k!r}]", v, found, depth + 1)
+                _consider(f"{name}[{k!r}]", v, found, depth + 1, leaf)
         return
     opt = getattr(obj, "optimizer", None)  # LR schedulers, GradScaler-like holders
     if isinstance(opt, torch.optim.Optimizer):
@@ -308,7 +316,7 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
                   obj if not isinstance(obj, tuple) else obj[1], found, 0)
     held = set(found)   # what the user's state= or the step's code reaches: held strongly
     for name, obj in _arg_objects(args, kwargs, arg_names):
-        _consider(name, obj, found, 0)
+        _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
     via_code: dict = {}
     _walk_function(fn, via_code)
@@ -327,6 +335,6 @@ def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:
     found: dict = {}
     for name, obj in _arg_objects(args, kwargs, arg_names):
         if not isinstance(obj, (torch.Tensor, str, bytes, int, float, bool, type(None))):
-            _consider(name, obj, found, 0)
+            _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (inputs)
     return bool(found) and _found_to_registry(found, reg, weak=set(found))

@@ -3,6 +3,7 @@ value, small containers of scalars (nested ones too) by value, numpy arrays by t
 small, tensors and other objects by identity; ``_show`` says it back in a recapture reason."""
 from __future__ import annotations
 
+import collections
 import types
 
 import torch
@@ -13,6 +14,8 @@ _SKIP = object()       # a value not guarded (functions, classes, Python modules
 _MISSING = ("<missing>",)
 _SCALARS = (bool, int, float, complex, str, bytes, type(None))
 _MAX_ITEMS = 256       # containers of scalars up to this size are guarded by value
+# (a deque as a list: keyed by identity only, the step's ``dq.append(i)`` went unseen)
+_SEQUENCES = (list, tuple, collections.deque)
 
 
 def guard_value(v):
@@ -33,7 +36,7 @@ def guard_value(v):
     if isinstance(v, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
                       type, types.BuiltinMethodType)):
         return _SKIP
-    if isinstance(v, (list, tuple)) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v):
+    if isinstance(v, _SEQUENCES) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v):
         return (type(v).__name__, tuple(("nan",) if isinstance(x, float) and x != x else x for x in v))
     if isinstance(v, dict) and len(v) <= _MAX_ITEMS and all(isinstance(x, _SCALARS) for x in v.values()):
         try:
@@ -53,7 +56,7 @@ def guard_value(v):
         nested = _nested_key(v, [_MAX_LEAVES])
         if nested is not None:
             return ("contents", len(v), nested)
-    if isinstance(v, (list, dict, set)):
+    if isinstance(v, (list, dict, set, collections.deque)):
         return ("object", Ident(v), len(v))
     return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
 
@@ -93,6 +96,13 @@ def _small_arrays(v) -> bool:
         all(isinstance(x, _SCALARS) or any(x is a for a in arrays) for x in v)
 
 
+def stateless_text(config) -> str:
+    """A module holding no tensors, by its settings (state.stateless_config)."""
+    name, cls, training, items = config[0]
+    shown = ", ".join(f"{k}={v!r}" for k, v in items)
+    return f"{cls.__name__}({shown}){'' if training else ' in eval mode'}"
+
+
 def _show(g) -> str:
     if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple") and any(
             isinstance(x, tuple) and x[:1] == ("ndarray",) for x in g[1]):
@@ -108,11 +118,13 @@ def _show(g) -> str:
         return f"a {g[2][0]} of {g[1]} items, members #{hash(g) & 0xffff:04x}"
     if g == ("number",):
         return "a Python number"
+    if isinstance(g, tuple) and g[:1] == ("stateless module",):   # (guards._module_key)
+        return stateless_text(g[1])
     if g == "<live>" or isinstance(g, tuple) and g[:1] == ("<live>",):   # (Guards._marker)
         return "a float read live"
     if isinstance(g, tuple) and g and g[0] in ("tensor", "object"):
         return f"<{g[0]} at {g[1]:#x}>" + (f" of length {g[2]}" if len(g) > 2 else "")
-    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict"):
+    if isinstance(g, tuple) and len(g) == 2 and g[0] in ("list", "tuple", "dict", "deque"):
         s = repr(g[1])
     else:
         s = repr(g)
