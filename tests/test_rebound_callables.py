@@ -1,6 +1,6 @@
 """Slots the step reads that hold more than numbers: a function rebound between calls (a global,
 an attribute, a closure cell, a dict entry, a library module's attribute), a ``functools.partial``
-whose keywords the loop changes in place, and the
+whose keywords the loop changes in place, a mutable default argument used as state, and the
 environment (``os.environ``, ``os.getenv``). Each replayed the first call's values silently
 (found by a probe); each is compared with an eager twin here, bitwise."""
 from __future__ import annotations
@@ -258,7 +258,52 @@ def test_a_partial_whose_keywords_change_in_place_recaptures(func, first, later)
     assert any("keywords" in r for r in sg.stats.recaptures), sg.stats.recaptures
 
 
-# ---- 3. the environment -----------------------------------------------------------------------
+# ---- 3. a mutable default argument -------------------------------------------------------------
+def test_a_mutable_default_counter_is_state():
+    def world():
+        model = net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y, _state={"n": 0}):
+            loss = F.cross_entropy(model(x), y)
+            if _state["n"] % 3 == 2:
+                loss = loss * 0.5
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            _state["n"] += 1
+            return loss.detach()
+        return {"model": model, "step": step, "py": lambda: dict(step.__defaults__[0])}
+    sg = twins(world, 8)   # (the count is replayed: a tracked number written back, as a cell's)
+    assert sg.stats.replays == 5 and "_state['n']" in sg.stats.recaptures[0], sg.stats.recaptures
+
+
+def test_a_default_changed_between_calls_recaptures():
+    def world():
+        model = net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y, weights=[1.0, 1.0, 1.0, 1.0], *, opts={"scale": 1.0}):
+            loss = F.cross_entropy(model(x), y, weight=torch.tensor(weights)) * opts["scale"]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return {"model": model, "step": step}
+
+    def change(k, w):
+        f = w["step"]
+        if k == 2:
+            f.__defaults__[0][0] = 3.0
+        if k == 3:
+            f.__kwdefaults__["opts"]["scale"] = 0.5
+        if k == 4:
+            f.__defaults__ = ([1.0, 2.0, 1.0, 1.0],)
+    sg = twins(world, 6, change)   # (``opts["scale"]``, a float, is read live: no recapture for it)
+    assert len(sg.stats.recaptures) == 2 and all("weights" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+# ---- 4. the environment -----------------------------------------------------------------------
 from os import environ, getenv  # noqa: E402 - the step reads these names too
 
 _READS = {

@@ -133,3 +133,35 @@ def partial_binds(p: functools.partial, name: str) -> dict:
     except (TypeError, ValueError):
         return {}
     return {k: Via(kw, name + ".keywords", (("item", k),)) if k in kw and v is kw[k] else v for k, v in got.items()}
+
+
+class DefaultSlot:
+    """A parameter's default, read where a call binds it (``fn.__defaults__`` or
+    ``__kwdefaults__``), as a closure cell: the step's ``_state={"n": 0}`` is state the
+    machinery for cells guards, replays or refuses (a Source of kind "cell" rooted here)."""
+    __slots__ = ("fn", "name", "index")
+
+    def __init__(self, fn, name, idx):
+        code = fn.__code__
+        self.fn, self.name = fn, name
+        self.index = idx - (code.co_argcount - len(fn.__defaults__ or ())) if idx < code.co_argcount else None
+
+    @property
+    def cell_contents(self):
+        return self.fn.__kwdefaults__[self.name] if self.index is None else self.fn.__defaults__[self.index]
+
+    @cell_contents.setter
+    def cell_contents(self, v):
+        if self.index is None:
+            self.fn.__kwdefaults__[self.name] = v
+        else:
+            d = list(self.fn.__defaults__)
+            d[self.index] = v
+            self.fn.__defaults__ = tuple(d)
+
+
+def has_default(fn, name, idx) -> bool:
+    code = fn.__code__
+    if idx >= code.co_argcount:
+        return name in (fn.__kwdefaults__ or {})
+    return idx >= code.co_argcount - len(fn.__defaults__ or ())

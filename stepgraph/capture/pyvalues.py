@@ -259,6 +259,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                         src = Source("object", bound, name, path, where)
                     else:
                         continue  # arguments of a method called from the step: not ours to key
+                elif depth == 0 and idx >= len(_DUMMY_ARGS) and callslots.has_default(func, name, idx):
+                    # (a default the call leaves: state like a closure cell's, ``_state={"n": 0}``)
+                    src = Source("cell", callslots.DefaultSlot(func, name, idx), name, path, where)
                 elif depth == 0 and idx < code.co_argcount:
                     root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
                     if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS) \
