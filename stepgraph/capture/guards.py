@@ -127,12 +127,14 @@ class Guards(Reasons, LiveKeys):
         self.keyed: set = set()  # sources a graph baked without tracking them: keyed by value
         self.rebound: frozenset = frozenset()   # what the step's code assigns (pyeffects.rebound_names)
         self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
+        self._fn = None
 
     def find_python_values(self, fn, args) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
         state found changes (a new model passed as an argument)."""
         names = {id(m): (f"{root}.{k}" if k else root) for root, mod in self.reg.modules
                  for k, m in mod.named_modules()}
+        self._fn = fn   # (found again when a function it calls is rebound: signature)
         self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)
@@ -203,13 +205,14 @@ class Guards(Reasons, LiveKeys):
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(map(self._training, reg.all_modules)),
-            self._groups_quick(),
+            _groups_quick(self),
             tuple((opt.state, len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(p.requires_grad for _, p in reg.params),
             tuple(map(self._grad, reg.grad_params)),
             reg.hook_key(),
             self._py_key(args),
+            self.py.slots_key(args),
         )
 
     def signature(self, args, kwargs) -> Signature:
@@ -224,6 +227,7 @@ class Guards(Reasons, LiveKeys):
         ids = [id(leaves[i]) for i in tensor_pos]
         alias = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else ()
         reg = self.reg
+        slots = _slots_now(self, args)
         key = SignatureKey(
             _spec_key(spec),
             inputs,
@@ -243,6 +247,7 @@ class Guards(Reasons, LiveKeys):
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
             reg.hook_key(),
             self._py_key(args),
+            slots,
         )
         return Signature(key, leaves, tensor_pos)
 
@@ -256,11 +261,23 @@ class Guards(Reasons, LiveKeys):
         self.arrays_read |= set(positions)
         return Signature(sig.key._replace(inputs=self._inputs(sig.leaves)), sig.leaves, sig.tensor_pos)
 
-    def _groups_quick(self) -> tuple:
-        if not self.live:
-            return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)
-        return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else v for k, v in g.items())
-                     for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
+
+
+def _groups_quick(self: Guards) -> tuple:
+    if not self.live:
+        return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)
+    return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else v for k, v in g.items())
+                 for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
+
+
+def _slots_now(self: Guards, args) -> tuple:
+    """The ``callables`` section now. A function the step calls was rebound (callslots.py): what
+    the new one reads is found first; the key differs, so the change recaptures, explained here."""
+    slots = self.py.slots_key(args)
+    if slots != self.py.scanned and self._fn is not None:
+        self.find_python_values(self._fn, args)
+        slots = self.py.slots_key(args)
+    return slots
 
 
 def _autocast_state() -> tuple:

@@ -27,6 +27,7 @@ import collections
 
 import dis
 import functools
+import os
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from ..errors import library_file, library_module
 from .argtree import opened
 from .chains import _all_code, _chains, constant_stores, statement_calls
 from .arrays import input_array
+from . import callslots
 from .sigkey import Ident
 from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, guard_value  # noqa: F401 - re-exported
 
@@ -159,9 +161,16 @@ class PyValues:
     sources: list = field(default_factory=list)
     literals: set = field(default_factory=set)   # numbers written in the step's code
     const_stores: set = field(default_factory=set)  # (name, number): ``self.pos = 0`` in its code
+    callables: list = field(default_factory=list)  # slots holding a function, or the environment
+    names: tuple = ()       # ((describe, where), ...) of ``callables``, one tuple: compared by identity
+    scanned: tuple = ()     # slots_key when these sources were found (callslots.py)
 
     def key(self, args=()) -> tuple:
         return tuple(s.value(args) for s in self.sources)
+
+    def slots_key(self, args=()) -> tuple:
+        """The signature's ``callables`` section (callslots.py)."""
+        return (self.names, tuple(callslots.slot_key(s.read_or(args, _MISSING)) for s in self.callables))
 
     def diff(self, a: tuple, b: tuple) -> str | None:
         # (a new object first: a value that flips back and forth is not why graphs keep coming)
@@ -204,14 +213,13 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     literals: set = set()
     const_stores: set = set()
 
-    def visit(func, depth, bound=None, binds=None, self_is_record=False):
+    def visit(func, depth, bound=None, binds=None, self_is_record=False, name="partial", where=""):
         while isinstance(func, functools.partial):   # (``next_batch = partial(loader.next_batch, 2)``:
-            try:                                      # what it calls reads the loader and its data;
-                import inspect                        # ``partial(loss_fn, cfg)``: cfg's values too)
-                got = inspect.signature(func.func).bind_partial(*func.args, **func.keywords).arguments
-                binds = {**got, **(binds or {})}
-            except (TypeError, ValueError):
-                pass
+            kw = func.keywords                        # what it calls reads the loader and its data;
+            binds = {**callslots.partial_binds(func, name), **(binds or {})}   # (``partial(loss_fn, cfg)``: cfg's too)
+            _add(Source("object", kw, name + ".keywords", (), where), depth)   # (its keys, scalars' values)
+            for k in kw:
+                _add(Source("object", kw, name + ".keywords", (("item", k),), where), depth)
             func = func.func
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
@@ -244,12 +252,17 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             elif name in params and name not in stored:
                 idx = params.index(name)
                 if binds and name in binds:
-                    src = Source("object", binds[name], name, path, where)
+                    b = binds[name]
+                    src = Source("object", b.root, b.name, b.path + path, where) if type(b) is callslots.Via \
+                        else Source("object", b, name, path, where)
                 elif bound is not None:
                     if idx == 0 and not self_is_record:   # (a record's attributes: its parts)
                         src = Source("object", bound, name, path, where)
                     else:
                         continue  # arguments of a method called from the step: not ours to key
+                elif depth == 0 and idx >= len(_DUMMY_ARGS) and callslots.has_default(func, name, idx):
+                    # (a default the call leaves: state like a closure cell's, ``_state={"n": 0}``)
+                    src = Source("cell", callslots.DefaultSlot(func, name, idx), name, path, where)
                 elif depth == 0 and idx < code.co_argcount:
                     root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
                     if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS) \
@@ -262,8 +275,19 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 continue
             _add(src, depth)
 
+    def _slot(s: Source):
+        """A slot holding a function (or the environment): keyed by callslots.slot_key."""
+        key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, s.path)
+        v = s.read_or(_DUMMY_ARGS, _MISSING)
+        if key not in slots and callslots.slot_key(v) == callslots.slot_key(s.read_or(_DUMMY_ARGS, _MISSING)):
+            slots[key] = s   # (one that reads as a new object each time has no identity to key)
+
     def _add(src: Source, depth):
-        if src.path and library_module(Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS)):
+        root = Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS) if src.path else None
+        if src.path and library_module(root):
+            for got in callslots.library_slots(src.path, root):   # (``F.cross_entropy`` patched; env)
+                _slot(Source("object", os.environ, "os.environ", (), src.where) if got == ("env",)
+                      else Source(src.kind, src.root, src.name, got, src.where))
             # ``math.pi``, ``np.e``: a library's constants (a live ``math.pi`` cut lr schedules);
             # ``logging.info(...)``, ``wandb.log(...)`` as statements: calls a replay redoes
             if src.path[-1][0] == "call" and len(src.path) <= 2:
@@ -286,8 +310,14 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 continue   # (``cw[0]``: a numpy scalar made at each read; the array is the source)
             if p != () and p[-1] == ("attr", "grad") and (v is None or isinstance(v, torch.Tensor)):
                 continue   # (``model.fc.weight.grad``: a parameter's grad is state, its slot's to guard and write)
+            if callslots.is_env(v):
+                _slot(Source("object", os.environ, "os.environ", (), s.where))
+            if isinstance(v, callslots.SLOTS) and (s.kind != "global" or p or s.name in s.root):
+                _slot(s)   # (a builtin, ``len``, found in no globals: not keyed)
             if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
-                visit(v, depth + 1)
+                visit(v, depth + 1, name=s.describe().removeprefix("global "), where=s.where)
+            elif p == path and method is not None and callslots.instance_callable(v, method) is not None:
+                _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)   # ``obj.criterion(o, y)``
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 from .pycalls import replayable_callee   # (unless a replay redoes the call)
@@ -322,6 +352,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     calls: dict = {}   # key -> the method each chain to it calls as a statement (None: another use)
     appends: dict = {}   # key -> per chain to it: an append or extend as a statement
     modules_called: dict = {}   # a library module's functions the step calls as statements
+    slots: dict = {}   # key -> Source: slots holding a function, or the environment (callslots.py)
     visit(fn, 0)
     for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
         visit(func, 1, binds=binds)
@@ -336,7 +367,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         s.calls_only = bool(s.methods) and None not in calls[key]
         s.append_only = s.identity_only and all(appends.get(key, [False]))
     out.update(modules_called)
-    return PyValues(list(out.values()), literals, const_stores)
+    pv = PyValues(list(out.values()), literals, const_stores, list(slots.values()),
+                  tuple((s.describe(), s.where) for s in slots.values()))
+    pv.scanned = pv.slots_key(_DUMMY_ARGS)
+    return pv
 
 
 def _view_of_parent(s: Source, v, args) -> bool:

@@ -32,6 +32,9 @@ class Reasons:
                 return "a module parameter, buffer or submodule was assigned (module structure changed)"
             if section == "autocast":
                 return f"autocast {_autocast_str(a)} -> {_autocast_str(b)}"
+            if section == "callables":
+                from .callslots import explain
+                return explain(a, b) or "a function the step calls changed"
             if section == "py_values" and len(a) == len(b):
                 return self.py.diff(a, b) or "a Python value the step reads changed"
             if section == "hooks":

@@ -47,6 +47,7 @@ class SignatureKey(NamedTuple):
     grads: tuple            # per parameter: None or TensorMeta of its .grad
     hooks: tuple
     py_values: tuple        # Python values the step's code reads (pyvalues.py)
+    callables: tuple = ((), ())   # (names, keys): slots holding a function, the environment (callslots.py)
 
 
 class ValueMeta(NamedTuple):
@@ -70,12 +71,12 @@ class PartialKey(NamedTuple):
 # The order a miss is explained in: most fundamental first (a replaced optimizer state also
 # changes its hyper-parameters).
 DIFF_ORDER = ("spec", "inputs", "alias", "registration", "requires_grad", "opt_state", "hypers", "grad_mode",
-              "autocast", "training", "grads", "hooks", "py_values")
+              "autocast", "training", "grads", "hooks", "callables", "py_values")
 SECTION_NAMES = dict(spec="argument structure", inputs="inputs", alias="input aliasing", grad_mode="grad mode",
                      autocast="autocast", training="train/eval", hypers="optimizer hyper-parameters",
                      opt_state="optimizer state", registration="module structure",
                      requires_grad="requires_grad", grads="grads", hooks="hooks",
-                     py_values="Python values")
+                     py_values="Python values", callables="functions the step calls")
 
 
 @dataclass
