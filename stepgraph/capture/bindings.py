@@ -34,7 +34,7 @@ class Binding:
 
     def get(self, default=_MISSING):
         c, k = self.container, self.key
-        if isinstance(c, types.CellType):
+        if _cell(c):
             return c.cell_contents
         if self.on_class:
             return vars(c).get(k, default)
@@ -44,12 +44,17 @@ class Binding:
 
     def set(self, value) -> None:
         c, k = self.container, self.key
-        if isinstance(c, types.CellType):
+        if _cell(c):
             c.cell_contents = value
         elif self.on_class:
             setattr(c, k, value)
         else:
             c[k] = value
+
+
+def _cell(c) -> bool:
+    """A closure cell, or a cell-like slot (callslots.DefaultSlot: a parameter's default)."""
+    return isinstance(c, types.CellType) or hasattr(type(c), "cell_contents")
 
 
 def _class_slot(cls, k):

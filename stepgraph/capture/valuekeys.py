@@ -56,7 +56,10 @@ def guard_value(v):
         nested = _nested_key(v, [_MAX_LEAVES])
         if nested is not None:
             return ("contents", len(v), nested)
-    if isinstance(v, (list, dict, set, collections.deque)):
+    if isinstance(v, (list, dict, set)):
+        # (not a deque: a replay buffer's, which a data call samples before the step, grows
+        # between calls -- its length in the key was a recapture per call; a deque the step
+        # changes is refused or its appends replayed: outputs._refuse_deque, pyeffects)
         return ("object", Ident(v), len(v))
     return ("object", Ident(v))   # (held: a rebound global's new object cannot take the old id)
 
