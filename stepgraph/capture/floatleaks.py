@@ -8,17 +8,16 @@ the scheduler then failed ``torch.load``'s default ``weights_only=True`` ("Unsup
 GLOBAL float"); ``log.append(("loss", step, loss.item()))`` left one in the user's list, where
 ``type(x) is float`` is false (both found by probes). After the capture, each one still held
 outside stepgraph is replaced by the plain float in the lists, dicts, cells and tuples holding it
-(tracked numbers have their own pass: sinks.scrub).
+(sinks.replace_escaped, which also scrubs tracked numbers).
 """
 from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import types
 
 from . import hostscalar
-from .sinks import _replace
+from .sinks import replace_escaped
 
 
 @contextlib.contextmanager
@@ -31,23 +30,7 @@ def plain_after():
         yield
     finally:
         hostscalar.MADE = outer
-        _scrub(made)
-
-
-def _scrub(made: list) -> None:
-    # (held only by ``made``, the loop variable and getrefcount's argument: not escaped)
-    out = [f for f in made if sys.getrefcount(f) > 3]
-    made.clear()
-    if not out:
-        return
-    ids = {id(f) for f in out}
-    holders = _users(gc.get_referrers(*out))
-    _replace(holders, ids, float.__float__, None)
-    tuples = [r for r in holders if type(r) is tuple and any(id(v) in ids for v in r)]
-    del holders
-    if tuples:
-        plain = {id(t): tuple(float.__float__(v) if id(v) in ids else v for v in t) for t in tuples}
-        _replace(_users(gc.get_referrers(*tuples)), set(plain), lambda t: plain[id(t)], None)
+        replace_escaped(made, float.__float__, _users)
 
 
 def _users(holders: list) -> list:

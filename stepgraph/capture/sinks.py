@@ -334,21 +334,29 @@ def unwrap_result(result, log):
 def scrub(log) -> None:
     """Replace proxies the step stored in Python objects (a meter's ``val``, a list) by plain
     numbers: after the trace nothing outside stepgraph should hold one."""
-    # Held only by log.proxies (+ the loop variable and getrefcount's argument): not escaped.
-    out = [p for p in log.proxies if sys.getrefcount(p) > 3]
-    log.proxies.clear()
+    replace_escaped(log.proxies, lambda v: v._v)
+
+
+def replace_escaped(made: list, plain, users=None) -> None:
+    """Each value of ``made`` held elsewhere (a list, dict, deque, cell, tuple) replaced there by
+    ``plain(value)``, ``made`` emptied; ``users``: which holders to change (None: all)."""
+    # Held only by ``made`` (+ the loop variable and getrefcount's argument): not escaped.
+    out = [p for p in made if sys.getrefcount(p) > 3]
+    made.clear()
     if not out:
         return
     ids = {id(p) for p in out}
     holders = gc.get_referrers(*out)
-    _replace(holders, ids, lambda v: v._v, out)
+    holders = users(holders) if users else holders
+    _replace(holders, ids, plain, out)
     # A tuple holding one (an argument's ``(state, action)`` the step stored, ``memory.put(t)``)
     # cannot change: the tuple is replaced, with plain numbers, where it is held.
     tuples = [r for r in holders if type(r) is tuple and any(id(v) in ids for v in r)]
     del holders
     if tuples:
-        plain = {id(t): tuple(v._v if id(v) in ids else v for v in t) for t in tuples}
-        _replace(gc.get_referrers(*tuples), set(plain), lambda t: plain[id(t)], tuples)
+        new = {id(t): tuple(plain(v) if id(v) in ids else v for v in t) for t in tuples}
+        refs = gc.get_referrers(*tuples)
+        _replace(users(refs) if users else refs, set(new), lambda t: new[id(t)], tuples)
 
 
 def _replace(holders, ids: set, plain, own) -> None:
