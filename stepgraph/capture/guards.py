@@ -262,7 +262,6 @@ class Guards(Reasons, LiveKeys):
         return Signature(sig.key._replace(inputs=self._inputs(sig.leaves)), sig.leaves, sig.tensor_pos)
 
 
-
 def _groups_quick(self: Guards) -> tuple:
     if not self.live:
         return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)

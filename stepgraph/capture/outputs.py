@@ -271,14 +271,6 @@ def read_side_effects(tr, step_name: str) -> list:
     return _warned(notes, step_name)
 
 
-def _warned(notes: list, step_name: str) -> list:
-    for n in notes:
-        msg = f"stepgraph: {step_name}: {n}"
-        warnings.warn(msg, stacklevel=6)
-        log.warning(msg)
-    return notes
-
-
 def kept_reads(tr) -> list:
     """(what, where) of each value read on the host (or from the clock) that the step hands to
     Python: a variable, a list, a method. Only Python between or after graph segments keeps it."""
