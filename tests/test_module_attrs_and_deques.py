@@ -113,8 +113,8 @@ def test_a_user_loss_modules_temperature_and_alpha_on_a_schedule(loss_at):
 CRIT = nn.CrossEntropyLoss()
 
 
-def test_a_global_loss_modules_setting_changed_between_calls():
-    global CRIT
+def _global_crit_twins():
+    """A model pair trained through the global ``CRIT``: (model, twin, compiled step, eager step)."""
     torch.manual_seed(0)
     m = nn.Linear(8, 4)
     m2 = copy.deepcopy(m)
@@ -129,6 +129,12 @@ def test_a_global_loss_modules_setting_changed_between_calls():
             return loss.detach()
         return step
     sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    return m, m2, sg, eager
+
+
+def test_a_global_loss_modules_setting_changed_between_calls():
+    global CRIT
+    m, m2, sg, eager = _global_crit_twins()
     try:
         for k, (x, y) in enumerate(_batches(6)):
             CRIT.label_smoothing = 0.2 if k >= 3 else 0.0
@@ -143,20 +149,7 @@ def test_a_global_loss_module_rebound_each_call_with_its_setting():
     """``crit = nn.CrossEntropyLoss(label_smoothing=s)`` made anew in the loop: the new object's
     settings, not only its identity, decide the graph."""
     global CRIT
-    torch.manual_seed(0)
-    m = nn.Linear(8, 4)
-    m2 = copy.deepcopy(m)
-    o, o2 = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m2.parameters(), lr=0.1)
-
-    def make(model, opt):
-        def step(x, y):
-            loss = CRIT(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss.detach()
-        return step
-    sg, eager = stepgraph.compile(make(m, o)), make(m2, o2)
+    m, m2, sg, eager = _global_crit_twins()
     try:
         for k, (x, y) in enumerate(_batches(8)):
             CRIT = nn.CrossEntropyLoss()
