@@ -859,3 +859,88 @@ def test_a_defaultdict_key_the_step_reads_only_in_a_branch_is_not_made():
     for _ in range(4):
         sg(torch.randn(3, 4), False)
     assert sg.stats.replays == 2 and list(meters) == []
+
+
+def _epochs_with_fresh_defaultdict_meters(compiled: bool, epochs=3, steps=4):
+    """torchvision's classification reference: a fresh ``MetricLogger`` per epoch whose
+    ``meters`` is a ``defaultdict(SmoothedValue)``; the step updates ``meters["acc1"]`` and, through
+    ``update(**kwargs)``, ``meters["loss"]``, so each epoch's first call makes those meters."""
+    import collections
+
+    class Meter:
+        def __init__(self):
+            self.total, self.count = 0.0, 0
+
+        def update(self, v, n=1):
+            self.total += v * n
+            self.count += n
+
+    class Logger:
+        def __init__(self):
+            self.meters = collections.defaultdict(Meter)
+
+        def update(self, **kwargs):
+            for k, v in kwargs.items():
+                self.meters[k].update(v)
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    logger = None
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        logger.update(loss=loss.item())
+        logger.meters["acc1"].update(x.shape[0] * 1.0, n=x.shape[0])
+        return loss.detach()
+    fn = stepgraph.compile(step) if compiled else step
+    g = torch.Generator().manual_seed(1)
+    seen = []
+    for _ in range(epochs):
+        logger = Logger()
+        logger.meters["lr"].update(0.1)
+        for _ in range(steps):
+            fn(torch.randn(3, 4, generator=g))
+        seen.append({k: (m.total, m.count) for k, m in logger.meters.items()})
+    return fn, seen, [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_fresh_defaultdict_the_step_fills_each_epoch_is_captured():
+    """The step makes ``meters["loss"]`` and ``meters["acc1"]`` in each epoch's fresh defaultdict
+    (eager does too): not a Python side effect a replay misses -- the graph replays on the dict that
+    now has them. Refused as 'changes metric_logger.meters (length 2 -> 5)' after session 23 (the
+    defaultdict read without making its keys, test above)."""
+    sg, got, params = _epochs_with_fresh_defaultdict_meters(True)
+    _, want, eager_params = _epochs_with_fresh_defaultdict_meters(False)
+    assert got == want
+    assert all(torch.equal(a, b) for a, b in zip(params, eager_params))
+    assert sg.stats.replays >= 6, sg.stats
+
+
+def test_a_defaultdict_the_step_grows_at_every_call_is_refused():
+    """``counts[f"step{i}"] += 1``: a new key at every call, which no replay would make. One
+    capture counts as the dict's warm-up (test above); the next sees it grow again and refuses,
+    naming the dict; the user's dict holds what eager's holds."""
+    import collections
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    counts = collections.defaultdict(int)
+    i = 0
+
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        counts[f"step{i}"] += 1
+        return loss.detach()
+    sg = stepgraph.compile(step, on_capture_error="eager")
+    with pytest.warns(UserWarning, match="counts"):
+        for i in range(5):
+            sg(torch.randn(3, 4))
+    assert dict(counts) == {f"step{k}": 1 for k in range(5)}
+    assert sg.stats.replays == 0

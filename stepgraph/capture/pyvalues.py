@@ -41,7 +41,7 @@ from .chains import _all_code, _chains, constant_stores, statement_calls
 from .arrays import input_array
 from . import callslots
 from .sigkey import Ident
-from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, guard_value  # noqa: F401 - re-exported
+from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
 
 
 def _user_code(code: types.CodeType) -> bool:
@@ -144,15 +144,6 @@ class Source:
             setattr(parent, k, value)
         else:
             parent[k] = value
-
-
-def item(v, k):
-    """``v[k]`` without making it: a ``defaultdict`` meter's missing key read by stepgraph (to key
-    the step) was inserted, so a branch eager never took left a phantom meter (a summary loop then
-    divided by its zero count; found by a probe). A missing key is a KeyError here."""
-    if isinstance(v, dict) and hasattr(type(v), "__missing__") and k not in v:
-        raise KeyError(k)
-    return v[k]
 
 
 @dataclass
@@ -302,9 +293,11 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         for p in _prefixes(path):
             s = Source(src.kind, src.root, src.name, p, src.where)
             try:
-                v = s.read(_DUMMY_ARGS)
+                v, probe = s.read(_DUMMY_ARGS), False
             except Exception:  # noqa: BLE001
-                continue
+                v, probe = default_probe(s.path, Source(s.kind, s.root, s.name, s.path[:-1]).read_or(_DUMMY_ARGS, _MISSING)), True
+                if v is _MISSING:
+                    continue
             if p != () and type(v).__module__ == "numpy" and type(v).__name__ != "ndarray" \
                     and p[-1][0] == "item":
                 continue   # (``cw[0]``: a numpy scalar made at each read; the array is the source)
@@ -342,7 +335,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 s.identity_only = True
                 g = ("object", id(v))
             # A property that builds a new object at each read has no identity to guard.
-            fresh = isinstance(g, tuple) and g[:1] == ("object",) and s.value(_DUMMY_ARGS) != g
+            fresh = not probe and isinstance(g, tuple) and g[:1] == ("object",) and s.value(_DUMMY_ARGS) != g
             if g is not _SKIP and not fresh and not _view_of_parent(s, v, _DUMMY_ARGS) \
                     and (key not in out or out[key].identity_only):
                 out[key] = s

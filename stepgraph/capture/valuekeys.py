@@ -132,3 +132,25 @@ def _show(g) -> str:
     else:
         s = repr(g)
     return s if len(s) <= 48 else s[:45] + "..."
+
+
+def item(v, k):
+    """``v[k]`` without making it: a ``defaultdict`` meter's missing key read by stepgraph (to key
+    the step) was inserted, so a branch eager never took left a phantom meter (a summary loop then
+    divided by its zero count; found by a probe). A missing key is a KeyError here."""
+    if isinstance(v, dict) and hasattr(type(v), "__missing__") and k not in v:
+        raise KeyError(k)
+    return v[k]
+
+
+def default_probe(path, parent):
+    """What a defaultdict's missing item would be (``meters["acc1"]`` before the step's first
+    call makes it), made by its factory and not inserted: the step's chain through it is found
+    (and its methods scanned) although the item does not exist yet. ``_MISSING`` otherwise."""
+    if not (path and path[-1][0] == "item") or getattr(parent, "default_factory", None) is None \
+            or not (isinstance(parent, dict) and hasattr(type(parent), "__missing__")):
+        return _MISSING
+    try:
+        return parent.default_factory()
+    except Exception:  # noqa: BLE001 - a factory that needs what the loop sets up: not found
+        return _MISSING
