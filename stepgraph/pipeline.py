@@ -43,10 +43,10 @@ from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
 from .capture.libstate import library_scalars, refuse_library_changes
-from .capture.outputs import (container_slots, default_keys, filled_defaults, hidden_changed, hidden_containers, kept_reads,
-                              live_outputs, read_side_effects, refuse_hidden_changes, refuse_host_python,
-                              refuse_python_side_effects, refuse_slot_stores, warn_appends)
+from .capture.outputs import (container_slots, hidden_changed, hidden_containers, kept_reads, live_outputs, read_side_effects,
+                              refuse_hidden_changes, refuse_host_python, refuse_python_side_effects, refuse_slot_stores, warn_appends)
 from .capture.floatleaks import plain_after
+from .capture.pybefore import PyBefore, filled_defaults, overwritten, py_before_call
 from .capture.rollback import Rollback
 from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
@@ -95,7 +95,7 @@ class Traced:
     generators: list = field(default_factory=list)  # host random generators the step reads, with their states
     library_state: list = field(default_factory=list)  # plain attributes of library objects it reads (libstate.py)
     training_before: list = field(default_factory=list)  # (module, .training) before the call
-    defaults_before: list = field(default_factory=list)  # defaultdicts it reads, their keys (outputs.py)
+    before: PyBefore | None = None              # its defaultdicts and tensors before the call (outputs.py)
 
 
 @dataclass
@@ -125,7 +125,7 @@ def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
             traced = trace(step, plan, args, kwargs, done)
             if optimizer_states(step._reg) > states and step.stats.new_state_warmups < STATE_WARMUPS:
                 return warmed_up(step, traced.trace.result)
-            filled = filled_defaults(traced.defaults_before, step._guards.filled)
+            filled = filled_defaults(traced.before, step._guards.filled)
             if filled:
                 return warmed_up(step, traced.trace.result, filled)
             new = traced.trace.fetches and not hidden_changed(traced.hidden_before, traced.trace, args) \
@@ -204,7 +204,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                             generators=generator_states(guards.py, args),
                             library_state=library_scalars(guards.py, args, redone=calls_at),
                             training_before=[(m, m.training) for m in reg.all_modules],
-                            defaults_before=default_keys(guards.py, args))
+                            before=py_before_call(guards.py, args))
             traced.trace = trace_step(fetches.calling(step.fn, step._fetch, step.__name__), args, kwargs, reg, plan.device,
                                       live_hypers=sorted(h for h in live if isinstance(h, tuple)),
                                       live_sources=[h for h in live if not isinstance(h, tuple)],
@@ -239,6 +239,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
                                scheduled=bool(tr.scheduler_steps),
                                replayed=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None],
                                slots=tr.escapes, args=args)
+    plan.sig = guards.overwritten_after(plan.sig, args, overwritten(guards.py, tr, traced.before, args), traced.before)
     slots_after = container_slots(guards.py, args)
     refuse_slot_stores(guards.py, traced.sizes_before, slots_after, args,
                        covered=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None])

@@ -156,7 +156,7 @@ class Guards(Reasons, LiveKeys):
         opened = _opened_inputs(values, args)
         return tuple(self._marker(s, v) if s in live and isinstance(v, float)
                      else ("device hyper-parameter",) if id(v) in held
-                     else tensor_key(v) if (live_input(s, v, args, known, self.rebound) or id(s) in opened
+                     else tensor_key(v) if not s.overwritten and (live_input(s, v, args, known, self.rebound) or id(s) in opened
                                             or carried and (source_id(s) in carried
                                                             or type(v) is torch.Tensor and carried_element(s, carried)))
                      else _module_key(state_free(key_of(s, v, args, skip), v, known), v, held_modules)

@@ -74,6 +74,18 @@ class LiveKeys:
         py_values = tuple(entry(s, v, fv) for s, v, fv in zip(self.py.sources, key.py_values, frozen.py_values))
         return Signature(key._replace(hypers=hypers, py_values=py_values), sig.leaves, sig.tensor_pos)
 
+    def overwritten_after(self, sig: "Signature", args, indices, before) -> "Signature":
+        """``sig`` with the tensors the step replaces before reading them (outputs.overwritten)
+        keyed as from now on, where the one held before the call keys as the one held now."""
+        if not indices:
+            return sig
+        now, py_values = self._py_key(args), list(sig.key.py_values)
+        for i in indices:
+            s = self.py.sources[i]
+            if s.key_for(before.tensors[i]) == s.key_for(s.read_or(args)):
+                py_values[i] = now[i]
+        return Signature(sig.key._replace(py_values=tuple(py_values)), sig.leaves, sig.tensor_pos)
+
     def add_predicates(self, preds) -> dict:
         """Record ``(hyper, path, op, constant)`` comparisons a trace made on live values;
         returns {hyper: how many were new} (keys taken before hold fewer answers: rekey them)."""

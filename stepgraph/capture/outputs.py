@@ -133,35 +133,6 @@ def _place(s, args=()):
     return slot_of(s, args) or id(s)
 
 
-def default_keys(py, args) -> list:
-    """Each defaultdict the step reads, with its keys before the call."""
-    from .pyvalues import Source
-    out = {}
-    for s in py.sources:   # (the dict itself, or one a chain indexes: ``meters["acc1"].update``)
-        for n in range(len(s.path), -1, -1):
-            if n < len(s.path) and s.path[n][0] != "item":
-                continue
-            d = Source(s.kind, s.root, s.name, s.path[:n], s.where)
-            v = d.read_or(args, None)
-            if isinstance(v, dict) and hasattr(type(v), "__missing__"):
-                out[id(v)] = (d, v, frozenset(v))
-    return list(out.values())
-
-
-def filled_defaults(before: list, seen: list) -> str | None:
-    """Why the traced call is a warm-up, when it made keys in a defaultdict it reads (a fresh
-    ``MetricLogger``'s ``meters["acc1"].update(..)`` at an epoch's first call, as eager does).
-    Its effects on the new items were not planned (they did not exist when the capture began),
-    and a graph keyed by the dict's old length would never replay: the next call captures with
-    the items made. Once per dict (``seen``): a dict that grows again is refused at capture."""
-    for s, d, keys in before:
-        if len(d) > len(keys) and not any(x is d for x in seen):
-            seen[:] = seen[-7:] + [d]   # (a few kept: a new logger per epoch)
-            new = sorted(map(repr, set(d) - keys))
-            return f"it made {', '.join(new[:3])}{' ...' if len(new) > 3 else ''} in {s.describe()} (a defaultdict)"
-    return None
-
-
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
                                replayed=(), slots=(), args=()) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a

@@ -64,6 +64,7 @@ class Source:
     append_only: bool = False    # a list the code only appends to (``losses.append(x)``, ``+=``)
     methods: tuple = ()          # methods of a library object the code calls as statements
     fetched: bool = False        # an iterator the step takes its batches from (fetches.py)
+    overwritten: bool = False    # a tensor the step replaces before any read (outputs.overwritten)
 
     def describe(self) -> str:
         s = self.name
@@ -115,6 +116,8 @@ class Source:
 
     def key_for(self, v):
         """The key of the value ``v`` read here (untracked sources)."""
+        if self.overwritten and (v is None or isinstance(v, torch.Tensor)):
+            return ("overwritten",) if v is None else ("overwritten", v.dtype, tuple(v.shape), v.device.type)
         if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
             return ("fetched from", type(v))
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)

@@ -1,0 +1,78 @@
+"""A module that keeps a tensor its forward computes in an attribute (the Annotated
+Transformer's ``self.attn = p_attn``, kept for visualisation; a last hidden state, a cache of
+the latest logits). The step rebinds the attribute at every call and a replay writes the graph's
+tensor there; the tensor held before the call was keyed by identity, so every call missed the
+graph that had seen the previous call's tensor: recaptured at every call, never replayed. Its
+value before the call is no input of the graph (the forward writes it before any read): keyed by
+whether it is None and its dtype and shape. A forward that READS the old tensor keeps it an
+input (a recurrent state), checked below too."""
+import pytest
+import torch
+from torch import nn
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class KeepsAttn(nn.Module):
+    def __init__(self, reads_old=False):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.attn = None
+        self.reads_old = reads_old
+
+    def forward(self, x):
+        p = torch.softmax(self.lin(x), -1)
+        if self.reads_old and self.attn is not None:
+            p = p + 0.5 * self.attn.detach()
+        self.attn = p
+        return p.sum(-1)
+
+
+def _run(compiled, reads_old=False, n=7, shapes=None):
+    torch.manual_seed(0)
+    m = KeepsAttn(reads_old)
+    opt = torch.optim.Adam(m.parameters(), lr=0.01)
+
+    def step(x):
+        loss = m(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    fn = stepgraph.compile(step) if compiled else step
+    g = torch.Generator().manual_seed(1)
+    seen = []
+    for i in range(n):
+        rows = shapes[i] if shapes else 3
+        seen.append((fn(torch.randn(rows, 4, generator=g)), m.attn.detach().clone()))
+    return fn, seen, [p.detach().clone() for p in m.parameters()]
+
+
+def test_a_tensor_the_forward_keeps_in_an_attribute_replays():
+    sg, got, params = _run(True)
+    _, want, want_params = _run(False)
+    for (a, at), (b, bt) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(at, bt)
+    assert all(torch.equal(a, b) for a, b in zip(params, want_params))
+    assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats
+
+
+def test_a_kept_tensor_the_forward_reads_back_is_still_refused():
+    """``p + 0.5 * self.attn.detach()``: the old tensor (with the history eager's call left) is
+    read by the graph -- not overwritten first, so still refused, naming the line."""
+    with pytest.raises(stepgraph.CaptureError, match="computed before the step"):
+        _run(True, reads_old=True)
+
+
+def test_a_kept_tensor_of_another_shape_is_another_graph():
+    """Its shape is in the key: a batch of another size leaves a kept tensor of that size, which
+    the next call's graph (for the first size again) sees as another key -- and replays right."""
+    shapes = [3, 3, 3, 5, 5, 3, 3, 5]
+    sg, got, params = _run(True, shapes=shapes, n=len(shapes))
+    _, want, want_params = _run(False, shapes=shapes, n=len(shapes))
+    for (a, at), (b, bt) in zip(got, want):
+        assert torch.equal(a, b) and torch.equal(at, bt)
+    assert all(torch.equal(a, b) for a, b in zip(params, want_params))
+    assert sg.stats.replays >= 3, sg.stats
