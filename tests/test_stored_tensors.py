@@ -76,3 +76,52 @@ def test_a_kept_tensor_of_another_shape_is_another_graph():
         assert torch.equal(a, b) and torch.equal(at, bt)
     assert all(torch.equal(a, b) for a, b in zip(params, want_params))
     assert sg.stats.replays >= 3, sg.stats
+
+
+_last_loss = None
+
+
+class Trainer:
+    """A trainer object keeping the latest loss and output: ``self.last = loss.detach()``,
+    ``self.info["loss"] = ...`` into a dict empty before the first call, and a global."""
+
+    def __init__(self, m, opt):
+        self.m, self.opt, self.last, self.info = m, opt, None, {}
+
+    def step(self, x):
+        out = self.m(x)
+        loss = out.pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        self.last = loss.detach()
+        self.info["loss"] = loss.detach()
+        self.info["out"] = out.detach()
+        global _last_loss
+        _last_loss = loss.detach()
+        return loss.detach()
+
+
+def _trainer(compiled):
+    global _last_loss
+    _last_loss = None
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    t = Trainer(m, torch.optim.Adam(m.parameters(), lr=0.01))
+    f = stepgraph.compile(t.step) if compiled else t.step
+    g = torch.Generator().manual_seed(1)
+    seen = []
+    for _ in range(7):
+        r = f(torch.randn(3, 4, generator=g))
+        seen.append((r.clone(), t.last.clone(), t.info["loss"].clone(), t.info["out"].clone(), _last_loss.clone()))
+    return f, seen
+
+
+def test_a_trainer_keeping_its_latest_tensors_replays():
+    """Refused ("stores a new value into self.info['loss']": the dict had no such key when the
+    step's code was scanned) or recaptured at every call (``self.last``, the global: keyed by
+    identity) before."""
+    sg, got = _trainer(True)
+    _, want = _trainer(False)
+    assert all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
+    assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats

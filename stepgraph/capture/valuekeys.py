@@ -144,11 +144,16 @@ def item(v, k):
 
 
 def default_probe(path, parent):
-    """What a defaultdict's missing item would be (``meters["acc1"]`` before the step's first
-    call makes it), made by its factory and not inserted: the step's chain through it is found
-    (and its methods scanned) although the item does not exist yet. ``_MISSING`` otherwise."""
-    if not (path and path[-1][0] == "item") or getattr(parent, "default_factory", None) is None \
-            or not (isinstance(parent, dict) and hasattr(type(parent), "__missing__")):
+    """What a dict's missing item stands for while the step's code is scanned: a defaultdict's
+    (``meters["acc1"]`` before the step's first call makes it) made by its factory and not
+    inserted, so its chain is found and its methods scanned; None for a plain dict's
+    (``self.info["loss"] = t`` before the first call stores it: a slot the step writes, found as
+    one and replayed). ``_MISSING`` otherwise."""
+    if not (path and path[-1][0] == "item") or not isinstance(parent, dict):
+        return _MISSING
+    if not hasattr(type(parent), "__missing__"):
+        return None if isinstance(path[-1][1], str) and path[-1][1] not in parent else _MISSING
+    if getattr(parent, "default_factory", None) is None:
         return _MISSING
     try:
         return parent.default_factory()
