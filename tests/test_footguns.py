@@ -226,6 +226,36 @@ def test_b_carried_state_has_no_autograd_history():
     assert sg.stats.replays == 2 and h.grad_fn is None and not h.requires_grad
 
 
+def test_b_a_tensor_kept_in_an_attribute_has_no_autograd_history():
+    """A forward's ``self.attn = p_attn`` (kept for visualisation): eager leaves this call's
+    graph hanging from it; a replay writes the graph's plain tensor (tests/test_stored_tensors.py)."""
+    torch.manual_seed(0)
+
+    class Keeps(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.attn = nn.Linear(4, 4), None
+
+        def forward(self, x):
+            self.attn = torch.softmax(self.lin(x), -1)
+            return self.attn.sum(-1)
+    m = Keeps()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        loss = m(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(torch.randn(2, 4))
+    assert m.attn.grad_fn is not None   # (eager's warm-up)
+    for _ in range(3):
+        sg(torch.randn(2, 4))
+    assert sg.stats.replays == 2 and m.attn.grad_fn is None and not m.attn.requires_grad
+
+
 def test_c_returned_tensors_are_fresh_each_call():
     """Each replay returns new tensors: a kept result is never overwritten by later replays."""
     model, opt, twin, topt = setup()
