@@ -22,12 +22,11 @@ import dataclasses
 import logging
 import time
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
 from . import backends, config
-from .backends import Backend, CompileRequest, Runner
+from .backends import CompileRequest
 from .backends.cudagraph import capture_stream
 from .backends.refusals import refuse_collectives_with_reads, refuse_uncapturable
 from .captured import STATE_WARMUPS, CapturedStep, log_recapture, optimizer_states, plain_floats, warmed_up
@@ -46,14 +45,13 @@ from .capture.libstate import library_scalars, refuse_library_changes
 from .capture.outputs import (container_slots, hidden_changed, hidden_containers, kept_reads, live_outputs, read_side_effects,
                               refuse_hidden_changes, refuse_host_python, refuse_python_side_effects, refuse_slot_stores, warn_appends)
 from .capture.floatleaks import plain_after
-from .capture.pybefore import PyBefore, filled_defaults, overwritten, py_before_call
+from .capture.pybefore import filled_defaults, overwritten, py_before_call
 from .capture.rollback import Rollback
-from .capture.sigkey import SignatureKey
 from .capture.state import StateRegistry
-from .capture.trace import TraceResult, raise_problems, trace_step
+from .capture.trace import raise_problems, trace_step
 from .errors import NeedsReplay
 from .failures import after_failed_trace, capture_failed
-from .passes import GraphSummary, cleanup, summarize
+from .passes import cleanup, summarize
 from .passes.cleanup import resolve_bindings
 from .passes.guards import place_guards
 from .passes.host_prologue import split_prologue
@@ -61,56 +59,9 @@ from .passes.moved_arguments import constants_to_device, move_arrays, moved_argu
 from .passes.device_scalars import is_number_reader, numbers_to_feed
 from .passes.unsharded import storages_to_temporaries
 
+from .stages import Lowered, Plan, Traced, _Done
+
 log = logging.getLogger("stepgraph")
-
-
-@dataclass
-class Plan:
-    """What this capture is for: the call's signature, where it runs, and why it captures."""
-    sig: Signature
-    device: str
-    backend: Backend
-    reason: str | None    # the recapture reason (None for the first capture)
-    started: float = 0.0  # perf_counter at the start of the capture proper (stats.capture_seconds)
-    refusal: Exception | None = None  # decided before prepare: the call runs eagerly, then raises it
-
-
-@dataclass
-class Traced:
-    """The traced graph and the facts about it that lowering and replay need (``clean``'s output)."""
-    trace: TraceResult
-    frozen: SignatureKey            # the key with nothing read live, taken before the call
-    ddp_records: list               # DDP modules seen while tracing
-    fsdp_record: object = None      # fsdp.FSDPTrace: what the trace did to FSDP2's Python state
-    py_before: tuple = ()           # Python values the step reads, before the call
-    sizes_before: list = field(default_factory=list)  # sizes of containers the step reads, before
-    hidden_before: list = field(default_factory=list)  # containers in user objects it reads (outputs.py)
-    graph: torch.fx.GraphModule | None = None   # cleaned
-    checks: list = field(default_factory=list)  # tracked.Check: Python numbers the graph used
-    guard_plan: object = None                   # passes.guards.GuardPlan
-    bindings: list = field(default_factory=list)  # .grad bindings if the graph raises midway
-    summary: GraphSummary | None = None
-    n_user: int = 0                             # tensor outputs the user gets
-    notes: list = field(default_factory=list)   # what runs only at capture (for explain())
-    generators: list = field(default_factory=list)  # host random generators the step reads, with their states
-    library_state: list = field(default_factory=list)  # plain attributes of library objects it reads (libstate.py)
-    training_before: list = field(default_factory=list)  # (module, .training) before the call
-    before: PyBefore | None = None              # its defaultdicts and tensors before the call (outputs.py)
-
-
-@dataclass
-class Lowered:
-    run: Runner
-    backend: Backend            # replay when auto fell back
-    device_scalars: object      # passes.device_scalars.DeviceScalars or None
-    moved: tuple = ()           # passes.moved_arguments.MovedArgument: CPU arguments moved per call
-    prologue: object = None     # passes.host_prologue.Prologue: CPU work run before the graph per call
-
-
-class _Done:
-    """The call's result, once it has run to its end (eager or traced): a failure after that
-    point returns it instead of running the step again."""
-    result: tuple | None = None
 
 
 def capture(step, sig: Signature, args, kwargs, reason=None, sibling_of=None):
