@@ -134,6 +134,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
     backend = plan.backend
     around = backend.trace_context(reg) if backend.trace_context else contextlib.nullcontext()
     rollback = Rollback.take(reg, plan.sig.leaves)   # what the trace writes, to undo if it fails
+    rollback.keep_sources(guards.py, args)
     live_tensors = tensor_sources(guards, args)
     effects_at = effect_sources(guards, args)
     restore_vars = snapshot(live_tensors + effects_at)   # (loop variables: pyeffects.py)

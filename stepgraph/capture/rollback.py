@@ -21,6 +21,8 @@ run decides -- if eager raises too, the caller gets eager's exception).
 """
 from __future__ import annotations
 
+import collections
+
 import contextlib
 import os
 import sys
@@ -110,6 +112,16 @@ class Rollback:
         """A dict or list passed to the step, about to be changed (capture/argchanges.py)."""
         self.containers.setdefault(id(c), (c, contents))
 
+    def keep_sources(self, py, args) -> None:
+        """The lists, dicts, sets and deques the step's code reads, as they are before the trace:
+        a trace undone midway is rerun eagerly from the start, and a container the step had
+        cleared by then (REINFORCE's ``del policy.rewards[:]`` at its end) left the rerun
+        nothing to train on (``torch.cat`` of an empty list)."""
+        for s in py.sources:
+            c = s.read_or(args)
+            if type(c) in (list, dict, set, collections.deque, collections.OrderedDict) and len(c) <= _MAX_KEPT:
+                self.keep_container(c, c.copy() if not isinstance(c, collections.deque) else list(c))
+
     def save(self, t: torch.Tensor) -> None:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
         if self.lost is not None or _fake(t):
@@ -164,6 +176,9 @@ class Rollback:
         for c, contents in self.containers.values():
             if isinstance(c, list):
                 c[:] = contents
+            elif isinstance(c, collections.deque):
+                c.clear()
+                c.extend(contents)
             else:
                 c.clear()
                 c.update(contents)
@@ -177,6 +192,7 @@ class Rollback:
         return True
 
 
+_MAX_KEPT = 1 << 20   # (items: a shallow copy of a replay buffer that size is a few MB)
 _TRACING: list = []   # the Rollback of the trace running now
 
 
