@@ -229,26 +229,11 @@ def test_b_carried_state_has_no_autograd_history():
 def test_b_a_tensor_kept_in_an_attribute_has_no_autograd_history():
     """A forward's ``self.attn = p_attn`` (kept for visualisation): eager leaves this call's
     graph hanging from it; a replay writes the graph's plain tensor (tests/test_stored_tensors.py)."""
+    from test_stored_tensors import KeepsAttn
     torch.manual_seed(0)
-
-    class Keeps(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin, self.attn = nn.Linear(4, 4), None
-
-        def forward(self, x):
-            self.attn = torch.softmax(self.lin(x), -1)
-            return self.attn.sum(-1)
-    m = Keeps()
+    m = KeepsAttn()
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
-
-    def step(x):
-        loss = m(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        return loss.detach()
-    sg = stepgraph.compile(step)
+    sg = stepgraph.compile(lambda x: train(lambda x: m(x).unsqueeze(-1), opt, x, torch.ones(2, 1)))
     sg(torch.randn(2, 4))
     assert m.attn.grad_fn is not None   # (eager's warm-up)
     for _ in range(3):
