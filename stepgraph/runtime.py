@@ -158,6 +158,9 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
                     out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
+                # (what the step's first call made -- ``self.last_loss = loss.item()``, an
+                # attribute no __init__ set -- is found before the capture: a replay left it stale)
+                self._rescan = self._rescan or self._guards.py.partial
                 return out
             if adopted and self.warmup and self._order and len(self._order) < self.max_captures:
                 # New state warms up as the first did: its grads and optimizer state come to

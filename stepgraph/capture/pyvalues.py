@@ -158,6 +158,7 @@ class PyValues:
     callables: list = field(default_factory=list)  # slots holding a function, or the environment
     names: tuple = ()       # ((describe, where), ...) of ``callables``, one tuple: compared by identity
     scanned: tuple = ()     # slots_key when these sources were found (callslots.py)
+    partial: bool = False   # a chain did not resolve whole when found: found again after the warm-up
 
     def key(self, args=()) -> tuple:
         return tuple(s.value(args) for s in self.sources)
@@ -300,6 +301,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             except Exception:  # noqa: BLE001
                 v, probe = default_probe(s.path, Source(s.kind, s.root, s.name, s.path[:-1]).read_or(_DUMMY_ARGS, _MISSING)), True
                 if v is _MISSING:
+                    partial[0] = partial[0] or bool(p)   # (``self.last_loss = ...`` before its first call)
                     continue
             if p != () and type(v).__module__ == "numpy" and type(v).__name__ != "ndarray" \
                     and p[-1][0] == "item":
@@ -345,6 +347,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             break
 
     _DUMMY_ARGS = tuple(args)
+    partial = [False]   # a chain that did not resolve whole: made by the step itself, maybe
     calls: dict = {}   # key -> the method each chain to it calls as a statement (None: another use)
     appends: dict = {}   # key -> per chain to it: an append or extend as a statement
     modules_called: dict = {}   # a library module's functions the step calls as statements
@@ -366,6 +369,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     pv = PyValues(list(out.values()), literals, const_stores, list(slots.values()),
                   tuple((s.describe(), s.where) for s in slots.values()))
     pv.scanned = pv.slots_key(_DUMMY_ARGS)
+    pv.partial = partial[0]
     return pv
 
 
