@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
+import weakref
 
 import torch
 import torch.utils._pytree as pytree
@@ -76,6 +77,21 @@ def _leaf_value(v):
         return ("object", type(v), Ident(v))
 
 
+def _where(s) -> tuple:
+    root = s.root() if isinstance(s.root, weakref.ref) else s.root
+    return s.kind, s.root if s.kind == "arg" else id(root), s.name, s.path
+
+
+def _same(old, new):
+    """``old`` (a Source found before at the same place) with what ``new`` found now."""
+    if old is None:
+        return new
+    kept = old.overwritten
+    old.__dict__.update(new.__dict__)
+    old.overwritten = old.overwritten or kept
+    return old
+
+
 def _opened_inputs(values, args) -> set:
     """Ids of the sources reading a tensor attribute of an argument opened like a batch
     (``train_state.tokens``, found when the TrainState held no tensor): that tensor is a leaf
@@ -136,9 +152,13 @@ class Guards(Reasons, LiveKeys):
         names = {id(m): (f"{root}.{k}" if k else root) for root, mod in self.reg.modules
                  for k, m in mod.named_modules()}
         self._fn = fn   # (found again when a function it calls is rebound: signature)
+        before = {_where(s): s for s in self.py.sources}
         self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)
+        # (found again -- after the warm-up, a model dropped -- a source that was found before
+        # stays the same object, so what was decided about it stays: read live, keyed, seen)
+        self.py.sources = [_same(before.pop(_where(s), None), s) for s in self.py.sources]
 
     def _py_key(self, args) -> tuple:
         live = self.live
