@@ -60,7 +60,8 @@ class LiveFloats:
         """Live choices made before the backend's ``prepare``; returns (reason, re-sign?)."""
         g = self.guards
         if backend_name == "replay":
-            new = [h for h in g.live_candidates(args) if h not in g.live and h not in self.baked]
+            moved = [s for s, v in g.forward_floats(args).items() if s in self.seen and self.seen[s] != v]
+            new = [h for h in g.live_candidates(args) + moved if h not in g.live and h not in self.baked]
             if new:
                 g.live.update(self.with_aliases(new, args))
                 if reason is not None:

@@ -137,3 +137,30 @@ def test_an_in_place_write_into_a_folded_tensor_is_refused():
     step(torch.randn(3, 2))
     with pytest.raises(stepgraph.CaptureError, match="built from constants"):
         step(torch.randn(3, 2))
+
+
+def test_numbers_given_to_a_tensor_op_are_folded():
+    """Longformer's ``_chunk``: ``h.view(b, torch.div(h.size(1), 2 * w, rounding_mode="trunc"),
+    ...)``. The sizes are Python ints, wrapped into tensors by torch, and the view reads the
+    result back: refused as a host sync the user could not move ("return the tensor from the
+    step"). Folded, it is the constant the trace would have baked."""
+    out = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 8)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+        def step(x):
+            h = lin(x)
+            h = h.view(h.size(0), torch.div(h.size(1), 2, rounding_mode="trunc"), 2, h.size(2))
+            loss = (h[:, :, 0] * h[:, :, 1]).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        f = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(0)
+        out.append(([f(torch.randn(2, 6, 8, generator=g)).detach() for _ in range(4)], list(lin.parameters()), f))
+    (sl, sp, f), (el, ep, _) = out
+    assert all(torch.equal(a, b) for a, b in zip(sl + sp, el + ep))
+    assert (f.stats.captures, f.stats.replays) == (1, 2), f.stats

@@ -737,3 +737,27 @@ def test_a_variable_reset_to_a_literal_at_a_logging_step(every, kind):
     got, fn = run(True)
     assert got == want, (got, want)
     assert fn.stats.replays >= 2, fn.stats   # (a tensor, 0 and a float: each its own graph)
+
+
+@pytest.mark.parametrize("form", ["arange", "new_ones"])
+def test_an_integer_tensor_torch_takes_as_a_number_is_guarded_by_value(form):
+    """``torch.arange(n)`` / ``x.new_ones(b, n)`` with ``n = counts.max()`` (Longformer's global
+    attention indices): torch's C parser reads the 0-dim tensor itself, no ``Tensor.__index__``
+    the torch-function mode sees, only ``aten._local_scalar_dense``. It was refused as a host
+    sync the user could not move; now it is guarded by value like ``int(n)``, and a new value
+    captures a sibling graph."""
+    def body(m, o, x, y):
+        n = (y < 2).long().sum()
+        h = m(x)
+        extra = torch.arange(n).float().sum() if form == "arange" else h.new_ones(2, n).sum()
+        loss = F.cross_entropy(h, y) + extra
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss
+    t = Twin(body)
+    for k in range(6):
+        x, _ = batch(k)
+        y = torch.tensor([0, 1, 2, 3, 2, 3, 2, 3] if k < 4 else [0, 1, 1, 0, 0, 3, 2, 3])
+        t(x, y)
+    assert (t.stats.captures, t.stats.replays) == (2, 3), t.stats

@@ -944,3 +944,42 @@ def test_a_defaultdict_the_step_grows_at_every_call_is_refused():
             sg(torch.randn(3, 4))
     assert dict(counts) == {f"step{k}": 1 for k in range(5)}
     assert sg.stats.replays == 0
+
+
+class _Tempered(nn.Module):
+    """A temperature the training loop anneals on the module (Wav2Vec2ForPreTraining's
+    ``set_gumbel_temperature`` at every step, a distillation module's ``self.alpha``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 4)
+        self.temperature = 2.0
+
+    def forward(self, x):
+        return (self.lin(x) / self.temperature).log_softmax(-1)
+
+
+def test_a_module_float_the_loop_anneals_is_read_live_not_recaptured_per_value():
+    """The forward's ``self.temperature`` was a value key of the module (forward_attrs.py) even
+    once the step's own reading of it was live: every call recaptured and none replayed. A
+    module float that changes is now read live from its first capture; bitwise with eager."""
+    torch.manual_seed(0)
+    m1 = _Tempered()
+    m2 = copy.deepcopy(m1)
+    o1, o2 = torch.optim.AdamW(m1.parameters(), lr=1e-2), torch.optim.AdamW(m2.parameters(), lr=1e-2)
+
+    def make(m, o):
+        def step(x, y):
+            loss = F.nll_loss(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1)), make(m2, o2)
+    for k in range(7):
+        m1.temperature = m2.temperature = max(2.0 * 0.9 ** k, 0.5)
+        x, y = batch(k)
+        assert torch.equal(sg(x, y), eager(x, y)), k
+        same_params(m1, m2)
+    assert (sg.stats.captures, sg.stats.replays) == (1, 5), sg.stats

@@ -176,3 +176,35 @@ def test_manual_seed_inside_the_step_reseeds_at_each_replay():
     g = torch.Generator().manual_seed(5)
     sg = _twin_run(step_of, [(torch.randn(4, 8, generator=g),) for _ in range(5)])
     assert sg.stats.replays == 3, sg.stats
+
+
+def test_random_values_selected_by_a_batch_mask_are_no_random_read():
+    """ELECTRA's discriminator loss, ``logits[active]`` and ``labels[active]`` with ``active =
+    attention_mask == 1`` and labels from the generator's sampling (random): the count selected
+    is the mask's. It was refused as "a random value read on the host"; now the shape is guarded
+    by the mask and the step replays, bitwise with eager."""
+    runs = []
+    for compiled in (True, False):
+        torch.manual_seed(0)
+        m = nn.Linear(8, 1)
+        o = torch.optim.AdamW(m.parameters(), lr=1e-2)
+
+        def step(x, mask):
+            fake = (torch.rand(x.shape[:2]) < 0.3).long()   # which tokens the generator replaced
+            active = mask == 1
+            loss = F.binary_cross_entropy_with_logits(m(x).squeeze(-1)[active], fake[active].float())
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            return loss
+        f = stepgraph.compile(step) if compiled else step
+        mask = torch.ones(3, 5, dtype=torch.long)
+        mask[1:, 3:] = 0
+        out = []
+        for k in range(5):
+            torch.manual_seed(10 + k)
+            out.append(f(torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(k)), mask.roll(k, 0)))
+        runs.append((out, list(m.parameters()), f))
+    (got, gp, f), (want, wp, _) = runs
+    assert all(torch.equal(a, b) for a, b in zip(got + gp, want + wp))
+    assert (f.stats.captures, f.stats.replays) == (1, 3), f.stats

@@ -9,6 +9,11 @@ host-read guards on a CPU step. Folded, each such op runs once, here, outside th
 results are plain tensors (constants of the graph where a traced op uses them), and reading
 their values is reading a constant.
 
+Python numbers given where an op takes tensors (``torch.div(h.size(1), 2 * w,
+rounding_mode="trunc")`` then used as a view size: Longformer's ``_chunk``) are constants too:
+a trace would bake them into the graph anyway. Only numbers of exactly int/float/bool: a live
+float (``HostFloat``, a read value) is a subclass, and stays traced.
+
 Not folded: a lift over a numpy argument's memory (an input: arrays.py), random or in-place
 ops, ops with any input that is not such a constant, and results off the CPU (a copy to the GPU
 is left to the host prologue, passes/host_prologue.py)."""
@@ -39,14 +44,14 @@ class Constants:
 
     def fold(self, func, args, kwargs):
         """The op's result computed outside the trace, or NotImplemented to trace it."""
-        if not self.known or not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable \
+        if not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable \
                 or torch.Tag.nondeterministic_seeded in func.tags:
             return NotImplemented
         device = kwargs.get("device")
         if device is not None and torch.device(device).type != "cpu":
             return NotImplemented
         tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        if not tensors or not all(self._is(t) for t in tensors):
+        if not (all(self._is(t) for t in tensors) if tensors else _numbers_as_tensors(func, args, kwargs)):
             return NotImplemented
         with _disable_current_modes():
             out = func(*args, **kwargs)
@@ -96,3 +101,17 @@ class Constants:
         from torch.fx.experimental.proxy_tensor import get_proxy_mode, has_proxy_slot
         mode = get_proxy_mode()
         return mode is not None and has_proxy_slot(t, mode.tracer)
+
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _numbers_as_tensors(func, args, kwargs) -> bool:
+    """Every argument a plain constant, and a plain number given for a Tensor parameter (a
+    wrapped scalar: ``aten.div.Tensor_mode(6, 2)``), so not a factory (``torch.zeros(n)``, which
+    the step may then fill in place)."""
+    if not all(type(x) in _PLAIN for x in pytree.tree_leaves((args, kwargs))):
+        return False
+    given = dict(zip((a.name for a in func._schema.arguments), args), **kwargs)
+    return any(isinstance(a.type, torch.TensorType) and type(given.get(a.name)) in (int, float, bool)
+               for a in func._schema.arguments)

@@ -169,6 +169,17 @@ def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog, lazy: bool = True):
     return result
 
 
+def c_scalar_read(t: torch.Tensor, log: ReadLog):
+    """An integer or bool step tensor read by torch's C argument parser, where a number is due
+    (``torch.arange(n)``, ``x.new_zeros(b, n)`` with ``n = counts.max()``: Longformer's global
+    attention indices): no ``Tensor.__index__`` for the torch-function mode to see, only
+    ``aten._local_scalar_dense`` at dispatch. Guarded by value, as ``int(n)`` would be (it was
+    refused as a host sync the user could not move). Floats stay refused there (a tensor lr)."""
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.numel() != 1:
+        return NotImplemented
+    return read_scalar(_tracer(), t, torch.Tensor.__bool__ if t.dtype is torch.bool else torch.Tensor.__int__, log)
+
+
 def guard_lost(floats, log: ReadLog) -> None:
     """ReadFloats an op consumed where the graph could not keep them live: guard their value."""
     for f in floats:

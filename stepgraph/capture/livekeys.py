@@ -138,9 +138,18 @@ class LiveKeys:
             return f"{self.reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']"
         return h.describe()
 
+    def forward_floats(self, args) -> dict:
+        """Float attributes a module's ``forward`` reads on ``self`` (forward_attrs.py), with their
+        values now. Candidates only once they change (LiveFloats): Wav2Vec2's gumbel
+        ``quantizer.temperature``, which the training loop lowers at every step, was keyed by value
+        and recaptured at every call, never replaying; ``LayerNorm.eps`` stays baked."""
+        return {s: v for s in self.py.sources if not s.from_step and s.kind == "object"
+                for v in [s.read_or(args)] if type(v) is float}
+
     def candidate_values(self, args, keys=LIVE_HYPERS) -> dict:
-        """``live_candidates`` with their values now (a float, or a tuple of floats)."""
-        out = {}
+        """``live_candidates`` and ``forward_floats`` with their values now (a float, or a tuple
+        of floats)."""
+        out = dict(self.forward_floats(args))
         for h in self.live_candidates(args, keys):
             if isinstance(h, tuple):
                 oi, gi, k = h

@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
-from .hostreads import (ReadFloat, ReadLog, guard_lost, operands_as_tensors, read_scalar,
+from .hostreads import (ReadFloat, ReadLog, c_scalar_read, guard_lost, operands_as_tensors, read_scalar,
                         tensor_shape, tensor_values)
 from .sinks import _ELEMENTWISE
 from .arrays import ArrayUses
@@ -205,6 +205,12 @@ class _HostReadMode(TorchFunctionMode):
         return out
 
 
+def _reads_guarded(t, batch_sizes) -> bool:
+    """``t`` is (a view of) guarded batch sizes (nn.LSTM's ``max_batch_size = batch_sizes[0]``)."""
+    base = t._base if t._base is not None else t
+    return any(base is b for b in batch_sizes)
+
+
 def _dynamic_problem(func, args) -> str | None:
     tags = func.tags
     if torch.Tag.dynamic_output_shape in tags:
@@ -264,7 +270,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         kernel after it and baked into the graph: guarded by value (new lengths: another graph;
         unguarded, a replay crashed or computed on the wrong rows). False: refused instead."""
         from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
-        if self._reads_guarded(sizes):
+        if _reads_guarded(sizes, self.batch_sizes):
             return True
         tracer, site = get_proxy_mode().tracer, user_frame()
         if self.reads is None or not has_proxy_slot(sizes, tracer):
@@ -307,11 +313,6 @@ class _DispatchCheckMode(TorchDispatchMode):
                 self.host[id(o)] = o
         return True
 
-    def _reads_guarded(self, t) -> bool:
-        """``t`` is (a view of) guarded batch sizes (nn.LSTM's ``max_batch_size = batch_sizes[0]``)."""
-        base = t._base if t._base is not None else t
-        return any(base is b for b in self.batch_sizes)
-
     def _foreign_history(self, args, kwargs, func=None) -> None:
         """A tensor computed *before* the step, with autograd history (REINFORCE's saved
         log-probs): the graph would hold this call's values and its backward would run into
@@ -337,9 +338,12 @@ class _DispatchCheckMode(TorchDispatchMode):
         if folded is not NotImplemented:
             return folded
         self.constants.check_write(func, args, kwargs, self.problems)
-        if func is torch.ops.aten._local_scalar_dense.default and self.batch_sizes and self._reads_guarded(args[0]):
+        if func is torch.ops.aten._local_scalar_dense.default and _reads_guarded(args[0], self.batch_sizes):
             with _disable_current_modes():
                 return func(*args, **kwargs)   # a value the graph's guard already fixes
+        if func is torch.ops.aten._local_scalar_dense.default and self.reads is not None and _is_traced(args[0]) \
+                and (read := c_scalar_read(args[0], self.reads)) is not NotImplemented:
+            return read   # (an integer step tensor torch's C parser takes as a number: hostreads.py)
         found = _dynamic_problem(func, args)
         if found is not None and self.reads is not None and torch.Tag.dynamic_output_shape in func.tags:
             # nonzero, boolean masks, unique: this graph holds for the output shape the trace saw;

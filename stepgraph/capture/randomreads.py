@@ -9,9 +9,12 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.utils._pytree as pytree
 
 from ..markers import host_guard
 from .hostreads import tensor_shape
+
+_SELECTS = (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.masked_select.default)
 
 
 def _draws(n) -> bool:
@@ -32,13 +35,18 @@ def _value_inputs(guard) -> list:
     """What a guarded value is computed from. A shape decided by tensor values (``nonzero``,
     ``x[mask]``, CTC's target lengths) is decided by the integer and boolean tensors among its
     op's inputs (indices, masks, lengths), not by float data flowing through it (a CTC loss's
-    log-probs behind dropout)."""
+    log-probs behind dropout); a selection's by its indices or mask alone (ELECTRA's discriminator
+    loss ``labels[attention_mask == 1]`` with labels from the generator's sampling: the count is
+    the mask's, not random -- it was refused as a random read)."""
     src = guard.args[0]
     if not (isinstance(src, torch.fx.Node) and src.target is tensor_shape):
         return list(guard.all_input_nodes)
     op = src.args[0]
     while op.target is operator.getitem:   # (an output of a multi-output op)
         op = op.args[0]
+    if op.target in _SELECTS:   # (``labels[active]``: the count is the mask's, whatever the labels hold)
+        chosen = [a for a in pytree.tree_leaves(op.args[1:]) if isinstance(a, torch.fx.Node)]
+        return chosen or list(op.all_input_nodes)
     picked = [a for a in op.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)
               and not a.meta["val"].dtype.is_floating_point and not a.meta["val"].dtype.is_complex]
     return picked if picked else list(op.all_input_nodes)
