@@ -252,11 +252,9 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         elif kind == "read":
             reads.append(_effect(s, new, kind, graph_outs))
             s.write(_plain(new))   # eager leaves a plain float there
-        elif isinstance(number_effects, list) and (number(new) and (source_name(s), new) in const_stores
-                                                    or type(new) is torch.Size):
-            # (``tokens = 0`` at a logging step, a tensor before: the Annotated Transformer's
-            # run_epoch) the literal the step's code stores is written again after each replay; so
-            # is a shape (``self.in_shape = x.shape``: the graph's own, keyed by its inputs)
+        elif isinstance(number_effects, list) and (number(new) and (source_name(s), new) in const_stores or type(new) is torch.Size):
+            # (``tokens = 0`` at a logging step: the Annotated Transformer's) the literal the step's code stores
+            # is written again after each replay; a shape too (``self.in_shape = x.shape``: the graph's own)
             from .numchecks import Root
             from .trackplan import NumberEffect
             number_effects.append(NumberEffect(Root("source", s, s.describe()), None, new))
