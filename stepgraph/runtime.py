@@ -151,16 +151,13 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 return self._replay_entry(entry, sig, args, kwargs, older)
             if self._warm_done < self.warmup and not self._order:
                 if self.backend == "inductor" and config.get("inductor_background"):
-                    from .backends.background import prestart
-                    prestart()  # the compile process starts up while warm-up and tracing run
+                    _prestart()  # the compile process starts up while warm-up and tracing run
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
                 with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
                     out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
-                # (what the step's first call made -- ``self.last_loss = loss.item()``, an
-                # attribute no __init__ set -- is found before the capture: a replay left it stale)
-                self._rescan = self._rescan or self._guards.py.partial
+                self._rescan |= self._guards.py.partial   # (``self.last_loss = ...`` its first call made)
                 return out
             if adopted and self.warmup and self._order and len(self._order) < self.max_captures:
                 # New state warms up as the first did: its grads and optimizer state come to
@@ -186,3 +183,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self.stats.took(Branch.CAPTURE)
             return capture(self, sig, args, kwargs)
 
+
+def _prestart() -> None:
+    from .backends.background import prestart
+    prestart()

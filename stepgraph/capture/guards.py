@@ -83,7 +83,9 @@ def _where(s) -> tuple:
 
 
 def _same(old, new):
-    """``old`` (a Source found before at the same place) with what ``new`` found now."""
+    """``old`` (a Source found before at the same place) with what ``new`` found now: found
+    again (after the warm-up, a model dropped), a source stays the same object, so what was
+    decided about it stays (read live, keyed, its value at the warm-up)."""
     if old is None:
         return new
     kept = old.overwritten
@@ -156,8 +158,6 @@ class Guards(Reasons, LiveKeys):
         self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)
-        # (found again -- after the warm-up, a model dropped -- a source that was found before
-        # stays the same object, so what was decided about it stays: read live, keyed, seen)
         self.py.sources = [_same(before.pop(_where(s), None), s) for s in self.py.sources]
 
     def _py_key(self, args) -> tuple:
