@@ -50,7 +50,9 @@ KNOWN = {
     # builds ``SimpleLossCompute(model.generator, criterion)`` anew for every epoch and passes it
     # to the step: a user object keyed by identity, so each epoch (train and eval) is a new
     # graph, correct (max rel 0) but never replayed in 6 steps (EAGER "never replayed" since the
-    # functions the step reads are guarded too, callslots.py; RECAPTURES before).
+    # functions the step reads are guarded too, callslots.py; RECAPTURES before). Its attention
+    # layers' ``self.attn = p_attn`` no longer recaptures (session 25: pybefore.overwritten); the
+    # per-epoch resets of ``tokens``/``total_loss`` and the ``i % 40 == 1`` print branch remain.
     "annotated_transformer": ((harness.RECAPTURES, harness.EAGER), ("loss_compute", "never replayed")),
     # YOLOv5's targets hold a different number of boxes in each batch: a graph per shape, never
     # replayed in 8 steps (max_captures then runs it eagerly, warned).
