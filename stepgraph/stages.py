@@ -45,7 +45,7 @@ class Traced:
     generators: list = field(default_factory=list)  # host random generators the step reads, with their states
     library_state: list = field(default_factory=list)  # plain attributes of library objects it reads (libstate.py)
     training_before: list = field(default_factory=list)  # (module, .training) before the call
-    before: PyBefore | None = None              # its defaultdicts and tensors before the call (outputs.py)
+    before: PyBefore | None = None              # its defaultdicts and tensors before the call (pybefore.py)
 
 
 @dataclass

@@ -146,7 +146,7 @@ class Guards(Reasons, LiveKeys):
         self.rebound: frozenset = frozenset()   # what the step's code assigns (pyeffects.rebound_names)
         self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
         self._fn = None
-        self.filled = []   # defaultdicts a capture saw the step fill (outputs.filled_defaults)
+        self.filled = []   # defaultdicts a capture saw the step fill (pybefore.filled_defaults)
 
     def find_python_values(self, fn, args) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the

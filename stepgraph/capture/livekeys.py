@@ -75,7 +75,7 @@ class LiveKeys:
         return Signature(key._replace(hypers=hypers, py_values=py_values), sig.leaves, sig.tensor_pos)
 
     def overwritten_after(self, sig: "Signature", args, indices, before) -> "Signature":
-        """``sig`` with the tensors the step replaces before reading them (outputs.overwritten)
+        """``sig`` with the tensors the step replaces before reading them (pybefore.overwritten)
         keyed as from now on, where the one held before the call keys as the one held now."""
         if not indices:
             return sig

@@ -64,7 +64,7 @@ class Source:
     append_only: bool = False    # a list the code only appends to (``losses.append(x)``, ``+=``)
     methods: tuple = ()          # methods of a library object the code calls as statements
     fetched: bool = False        # an iterator the step takes its batches from (fetches.py)
-    overwritten: bool = False    # a tensor the step replaces before any read (outputs.overwritten)
+    overwritten: bool = False    # a tensor the step replaces before any read (pybefore.overwritten)
 
     def describe(self) -> str:
         s = self.name

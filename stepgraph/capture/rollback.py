@@ -120,7 +120,7 @@ class Rollback:
         for s in py.sources:
             c = s.read_or(args)
             if type(c) in (list, dict, set, collections.deque, collections.OrderedDict) and len(c) <= _MAX_KEPT:
-                self.keep_container(c, c.copy() if not isinstance(c, collections.deque) else list(c))
+                self.keep_container(c, c.copy())
 
     def save(self, t: torch.Tensor) -> None:
         """Before ``t`` is written in place: copy its storage once, if it existed before the trace."""
