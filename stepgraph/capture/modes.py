@@ -27,6 +27,7 @@ from .arrays import ArrayUses
 from .constfold import Constants
 from .steparrays import StepArrays
 from .cpuwork import _argument_to_device, _cpu_work
+from .rnns import note_grad_mode, refuse_packed
 from .tensordata import _TENSOR_FROM_DATA, _tensor_of_live_floats, _tensor_of_step_tensors
 from .collectives import direct_collective
 from .dataorder import note_draw
@@ -253,6 +254,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         self.foreign_seen: set = set()
         self.batch_sizes: list = []   # packed batch sizes guarded by value: reading them is safe
         self.host: dict = {}   # id -> a CPU tensor computed from host values only (_host_op)
+        self.backward_seen = False   # (a refusal before it is raised at once: _refuse_now)
 
     def _shape_guards(self, func, out) -> None:
         from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
@@ -332,6 +334,7 @@ class _DispatchCheckMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.backward_seen = self.backward_seen or torch._C._current_autograd_node() is not None
         if torch.Tag.nondeterministic_seeded in func.tags: note_draw(func, args, kwargs)   # (dataorder.py)
         self._foreign_history(args, kwargs, func)
         folded = self.constants.fold(func, args, kwargs)
@@ -363,10 +366,9 @@ class _DispatchCheckMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
         self.constants.note(func, args, out)
-        if func is torch.ops.aten.mkldnn_rnn_layer.default: _note_grad_mode(out)   # (replayed in the step's grad mode)
+        if func is torch.ops.aten.mkldnn_rnn_layer.default: note_grad_mode(out)   # (replayed in the step's grad mode)
         if func is torch.ops.aten._pack_padded_sequence.default:
             if self.cuda_step:
-                from .rnns import refuse_packed
                 refuse_packed(self.problems, user_frame())
             self.guard_batch_sizes(out[1])
         work = _cpu_work(func, args, kwargs, out) if self.cuda_step and not _argument_to_device(func, args, out) \
@@ -385,14 +387,14 @@ class _DispatchCheckMode(TorchDispatchMode):
                 "at capture)", user_frame(stack),
                 "move those tensors to the GPU before the step (or make them state on the GPU)",
                 library_frame(stack)))
+            self._refuse_now()
         return out
 
+    def _refuse_now(self) -> None:
+        """Before the trace's backward, refused at once: the call is undone and rerun eagerly
+        (after_failed_trace). Kept to the trace's end, the call held the trace's numbers (DETR's
+        zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
+        if torch._C._current_autograd_node() is None and not self.backward_seen:
+            from .trace import raise_problems
+            raise_problems(self.problems[-1:])
 
-def _note_grad_mode(out) -> None:
-    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
-    tracer = get_proxy_mode().tracer
-    t = out[0] if isinstance(out, (tuple, list)) else out
-    if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer):
-        node = get_proxy_slot(t, tracer).proxy.node
-        node = node.args[0] if node.target is operator.getitem else node
-        node.meta["grad_enabled"] = torch.is_grad_enabled()

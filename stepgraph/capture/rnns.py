@@ -155,3 +155,15 @@ class RnnDecomposition(TorchFunctionMode):
                      "ops): fp tolerance against eager, dropout between layers from PyTorch's generator",
                      _MODULE[kind])
         return _decomposed(kind, args)
+
+
+def note_grad_mode(out) -> None:
+    """An mkldnn RNN layer's node remembers the grad mode it ran in (replayed in it)."""
+    import operator
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot, has_proxy_slot
+    tracer = get_proxy_mode().tracer
+    t = out[0] if isinstance(out, (tuple, list)) else out
+    if isinstance(t, torch.Tensor) and has_proxy_slot(t, tracer):
+        node = get_proxy_slot(t, tracer).proxy.node
+        node = node.args[0] if node.target is operator.getitem else node
+        node.meta["grad_enabled"] = torch.is_grad_enabled()
