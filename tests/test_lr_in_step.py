@@ -300,3 +300,88 @@ def test_a_float64_device_lr_divides_as_a_float_lr_does():
     assert torch._foreach_div_ is plain
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, x / other) for a, x in zip(kept, xs))
+
+
+def _sched_twins(make_sched, ret):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    twin = copy.deepcopy(model)
+    fns = []
+    for m in (model, twin):
+        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+        fns.append(_sched_step(m, opt, make_sched(opt), ret))
+    return model, twin, fns
+
+
+def _sched_step(m, opt, sched, ret):
+    def step(x, y, i):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if i % 2 == 1 or ret != "last_lr_every2":
+            sched.step()
+        return ret_value(ret, loss, opt, sched)
+    return step, opt, sched
+
+
+_LOGS = {"lr": 0.0}
+
+
+def ret_value(ret, loss, opt, sched):
+    if ret == "group":
+        return loss, opt.param_groups[0]["lr"]
+    if ret.startswith("last_lr"):
+        return loss, sched.get_last_lr()[0]
+    lr = opt.param_groups[0]["lr"]
+    if ret == "stored":
+        _LOGS["lr"] = lr
+        return loss
+    return loss * lr
+
+
+@pytest.mark.parametrize("ret", ["group", "last_lr", "last_lr_every2"])
+@pytest.mark.parametrize("sched", ["multistep", "steplr"])
+def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_returns_it(sched, ret):
+    """``sched.step(); return loss, opt.param_groups[0]['lr']`` (or ``get_last_lr()[0]``): the
+    scheduler runs again after each replay, and the lr it set exists only then. Where the
+    scheduler left the lr unchanged at capture (MultiStepLR between milestones) the trace put
+    the live lr back, read at the graph's start: every replay returned the call's starting lr,
+    the milestone's one call late, silently (probe s25_probe p12)."""
+    make_sched = {"multistep": lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[3, 5], gamma=0.5),
+                  "steplr": lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)}[sched]
+    model, twin, ((fn, opt, sc), (efn, eopt, esc)) = _sched_twins(make_sched, ret)
+    step = stepgraph.compile(fn)
+    for i in range(10):
+        torch.manual_seed(i)
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        got, want = step(x, y, i), efn(x, y, i)
+        assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is float, (i, got, want)
+        assert opt.param_groups[0]["lr"] == eopt.param_groups[0]["lr"], i
+        assert type(opt.param_groups[0]["lr"]) is float and all(type(v) is float for v in sc.get_last_lr())
+        for p, q in zip(model.parameters(), twin.parameters()):
+            assert torch.equal(p, q), i
+    assert step.stats.replays >= 6
+
+
+@pytest.mark.parametrize("ret", ["tensor", "stored"])
+def test_the_lr_a_scheduler_set_used_later_in_the_step_is_refused(ret):
+    """A tensor op on the lr the scheduler just set, or the lr kept in Python for a replay to
+    write, would need it before the graph ran: refused at the scheduler's line, the call as
+    eager left it (it was baked, or the call's starting lr: silently wrong at the next
+    milestone). Arithmetic on it returned is warned (test_footguns)."""
+    make_sched = lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)   # noqa: E731
+    model, twin, ((fn, opt, sc), (efn, eopt, esc)) = _sched_twins(make_sched, ret)
+    step = stepgraph.compile(fn)
+    for i in range(2):
+        torch.manual_seed(i)
+        x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
+        want = efn(x, y, i)
+        if i == 0:
+            step(x, y, i)
+            continue
+        with pytest.raises(stepgraph.CaptureError, match="StepLR.step\\(\\) set in this call is used later"):
+            step(x, y, i)
+    assert opt.param_groups[0]["lr"] == eopt.param_groups[0]["lr"] and sc.last_epoch == esc.last_epoch
+    for p, q in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(p, q)

@@ -131,6 +131,7 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
     from torch.optim.optimizer import register_optimizer_step_pre_hook
     from ..errors import user_frame
     from .effects import Problem
+    from . import nextlr
     # Schedulers whose own ``step`` replaces LRScheduler's (CosineAnnealingWarmRestarts,
     # SequentialLR, ChainedScheduler, a user's) are recorded too; only the outermost call is
     # (SequentialLR's inner schedulers are its business). ReduceLROnPlateau takes this call's
@@ -179,6 +180,7 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
             for g, key, v, plain in lives:
                 if g.get(key) == plain:
                     g[key] = v
+            nextlr.mark(self, lives, where)   # (what it set is next call's value: read after a replay)
             if assigned is not None:
                 assigned.extend((g, key, v) for g, old in before for key, v in g.items()
                                 if key != "params" and v is not old.get(key))

@@ -28,7 +28,7 @@ from ..optimizers import absorb_floats
 from . import argchanges, argtree
 from .bindings import binding
 from .hostrandom import host_random_watch
-from .hostscalar import HyperLog, current, _DataDependentBranch, live_hyper, live_source
+from .hostscalar import HyperLog, current, _DataDependentBranch, group_reader, live_hyper, live_source
 from .hostreads import ReadLog, math_patches, tolist
 from .randomreads import random_guards
 from .dynslice import check_unwritten
@@ -39,7 +39,7 @@ from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
 from .libstate import state_counter
 from .rnns import RnnDecomposition
 from .fnbackward import backward_under_modes
-from . import pycalls, pyeffects
+from . import nextlr, pycalls, pyeffects
 from .rollback import CopyOnWrite, Rollback, saving_writes
 from .datarebind import data_assignments
 from .schedules import array_conversions
@@ -234,6 +234,10 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             elif isinstance(v, torch.Tensor):
                 kinds.append(("tensor", len(graph_outs)))
                 graph_outs.append(v)
+            elif nextlr.slot(v) is not None:   # the lr a scheduler stepped here set: read after the replay
+                kinds.append(("live", group_reader(*nextlr.slot(v))))
+            elif nextlr.derived(v):   # (``lr * 2`` of it: this capture's number, warned)
+                kinds.append(("const", float.__float__(v)))
             elif current(v, get_proxy_mode().tracer):  # a read value, lr, lr * 2, ...
                 kinds.append(("read", v.node))  # made a graph output below: live at each replay
             else:
@@ -315,7 +319,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"] + pycalls.reads_of(calls))
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     to_host, refused = to_host_outputs(gm, box["hm"].to_host, box["escape_at"])   # (return x.cpu())
-    problems += refused + random_guards(gm)
+    problems += refused + random_guards(gm) + nextlr.used(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,

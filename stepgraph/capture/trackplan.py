@@ -23,7 +23,7 @@ from torch import nn
 from .hostscalar import HostFloat, _tracer, current
 from .numchecks import Root
 from .pyvalues import _MISSING, item
-from . import schedules
+from . import nextlr, schedules
 from .schedules import schedule_array
 from .tracked import _PROXIES
 
@@ -359,6 +359,8 @@ def hyper_effects(reg, assigned=(), scheduled=(), const_stores=frozenset(), args
             continue
         if group.get(k) is live:
             group[k] = old
+            continue
+        if nextlr.restore(group, k, old):   # (set by a scheduler stepped in the step: nextlr.py)
             continue
         v = group.get(k, live)
         if type(v) in _PROXIES or issubclass(type(v), HostFloat) or isinstance(v, torch.Tensor) \
