@@ -167,7 +167,7 @@ class CapturedStep:
         for e in tr.source_effects:
             e.source.write(e.value(outs), args)   # total_loss = <this replay's tensor> (pyeffects.py)
         for e in tr.append_effects:
-            e.source.read(()).append(outs[e.index])   # history.append(<this replay's value>)
+            e.source.read(()).append(e.value(outs))   # history.append(<this replay's value>)
         memo = dict(self.last_reads)
         for c in tr.call_effects:   # pbar.set_postfix(loss=<this replay's read>) (pycalls.py)
             c.run(outs, lambda e: evaluate(e, leaves, args, memo))

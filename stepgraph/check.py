@@ -16,7 +16,7 @@ import warnings
 import torch
 
 from .capture import fetches
-from .capture.pyeffects import snapshot
+from .capture.rollback import snapshot
 
 log = logging.getLogger("stepgraph")
 

@@ -40,7 +40,8 @@ from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
-from .capture.pyeffects import append_sources, effect_sources, lengths, snapshot, tensor_sources, truncate
+from .capture.pyeffects import append_sources, effect_sources, lengths, tensor_sources, truncate
+from .capture.rollback import snapshot
 from .capture.libstate import library_scalars, refuse_library_changes
 from .capture.outputs import (container_slots, hidden_changed, hidden_containers, kept_reads, live_outputs, read_side_effects,
                               refuse_hidden_changes, refuse_host_python, refuse_python_side_effects, refuse_slot_stores, warn_appends)

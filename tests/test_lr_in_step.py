@@ -326,6 +326,7 @@ def _sched_step(m, opt, sched, ret):
 
 
 _LOGS = {"lr": 0.0}
+_HIST: list = []
 
 
 def ret_value(ret, loss, opt, sched):
@@ -336,18 +337,26 @@ def ret_value(ret, loss, opt, sched):
     lr = opt.param_groups[0]["lr"]
     if ret == "stored":
         _LOGS["lr"] = lr
-        return loss
+        return loss, _LOGS["lr"]
+    if ret == "appended":
+        _HIST.append(sched.get_last_lr()[0])
+        return loss, _HIST[-1]
+    if ret == "printed":
+        print(f"lr {opt.param_groups[0]['lr']:.6f}")
+        return loss, 0.0
     return loss * lr
 
 
-@pytest.mark.parametrize("ret", ["group", "last_lr", "last_lr_every2"])
+@pytest.mark.parametrize("ret", ["group", "last_lr", "last_lr_every2", "stored", "appended", "printed"])
 @pytest.mark.parametrize("sched", ["multistep", "steplr"])
-def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_returns_it(sched, ret):
+def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_returns_it(sched, ret, capsys):
     """``sched.step(); return loss, opt.param_groups[0]['lr']`` (or ``get_last_lr()[0]``): the
     scheduler runs again after each replay, and the lr it set exists only then. Where the
     scheduler left the lr unchanged at capture (MultiStepLR between milestones) the trace put
     the live lr back, read at the graph's start: every replay returned the call's starting lr,
-    the milestone's one call late, silently (probe s25_probe p12)."""
+    the milestone's one call late, silently (probe s25_probe p12). Stored in a dict, appended
+    to a list or printed formatted (``f"{lr:.6f}"``) after the scheduler step, it is read from
+    the group when the replay writes it (the print repeated the capture's text, silently)."""
     make_sched = {"multistep": lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[3, 5], gamma=0.5),
                   "steplr": lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)}[sched]
     model, twin, ((fn, opt, sc), (efn, eopt, esc)) = _sched_twins(make_sched, ret)
@@ -355,7 +364,10 @@ def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_return
     for i in range(10):
         torch.manual_seed(i)
         x, y = torch.randn(6, 8), torch.randint(0, 4, (6,))
-        got, want = step(x, y, i), efn(x, y, i)
+        got = step(x, y, i)
+        printed = capsys.readouterr().out
+        want = efn(x, y, i)
+        assert printed == capsys.readouterr().out, i
         assert torch.equal(got[0], want[0]) and got[1] == want[1] and type(got[1]) is float, (i, got, want)
         assert opt.param_groups[0]["lr"] == eopt.param_groups[0]["lr"], i
         assert type(opt.param_groups[0]["lr"]) is float and all(type(v) is float for v in sc.get_last_lr())
@@ -364,11 +376,10 @@ def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_return
     assert step.stats.replays >= 6
 
 
-@pytest.mark.parametrize("ret", ["tensor", "stored"])
+@pytest.mark.parametrize("ret", ["tensor"])
 def test_the_lr_a_scheduler_set_used_later_in_the_step_is_refused(ret):
-    """A tensor op on the lr the scheduler just set, or the lr kept in Python for a replay to
-    write, would need it before the graph ran: refused at the scheduler's line, the call as
-    eager left it (it was baked, or the call's starting lr: silently wrong at the next
+    """A tensor op on the lr the scheduler just set would need it before the graph ran: refused
+    at the scheduler's line, the call as eager left it (it was baked: silently wrong at the next
     milestone). Arithmetic on it returned is warned (test_footguns)."""
     make_sched = lambda o: torch.optim.lr_scheduler.StepLR(o, 3, 0.5)   # noqa: E731
     model, twin, ((fn, opt, sc), (efn, eopt, esc)) = _sched_twins(make_sched, ret)

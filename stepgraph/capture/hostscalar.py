@@ -47,6 +47,19 @@ class HostFloat(float):
         """The result of arithmetic on this float (subclasses keep what they track)."""
         return HostFloat(value, node)
 
+    def __format__(self, fmt):
+        # A live value formatted (``print(f"lr={g['lr']:.5f}")``): noted like a read value's, so a
+        # call redone after each replay rebuilds the text (pycalls.py); it printed the capture's lr
+        # at every replay, silently (probe /work/repros/s26/print_lr.py).
+        text = float.__format__(_plain(self), fmt)
+        tracer = _tracer()
+        log = getattr(tracer, "sg_reads", None)
+        if log is not None and current(self, tracer):
+            from ..errors import user_frame
+            log.formats.append((len(log.printed), text, fmt, self.node))
+            log.printed.append(user_frame())
+        return text
+
 
 def _tracked(x) -> bool:
     """A number tracked while tracing (tracked.py); asked of the type, never of the proxy."""

@@ -387,14 +387,14 @@ class _DispatchCheckMode(TorchDispatchMode):
                 "at capture)", user_frame(stack),
                 "move those tensors to the GPU before the step (or make them state on the GPU)",
                 library_frame(stack)))
-            self._refuse_now()
+            _refuse_now(self.problems, self.backward_seen)
         return out
 
-    def _refuse_now(self) -> None:
-        """Before the trace's backward, refused at once: the call is undone and rerun eagerly
-        (after_failed_trace). Kept to the trace's end, the call held the trace's numbers (DETR's
-        zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
-        if torch._C._current_autograd_node() is None and not self.backward_seen:
-            from .trace import raise_problems
-            raise_problems(self.problems[-1:])
 
+def _refuse_now(problems, backward_seen: bool) -> None:
+    """Before the trace's backward, refused at once: the call is undone and rerun eagerly
+    (after_failed_trace). Kept to the trace's end, the call held the trace's numbers (DETR's
+    zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
+    if torch._C._current_autograd_node() is None and not backward_seen:
+        from .trace import raise_problems
+        raise_problems(problems[-1:])

@@ -44,9 +44,12 @@ def mark(sched, lives: list, where) -> None:
 
 def slot(v):
     """(group, key) whose next value ``v`` is, or None."""
-    if not issubclass(type(v), HostFloat):
-        return None
-    m = v.node.meta.get(_MARK)
+    return slot_of(v.node) if issubclass(type(v), HostFloat) else None
+
+
+def slot_of(node):
+    """(group, key) whose next value the graph node ``node`` reads, or None."""
+    m = node.meta.get(_MARK)
     return None if m is None else m[:2]
 
 

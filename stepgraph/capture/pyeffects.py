@@ -1,23 +1,18 @@
 """Python variables the step accumulates into: read live, written back after each replay.
 
 ``total_loss += loss.detach().float()`` (the Hugging Face no_trainer scripts) and
-``train_loss += loss.item()`` (a global of kuangliu's CIFAR script) rebind a variable of the
-training loop to a value the step computed. A replay runs no Python, so this used to be
-refused. Now:
+``train_loss += loss.item()`` (kuangliu's CIFAR global) rebind a loop variable to a value the
+step computed; a replay runs no Python, so this used to be refused. Now:
 
 * a variable holding a plain tensor that the step reads (a global, a closure cell, an attribute
-  or dict item of a plain object) is a **graph input**, read at each call and keyed by its
-  dtype/shape/device/stride instead of its identity: a new epoch's ``total_loss`` is no new
-  graph, and ``total_loss += x`` on it is an in-place write of that input, as in eager;
+  or dict item of a plain object) is a **graph input**, keyed by dtype/shape/device/stride, not
+  identity: a new epoch's ``total_loss`` is no new graph; ``total_loss += x`` writes it in place;
 * a variable the step **rebinds** to a tensor it computed (``0 -> tensor``, ``t = t + x``)
-  gets that tensor as an extra graph output, written back after each replay (a fresh tensor
-  per replay on every backend: these outputs are cloned like the user's);
-* a variable rebound to a float the graph computes (``train_loss += loss.item()``, with
-  ``train_loss`` read live) gets that float as an output and is written back the same way.
+  gets that tensor as an extra graph output, written back (cloned) after each replay;
+* one rebound to a float the graph computes (``train_loss += loss.item()``) likewise.
 
-Rebinding to anything else (a tensor that existed before the step) stays a clear error.
-Only variables that need no call argument to reach (not ``args.x``) take part: the replay
-writes them without the call's arguments.
+Rebinding to anything else (a tensor from before the step) stays a clear error. Only variables
+reached without the call's arguments (not ``args.x``) take part.
 """
 from __future__ import annotations
 
@@ -26,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import nextlr
 from .effects import Problem, _is_traced
 from .hostscalar import _plain, current
 
@@ -34,7 +30,7 @@ from .hostscalar import _plain, current
 class SourceEffect:
     """A variable the step rebinds to a graph value: written back after each replay."""
     source: object   # pyvalues.Source
-    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number) |
+    kind: str        # "tensor" (an output cloned like the user's) | "read" (a host number) | "group" |
     #                  "tensors" (a tuple of ``n`` outputs from ``index`` on: a recurrent state)
     index: int = -1  # its graph output position (reads: set once the graph is made)
     node: object = None  # a read's graph node, until placed
@@ -43,6 +39,8 @@ class SourceEffect:
 
     def value(self, outs):
         """What a replay writes back, from the graph's outputs (a new container each replay)."""
+        if self.kind == "group":   # (node: the (param group, key) the redone scheduler set)
+            return float(self.node[0][self.node[1]])
         return self.seq(outs[self.index:self.index + self.n]) if self.kind == "tensors" else outs[self.index]
 
 
@@ -211,6 +209,8 @@ def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
     if kind == "tensor":
         graph_outs.append(v)
         return SourceEffect(s, "tensor", len(graph_outs) - 1)
+    if nextlr.slot(v) is not None:   # (an lr a scheduler stepped in the step set: read when written)
+        return SourceEffect(s, "group", node=nextlr.slot(v))
     return SourceEffect(s, "read", node=v.node)
 
 
@@ -349,6 +349,8 @@ def place_reads(gm, reads: list) -> None:
     out = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(out.args[0])
     for e in reads:
+        if e.kind == "group":
+            continue
         e.index = len(outs)
         outs.append(e.node)
         e.node = None
@@ -372,29 +374,3 @@ def place_read_roots(gm, number_effects) -> list:
     out.args = (outs,)
     gm.recompile()
     return placed
-
-
-def snapshot(srcs, args=()):
-    """What these variables and their tensors hold now, to put back: after a check-mode replay
-    (the eager shadow then runs the step's Python on them), or after a failed trace (the call
-    then runs eagerly from its start). ``args``: the call's, for attributes of its arguments."""
-    saved = [(s, v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
-             for s in srcs for v in [s.read_or(args)]]
-
-    def restore():
-        for s, v, data in saved:
-            if data is not None:
-                with torch.no_grad():
-                    v.copy_(data)
-            if not _in_tuple(s, args):   # (an element of a tuple: the tuple's own source puts it back)
-                s.write(v, args)
-    return restore
-
-
-def _in_tuple(s, args=()) -> bool:
-    from .trackplan import _parent
-    try:
-        return bool(s.path) and s.path[-1][0] == "item" and type(_parent(s, args)) is tuple
-    except Exception:  # noqa: BLE001 - not readable now: nothing to write either
-        return True
-

@@ -237,3 +237,28 @@ class CopyOnWrite(TorchDispatchMode):
                         if x.layout == torch.strided and not _fake(x):
                             self.rb.created.add(x.untyped_storage().data_ptr())
         return out
+
+def snapshot(srcs, args=()):
+    """What these variables and their tensors hold now, to put back: after a check-mode replay
+    (the eager shadow then runs the step's Python on them), or after a failed trace (the call
+    then runs eagerly from its start). ``args``: the call's, for attributes of its arguments."""
+    saved = [(s, v, v.detach().clone() if isinstance(v, torch.Tensor) else None)
+             for s in srcs for v in [s.read_or(args)]]
+
+    def restore():
+        for s, v, data in saved:
+            if data is not None:
+                with torch.no_grad():
+                    v.copy_(data)
+            if not _in_tuple(s, args):   # (an element of a tuple: the tuple's own source puts it back)
+                s.write(v, args)
+    return restore
+
+
+def _in_tuple(s, args=()) -> bool:
+    from .trackplan import _parent
+    try:
+        return bool(s.path) and s.path[-1][0] == "item" and type(_parent(s, args)) is tuple
+    except Exception:  # noqa: BLE001 - not readable now: nothing to write either
+        return True
+
