@@ -23,7 +23,7 @@ def _make(model, opt, after_backward=False):
             c = out.detach().cpu()
             picks = [int(part.argmax()) for part in c.split([4, 4])]   # (a matcher on the host)
             y = y[torch.as_tensor(picks, device="cuda")]
-        loss = F.mse_loss(out[:2], y)
+        loss = F.mse_loss(out[:2], y[:2])
         loss.backward()
         if after_backward:
             [part.sum() for part in out.detach().cpu().split([4, 4])]
@@ -42,7 +42,7 @@ def test_refused_before_backward_holds_eagers_numbers(after_backward):
     step, eager = stepgraph.compile(_make(m, o, after_backward)), _make(m2, o2, after_backward)
     g = torch.Generator(device="cuda").manual_seed(1)
     x0 = torch.randn(8, 8, device="cuda", generator=g)
-    y0 = torch.randn(2, 3, device="cuda", generator=g)
+    y0 = torch.randn(3, 3, device="cuda", generator=g)
     step(x0, y0), eager(x0, y0)
     same_form(o2)   # (stepgraph's form from its capturing call on: the corpus's reference)
     with pytest.raises(CaptureError, match="runs on CPU tensors inside a CUDA step") as err:

@@ -321,12 +321,16 @@ def _sched_step(m, opt, sched, ret):
         opt.zero_grad()
         if i % 2 == 1 or ret != "last_lr_every2":
             sched.step()
+        if ret == "appended":   # (in the step's own code: a helper's appends are warned, not replayed)
+            hist.append(sched.get_last_lr()[0])
+            return loss, opt.param_groups[0]["lr"]
         return ret_value(ret, loss, opt, sched)
+    hist: list = []
+    step.hist = hist
     return step, opt, sched
 
 
 _LOGS = {"lr": 0.0}
-_HIST: list = []
 
 
 def ret_value(ret, loss, opt, sched):
@@ -338,9 +342,6 @@ def ret_value(ret, loss, opt, sched):
     if ret == "stored":
         _LOGS["lr"] = lr
         return loss, _LOGS["lr"]
-    if ret == "appended":
-        _HIST.append(sched.get_last_lr()[0])
-        return loss, _HIST[-1]
     if ret == "printed":
         print(f"lr {opt.param_groups[0]['lr']:.6f}")
         return loss, 0.0
@@ -374,6 +375,7 @@ def test_the_lr_a_scheduler_stepped_in_the_step_sets_is_returned_as_eager_return
         for p, q in zip(model.parameters(), twin.parameters()):
             assert torch.equal(p, q), i
     assert step.stats.replays >= 6
+    assert fn.hist == efn.hist and (ret != "appended" or len(fn.hist) == 10)
 
 
 @pytest.mark.parametrize("ret", ["tensor"])
@@ -396,3 +398,31 @@ def test_the_lr_a_scheduler_set_used_later_in_the_step_is_refused(ret):
     assert opt.param_groups[0]["lr"] == eopt.param_groups[0]["lr"] and sc.last_epoch == esc.last_epoch
     for p, q in zip(model.parameters(), twin.parameters()):
         assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("spec", [".6f", ".2e", ""])
+def test_a_live_lr_formatted_in_a_print_is_printed_as_eager_prints_it(spec, capsys):
+    """``print(f"lr={opt.param_groups[0]['lr']:.6f}")`` with the lr the loop assigns before each
+    call: the redone print rebuilt its text from the capture's string, so every replay printed
+    the capture's lr, silently (probe /work/repros/s26/print_lr.py)."""
+    printed = []
+    for use in (False, True):
+        torch.manual_seed(0)
+        m = nn.Linear(4, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def fn(x):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            print(f"lr={opt.param_groups[0]['lr']:{spec}} step")
+            return loss
+        step = stepgraph.compile(fn) if use else fn
+        for i in range(6):
+            opt.param_groups[0]["lr"] = 0.1 / (i + 1)
+            step(torch.randn(8, 4))
+        printed.append(capsys.readouterr().out)
+        if use:
+            assert step.stats.replays == 4
+    assert printed[0] == printed[1] and printed[0].count("step") == 6
