@@ -397,4 +397,4 @@ def _refuse_now(problems, backward_seen: bool) -> None:
     zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
     if torch._C._current_autograd_node() is None and not backward_seen:
         from .trace import raise_problems
-        raise_problems(problems[-1:])
+        raise_problems(problems)   # (the first found leads, as at the trace's end)
