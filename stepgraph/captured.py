@@ -113,6 +113,8 @@ class CapturedStep:
 
     def replay(self, leaves, tensor_pos, args=()) -> object:
         tr = self.trace
+        # (``t0 = time.time()`` at the step's top: read now, as eager read it before its work)
+        started = {id(r): r.ref() for r in tr.uses.start_clocks} if tr.uses is not None else {}
         set_call(leaves, args)   # (numbers of the call read live: uselog._reader)
         inputs = [leaves[i] for i in tensor_pos]
         if self.arrays:   # (numpy arrays: their memory as tensors, capture/arrays.py)
@@ -157,7 +159,7 @@ class CapturedStep:
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)
-        self.last_reads = {id(r): outs[i] for r, i in tr.read_roots}
+        self.last_reads = {**started, **{id(r): outs[i] for r, i in tr.read_roots}}
         for sched, a, k, _ in tr.scheduler_steps:   # LR schedulers stepped inside the step: run again,
             if any(_tracked(x) for x in (*a, *k.values())):   # with this call's epoch (transformer-xl's
                 memo = dict(self.last_reads)                  # scheduler.step(train_step): it froze)

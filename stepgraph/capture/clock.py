@@ -28,7 +28,21 @@ def clock(orig, log, name: str):
     def read():
         value = orig()
         if log.active and threading.get_ident() == thread and not library_file(sys._getframe(1).f_code.co_filename):
-            return log.wrap(value, Root("clock", orig, f"time.{name}()"))
+            root = Root("clock", orig, f"time.{name}()")
+            if not _ops_recorded():
+                log.start_clocks.append(root)
+            return log.wrap(value, root)
         return value
     read.__wrapped__ = orig
     return read
+
+
+def _ops_recorded() -> bool:
+    """Has the trace recorded a tensor op yet? A clock read before any (``t0 = time.time()`` at
+    the step's top) is read before each replay runs, not with the ones after it: both read
+    after the replay made ``time.time() - t0`` ~0 or negative, silently."""
+    import torch
+    from .hostscalar import _tracer
+    tracer = _tracer()   # (readers of Python values and hyper-parameters come first: not the step's work)
+    return tracer is None or any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                                 for n in tracer.graph.nodes)

@@ -49,6 +49,7 @@ class UseLog:
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
     prints: list = field(default_factory=list)      # sites of print() calls the step made (sinks.py)
     clocks: list = field(default_factory=list)      # sites where a value from time.time() & co. is used as a constant
+    start_clocks: list = field(default_factory=list)  # clock Roots read before any tensor op: read before a replay
     # Numbers meeting host reads become graph nodes (a CUDA graph holding one goes to the replay
     # backend: pipeline.refuse_host_python); numbers fed to tensor ops only where this is set (the
     # CPU, for backends that run Python at replay: pipeline.trace's ``lift_numbers``).
