@@ -270,6 +270,8 @@ def substitute(nodes, floats, call_args) -> set:
     for n in nodes:
         n.args = tuple(fix(a) for a in n.args)
         n.kwargs = {k: fix(v) for k, v in n.kwargs.items()}
+    del fix   # (recursive: its cell held it in a cycle, and by_bits' read floats with it until
+    # the next gc, read as "stored in Python objects" by hostreads.stored_reads: NAdam's warning)
     return used
 
 
