@@ -39,6 +39,7 @@ from ..errors import library_file, library_module
 from .argtree import opened
 from .chains import _all_code, _chains, constant_stores, statement_calls
 from .arrays import input_array
+from .freshreads import parametrized, view_of_parent
 from . import callslots
 from .sigkey import Ident
 from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
@@ -296,6 +297,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         # Guard the longest prefix of the chain that resolves (``args.clip``, not ``args``).
         for p in _prefixes(path):
             s = Source(src.kind, src.root, src.name, p, src.where)
+            if parametrized(s, _DUMMY_ARGS):
+                continue   # (not read: the module holding it is the source)
             try:
                 v, probe = s.read(_DUMMY_ARGS), False
             except Exception:  # noqa: BLE001
@@ -341,7 +344,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 g = ("object", id(v))
             # A property that builds a new object at each read has no identity to guard.
             fresh = not probe and isinstance(g, tuple) and g[:1] == ("object",) and s.value(_DUMMY_ARGS) != g
-            if g is not _SKIP and not fresh and not _view_of_parent(s, v, _DUMMY_ARGS) \
+            if g is not _SKIP and not fresh and not view_of_parent(s, v, _DUMMY_ARGS) \
                     and (key not in out or out[key].identity_only):
                 out[key] = s
             break
@@ -371,20 +374,3 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     pv.scanned = pv.slots_key(_DUMMY_ARGS)
     pv.partial = partial[0]
     return pv
-
-
-def _view_of_parent(s: Source, v, args) -> bool:
-    """``self.weight.T`` / ``.mT`` / ``.data`` / ``[0]``: an attribute or item of a tensor that reads as a new
-    tensor over the same memory at every access. Keyed by identity it would differ at each
-    read (a refusal, or a random recapture when CPython reuses the address); it is the parent
-    tensor, which the graph reads as state or an argument."""
-    if not (isinstance(v, torch.Tensor) and s.path and s.path[-1][0] in ("attr", "item")):
-        return False   # (``self.queue_ptr[0]``: indexing makes a new view at each read too)
-    parent = Source(s.kind, s.root, s.name, s.path[:-1]).read_or(args)
-    if not isinstance(parent, torch.Tensor) or parent.device.type == "meta" or v.device.type == "meta":
-        return False
-    again = s.read_or(args)
-    try:
-        return again is not v and v.untyped_storage().data_ptr() == parent.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, subclasses)
-        return False
