@@ -357,3 +357,32 @@ def test_a_closure_number_that_turns_from_int_to_float_is_a_new_key():
         state["acc"] = 1 if ni < 3 else float(2 + ni % 2)
         f(ni)
     assert f.stats.failed_captures == 0 and f.stats.replays >= 1, f.stats
+
+
+def test_json_dumps_of_a_number_of_the_call_is_its_value():
+    """``json.dumps({"loss": loss.item(), "step": i})`` in the step: json's C encoder took no
+    tracked number ("Object of type int is not JSON serializable"), an internal failure that
+    ran the step eagerly for good with a "please report" warning (probe s26_probeA)."""
+    import json
+    import warnings
+    texts = []
+    for use in (False, True):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 2)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        got = []
+
+        def fn(x, i):
+            loss = m(x).pow(2).mean()
+            o.zero_grad()
+            loss.backward()
+            o.step()
+            return loss, json.dumps({"step": i, "n": 3})
+        step = stepgraph.compile(fn) if use else fn
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for i in range(4):
+                got.append(step(torch.randn(8, 4), i)[1])
+        assert not [x for x in w if "could not be captured" in str(x.message)]
+        texts.append(got)
+    assert texts[0] == texts[1] == [json.dumps({"step": i, "n": 3}) for i in range(4)]

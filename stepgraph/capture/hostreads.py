@@ -18,6 +18,7 @@ Uses the trace cannot follow are guarded by value (``float(x)`` of a ReadFloat, 
 from __future__ import annotations
 
 import gc
+import json
 import math
 import operator
 import types
@@ -244,11 +245,16 @@ class math_patches:
                       if hasattr(math, name)]
         for name, orig in self.saved:
             setattr(math, name, _math_guarded(orig) if name in _MATH_PREDICATES else _math_live(orig))
+        # json's C encoder takes no tracked number (``json.dumps({"step": i})``: "int is not JSON
+        # serializable", an internal failure, eager for good): handed its value, used as Python uses it.
+        self.json_default = json.JSONEncoder.default
+        json.JSONEncoder.default = lambda enc, o: (o._use(), o._v)[1] if _tracked(o) else self.json_default(enc, o)
         return self
 
     def __exit__(self, *exc):
         for name, orig in self.saved:
             setattr(math, name, orig)
+        json.JSONEncoder.default = self.json_default
 
 
 def _math_guarded(orig):
