@@ -12,7 +12,9 @@
     is refused: test_pyvalues.py).
 (b) A replay's returned loss is a plain tensor: no ``requires_grad``, no ``grad_fn``; so is a
     tensor a replay writes back to the step's variables (a carried RNN state the step does not
-    detach before keeping it: eager's would hold this call's graph; test_b_carried_state below).
+    detach before keeping it: eager's would hold this call's graph; test_b_carried_state below),
+    and a tensor a redone call is given (``logger.info("loss %s", loss)`` logs ``tensor(0.73)``
+    where eager logs ``tensor(0.73, grad_fn=...)``: test_b_logged_tensor below).
 (c) Returned tensors are fresh each call: later replays never overwrite an earlier result.
 (d) A Python float/int argument is baked into the graph and guarded: a new value recaptures.
 (e) (no longer a difference) A global Python number read inside the step is guarded: a change
@@ -46,7 +48,9 @@
     (test_distributed.py).
 (o) A Python number the step computes from an lr *after* a scheduler stepped inside the step
     (``sched.step(); return lr * 2``) is the capture's value on every replay (warned at capture);
-    the lr itself, returned, is read live (test_pyvalues.py, test_o below).
+    the lr itself -- returned, stored, appended, logged or printed -- is read from its param group
+    after the replay's scheduler step, and a tensor op on it (``loss * lr``) is refused
+    (test_pyvalues.py, test_lr_in_step.py, test_o below).
 (p) On the GPU a step with host reads runs as CUDA-graph segments with one sync per read (as
     eager); ``backend="inductor"`` does not fuse such steps (unfused CUDA graph, warned), nor
     steps using cuDNN attention (Inductor's kernels failed to record on an H100; test_cuda_sdpa.py).
@@ -200,6 +204,31 @@ def test_b_replayed_loss_has_no_autograd_history():
     assert not out.requires_grad and out.grad_fn is None
     assert torch.equal(out, train(twin, topt, *batch(2)))
     assert torch.equal(eager_out, twin_out)
+
+
+def test_b_logged_tensor_has_no_grad_fn():
+    """A redone logging call is given the replay's plain output: its text has no grad_fn."""
+    import logging
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+    log = logging.getLogger("stepgraph_footgun_b")
+    log.addHandler(Keep())
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    model, opt, _, _ = setup()
+
+    def fn(x, y):
+        loss = train(model, opt, x, y)
+        log.info("loss %s", loss)
+        return loss.detach()
+    step = stepgraph.compile(fn)
+    for i in range(4):
+        step(*batch(i))
+    assert counts(step) == (1, 1, 2) and len(seen) == 4
+    assert "grad_fn" in seen[0] and "grad_fn" not in seen[-1], seen
 
 
 def test_b_carried_state_has_no_autograd_history():
