@@ -395,6 +395,6 @@ def _refuse_now(problems, backward_seen: bool) -> None:
     """Before the trace's backward, refused at once: the call is undone and rerun eagerly
     (after_failed_trace). Kept to the trace's end, the call held the trace's numbers (DETR's
     zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
-    if torch._C._current_autograd_node() is None and not backward_seen:
+    if not backward_seen:   # (set by this op's own dispatch too: a backward node running now)
         from .trace import raise_problems
         raise_problems(problems)   # (the first found leads, as at the trace's end)

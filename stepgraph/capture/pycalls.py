@@ -120,8 +120,7 @@ class CallEffect:
         """Redo the call with this replay's graph ``outs``; ``number(expr)``: a number of the call's."""
         vals = [outs[e.index] if kind == "out" else e if kind == "const" else number(e) if kind == "number" else
                 e[0][e[1]] if kind == "group" else
-                "".join(x if isinstance(x, str) else x.text() if isinstance(x, GroupHole) else
-                        format(float(outs[x.index]), x.spec) for x in e)
+                "".join(x if isinstance(x, str) else format(float(x.value(outs)), x.spec) for x in e)
                 for kind, e in self.leaves]
         a, kw = pytree.tree_unflatten(vals, self.spec)
         getattr(self.source.read(()), self.method)(*a, **kw)
@@ -292,8 +291,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
             if type(v) is str and reads is not None and reads.reads and _percent_formatted(v, r.where):
                 out = None   # ('%6f' % loss.item(): C reads the float, past every hook -- stale)
                 break
-            if nextlr.slot(v) is not None:   # (the lr a scheduler stepped here set: read when redone)
-                out.append(("group", nextlr.slot(v)))
+            if (slot := nextlr.slot(v)) is not None:   # (the lr a scheduler stepped here set: read when redone)
+                out.append(("group", slot))
                 continue
             kind = _kind(v, tracer)
             if kind is None:
@@ -333,24 +332,12 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     return effects, list(dict.fromkeys(notes))
 
 
-@dataclass
-class GroupHole:
-    """An lr a scheduler stepped in the step set, in a string a call is redone with: read from
-    its param group when redone (the scheduler is redone first: nextlr.py)."""
-    group: dict
-    key: str
-    spec: str
-
-    def text(self) -> str:
-        return format(float(self.group[self.key]), self.spec)
-
-
 def _hole(node, spec: str):
-    """A read value's place in a string a call is redone with: a graph output, and its spec."""
+    """A read value's place in a string a call is redone with: a graph output, and its spec
+    (an lr a scheduler stepped in the step set: read from its group when redone, nextlr.py)."""
     from .pyeffects import SourceEffect
-    if nextlr.slot_of(node) is not None:
-        return GroupHole(*nextlr.slot_of(node), spec)
-    e = SourceEffect(None, "read", node=node)
+    slot = nextlr.slot_of(node)
+    e = SourceEffect(None, "read", node=node) if slot is None else SourceEffect(None, "group", node=slot)
     e.spec = spec
     return e
 
@@ -371,7 +358,7 @@ def _template(text: str, formats: list):
 
 def reads_of(effects) -> list:
     return [e for c in effects for kind, e in c.leaves if kind == "out" and e.kind == "read"] + \
-        [x for c in effects for kind, e in c.leaves if kind == "fmt" for x in e if not isinstance(x, (str, GroupHole))]
+        [x for c in effects for kind, e in c.leaves if kind == "fmt" for x in e if not isinstance(x, str) and x.kind == "read"]
 
 
 def tensors_of(effects) -> int:

@@ -209,8 +209,8 @@ def _effect(s, v, kind: str, graph_outs: list) -> SourceEffect:
     if kind == "tensor":
         graph_outs.append(v)
         return SourceEffect(s, "tensor", len(graph_outs) - 1)
-    if nextlr.slot(v) is not None:   # (an lr a scheduler stepped in the step set: read when written)
-        return SourceEffect(s, "group", node=nextlr.slot(v))
+    if (slot := nextlr.slot(v)) is not None:   # (an lr a scheduler stepped in the step set: read when written)
+        return SourceEffect(s, "group", node=slot)
     return SourceEffect(s, "read", node=v.node)
 
 
