@@ -27,10 +27,24 @@ def from_user_code() -> bool:
     return f is not None and not library_file(f.f_code.co_filename)
 
 
+def call_lines() -> frozenset:
+    """``file:line`` of each line the call being made spans (a call black split over lines,
+    ``print(\n    f"step {i}",\n    f"loss {x:.4f}",\n)``, formats its text on lines after its own)."""
+    from . import sinks
+    f = _caller()
+    if f is None:
+        return frozenset()
+    ins, _ = sinks._instructions(f.f_code)
+    pos = ins[sinks._at(f.f_code, f.f_lasti)].positions
+    first = pos.lineno if pos is not None and pos.lineno is not None else f.f_lineno
+    last = pos.end_lineno if pos is not None and pos.end_lineno is not None else first
+    return frozenset(f"{f.f_code.co_filename}:{n}" for n in range(first, max(first, last) + 1))
+
+
 def formats_numbers() -> bool:
-    """Did the print/logging call being made format a tracked number into its text before it
-    (``print(f"step {i} loss {loss.item():.4f}")``, the sink confirmed it: sinks.py)? Its text
-    holds this call's number, so a redo would print it again: not redone (warned)."""
+    """Did the call being made get a tracked number formatted into its text before it
+    (``print(f"step {i} loss {loss.item():.4f}")``: the bytecode took the string there, sinks.py)?
+    Its text holds this call's number: redone only with the text rebuilt (formats.py)."""
     from . import sinks
     log = getattr(sinks._STATE, "log", None)
     if log is None or not log.pending:
@@ -40,7 +54,8 @@ def formats_numbers() -> bool:
         return False
     ins, _ = sinks._instructions(f.f_code)
     off = ins[sinks._at(f.f_code, f.f_lasti)].offset
-    return any(p[0] is f and p[1] == off and p[5] for p in log.pending)
+    # (its own sink may not have run yet: the recording wraps a logger's method outside it)
+    return any(p[0] is f and p[1] == off for p in log.pending)
 
 
 def percent_formatted(text: str, where: str) -> bool:

@@ -29,6 +29,7 @@ import torch
 
 from ..errors import user_frame
 from ..markers import host_guard
+from .formats import Format, line_of
 from .hostscalar import (HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item,
                          substitute)
 
@@ -38,12 +39,16 @@ class ReadLog:
     """What the trace saw of host reads: guards (site, what, value) and reported uses."""
     guards: list = field(default_factory=list)
     printed: list = field(default_factory=list)   # sites that formatted a read value (logging)
-    formats: list = field(default_factory=list)   # (index in printed, text, spec, graph node): pycalls.py
+    formats: list = field(default_factory=list)   # formats.Format: values formatted into text, in order
     guarded: list = field(default_factory=list)   # plain values handed out under a guard
     reads: list = field(default_factory=list)     # every ReadFloat made (to find where they went)
     uses: object = None                           # tracked.UseLog: int reads become tracked numbers
     int_reads: list = field(default_factory=list)  # numchecks.Root("read") of each one
     ctxs: weakref.WeakSet = field(default_factory=weakref.WeakSet)  # Functions' ctx a backward used (fnbackward.py)
+
+    def __post_init__(self):
+        if self.uses is not None:   # (numbers formatted on a line go in the same order: formats.py)
+            self.uses.formats = self.formats
 
     def sites(self) -> list[str]:
         """Where the step read values on the host (live reads and guards), in order."""
@@ -86,9 +91,10 @@ class ReadFloat(HostFloat):
 
     def _note_print(self, text=None, spec=""):
         if current(self, _tracer()):
-            if text is not None:   # (a call redoing a string built from it rebuilds it: pycalls.py)
-                self.log.formats.append((len(self.log.printed), text, spec, self.node))
-            self.log.printed.append(user_frame())
+            site = user_frame()
+            if text is not None:   # (a call redoing a string built from it rebuilds it: formats.py)
+                self.log.formats.append(Format(len(self.log.printed), text, spec, self.node, line_of(site)))
+            self.log.printed.append(site)
         return text
 
     def __format__(self, fmt):

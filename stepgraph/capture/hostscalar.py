@@ -56,8 +56,10 @@ class HostFloat(float):
         log = getattr(tracer, "sg_reads", None)
         if log is not None and current(self, tracer):
             from ..errors import user_frame
-            log.formats.append((len(log.printed), text, fmt, self.node))
-            log.printed.append(user_frame())
+            from .formats import Format, line_of
+            site = user_frame()
+            log.formats.append(Format(len(log.printed), text, fmt, self.node, line_of(site)))
+            log.printed.append(site)
         return text
 
 

@@ -37,8 +37,9 @@ from torch import nn
 
 from . import nextlr
 from .effects import Problem, _is_traced
-from .callframes import formats_numbers as _formats_numbers, from_user_code as _from_user_code, \
-    percent_formatted as _percent_formatted
+from .formats import NumberHole, line_of, render, template
+from .callframes import call_lines as _call_lines, formats_numbers as _formats_numbers, \
+    from_user_code as _from_user_code, percent_formatted as _percent_formatted
 from .hostscalar import current
 from .numchecks import roots_of
 from .tracked import _PROXIES
@@ -112,16 +113,14 @@ class CallEffect:
     method: str
     spec: object     # pytree spec of (args, kwargs)
     leaves: list     # ("const", v) | ("out", SourceEffect): a graph output (tensor or read) |
-    #                  ("group", (param group, key)): read when redone |
-    #                  ("number", expr): a number of the call's | ("fmt", [str | SourceEffect]): a string
+    #                  ("group", (param group, key)): read when redone | ("number", expr): a number
+    #                  of the call's | ("fmt", [str | SourceEffect | NumberHole]): a string (formats.py)
     where: str
 
     def run(self, outs, number) -> None:
         """Redo the call with this replay's graph ``outs``; ``number(expr)``: a number of the call's."""
         vals = [outs[e.index] if kind == "out" else e if kind == "const" else number(e) if kind == "number" else
-                e[0][e[1]] if kind == "group" else
-                "".join(x if isinstance(x, str) else format(float(x.value(outs)), x.spec) for x in e)
-                for kind, e in self.leaves]
+                e[0][e[1]] if kind == "group" else render(e, outs, number) for kind, e in self.leaves]
         a, kw = pytree.tree_unflatten(vals, self.spec)
         getattr(self.source.read(()), self.method)(*a, **kw)
 
@@ -137,6 +136,7 @@ class _Record:
     numbers: bool = False   # print/logging formatted a tracked number into its text (not redone)
     printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
     made: tuple = ()      # (start, end) in ReadLog.reads: values it read itself (``v.item()``)
+    lines: frozenset = frozenset()   # ``file:line`` of the lines the call spans (callframes.call_lines)
 
 
 @dataclass
@@ -198,12 +198,15 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
     from ..errors import user_frame
     installed = []
 
-    def wrap(s, obj, name):
+    def wrap(s, obj, name, had):
         orig = getattr(obj, name)
 
         def call(*a, **kw):
             if obj is builtins and not _from_user_code():
                 return orig(*a, **kw)   # (a library's own print: not the step's, not redone)
+            # (a method of the class is looked up now: sinks.py patches Logger.info after this
+            # wrapper was made, and must see the call to know its text is only printed)
+            fn = orig if had else getattr(type(obj), name).__get__(obj, type(obj))
             last, k0 = tracer.graph._root.prev, len(sched_steps)
             p0 = len(reads.printed) if reads is not None else 0
             q0 = len(reads.reads) if reads is not None else 0
@@ -214,12 +217,12 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                 pa, pkw = pytree.tree_unflatten([_plain_leaf(v) for v in leaves], spec)
             else:
                 pa, pkw = a, kw
-            numbers = _formats_numbers()
-            out = orig(*pa, **pkw)
+            numbers, lines = _formats_numbers(), _call_lines()
+            out = fn(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
-            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1)))
+            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines))
             return out
         call.__wrapped__ = orig
         return call
@@ -236,7 +239,7 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                 done.add((id(obj), name))
                 had, old = name in vars(obj), vars(obj).get(name)   # (a module's function: had)
                 try:
-                    setattr(obj, name, wrap(s, obj, name))
+                    setattr(obj, name, wrap(s, obj, name, had))
                 except (AttributeError, TypeError):
                     continue   # (an object that refuses it: its calls run at capture only, as before)
                 installed.append((obj, name, had, old))
@@ -260,15 +263,15 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     effects, skipped = [], []
     printed = reads.printed if reads is not None else []
     inside = {i for r in log.records for i in range(*r.printed)}
-    formats = [f for f in (reads.formats if reads is not None else ()) if f[0] not in inside]
-    printed_lines = {p.split(" (")[0] for i, p in enumerate(printed) if i not in inside}
+    formats = [f for f in (reads.formats if reads is not None else ()) if f.index not in inside]
+    printed_lines = {line_of(p) for i, p in enumerate(printed) if i not in inside}
     redone, made = set(), set()
     # A param-group entry passed as is (``lr=optimizer.param_groups[0]["lr"]``) is read again
     # when the call is redone: a scheduler stepped in the step (redone first) changes it.
     entries = {id(v): (g, k) for _, opt in reg.optimizers for g in opt.param_groups
                for k, v in g.items() if isinstance(v, float)}
     for r in log.records:
-        if r.numbers or (r.heavy and r.source.read_or(()) is builtins):
+        if r.heavy and r.source.read_or(()) is builtins:
             skipped.append(r)   # (a print that computed on tensors: printed at capture only, warned)
             continue
         if r.heavy:
@@ -279,14 +282,15 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                 "an attribute of a module (its tensors are then the step's state)", plain=True))
             continue
         leaves, spec = pytree.tree_flatten((r.args, r.kwargs))
-        line = r.where.split(" (")[0]
-        mine = [f for f in formats if printed[f[0]].split(" (")[0] == line]   # (formatted on its line)
-        out, pending = [], []
+        lines = r.lines or {line_of(r.where)}
+        mine = [f for f in formats if f.line in lines]   # (formatted on its lines)
+        out, pending, numbered = [], [], False
         for v in leaves:
             if type(v) is str and mine:
-                v, mine = _template(v, mine)
+                v, mine = template(v, mine)
                 if isinstance(v, list):
-                    out.append(("fmt", [x if isinstance(x, str) else _hole(*x) for x in v]))
+                    out.append(("fmt", [x if isinstance(x, str) else _hole(x) for x in v]))
+                    numbered |= any(isinstance(x, NumberHole) for x in out[-1][1])
                     continue
             if type(v) is str and reads is not None and reads.reads and _percent_formatted(v, r.where):
                 out = None   # ('%6f' % loss.item(): C reads the float, past every hook -- stale)
@@ -309,13 +313,18 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                 out.append(("group", entries[id(v)]))
             else:
                 out.append(("const", v))
-        used = {f[0] for f in formats if printed[f[0]].split(" (")[0] == line} - {f[0] for f in mine}
-        if out is None or mine or line in printed_lines and not used:
+        used = {f.index for f in formats if f.line in lines and f.index is not None} - {f.index for f in mine}
+        # (a number formatted into its text some way not rebuilt: it would print the capture's)
+        if out is None or mine or lines & printed_lines and not used or r.numbers and not numbered:
             skipped.append(r)   # (a formatted read: outputs.read_side_effects warns)
             continue
         # (its tensors become graph outputs now: appended for a call then dropped, they shifted
         # every output after them -- a checkpoint call given a Path bound a weight as its own grad)
         graph_outs.extend(pending)
+        for kind, e in out:   # (a number in a text rebuilt at each replay: no value the graph depends on)
+            for x in e if kind == "fmt" else ():
+                if isinstance(x, NumberHole):
+                    x.pending[5] = True
         effects.append(CallEffect(r.source, r.method, spec, out, r.where))
         _plain_attributes(r.source.read_or(()))
         made.update(range(*r.made))
@@ -332,28 +341,17 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     return effects, list(dict.fromkeys(notes))
 
 
-def _hole(node, spec: str):
-    """A read value's place in a string a call is redone with: a graph output, and its spec
-    (an lr a scheduler stepped in the step set: read from its group when redone, nextlr.py)."""
+def _hole(f):
+    """A formatted value's place in a string a call is redone with: a number of the call's, or a
+    graph output with its spec (an lr a scheduler stepped in the step set: read from its group
+    when redone, nextlr.py)."""
     from .pyeffects import SourceEffect
-    slot = nextlr.slot_of(node)
-    e = SourceEffect(None, "read", node=node) if slot is None else SourceEffect(None, "group", node=slot)
-    e.spec = spec
+    if f.index is None:
+        return NumberHole(f.value, f.spec, f.pending)
+    slot = nextlr.slot_of(f.value)
+    e = SourceEffect(None, "read", node=f.value) if slot is None else SourceEffect(None, "group", node=slot)
+    e.spec = f.spec
     return e
-
-
-def _template(text: str, formats: list):
-    """``text`` as literal parts and the read values formatted into it (in the order they were
-    formatted on the call's line), and the formats not found in it; ``text`` itself when the
-    first one is not in it (made some other way: not rebuilt)."""
-    parts, pos = [], 0
-    for k, (_, shown, spec, node) in enumerate(formats):
-        i = text.find(shown, pos)
-        if i < 0:
-            return (text, formats) if k == 0 else (parts + [text[pos:]], formats[k:])
-        parts += [text[pos:i], (node, spec)]
-        pos = i + len(shown)
-    return parts + [text[pos:]], []
 
 
 def reads_of(effects) -> list:

@@ -1,12 +1,11 @@
 """Where tracked numbers go while the step is traced (tracked.py): printed, or into the graph.
 
 * Printing and logging are not uses. ``print(epoch)`` formats inside ``print`` (``in_sink``).
-  ``print(f"Epoch {epoch:04d}")`` and ``print('{:04d}'.format(epoch + 1))`` format *before*
-  the call: the bytecode after the formatting instruction is followed (:func:`format_target`)
-  through string building only (f-string pieces, ``+``) to the call that takes the text; the
-  format counts as printing only if that very call turns out to be ``print`` or a logging
-  method (``_sink`` records its caller's frame and instruction). Text used any other way (a
-  dict key, ``getattr``) makes the number used.
+  ``print(f"Epoch {epoch:04d}")`` format *before* the call: the bytecode after the formatting
+  is followed (:func:`format_target`) through string building only to the call taking the text;
+  it is no use if that call is ``print`` or a logging method (``_sink`` records its caller's
+  frame and instruction) or one redone with the text rebuilt (formats.py). Text used any other
+  way (a dict key, ``getattr``) makes the number used.
 * :class:`TrackMode` hands torch functions plain numbers. A number that becomes the scalar
   operand of an elementwise op (``meter.sum + val * n``) is used only if that op survives
   dead-code elimination; anything else a torch function takes is used.
@@ -30,6 +29,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.overrides import TorchFunctionMode
 
+from .callframes import _caller
 from .numchecks import roots_of
 from .hostscalar import HostFloat
 from .clock import CLOCKS, clock
@@ -140,7 +140,7 @@ def _sink(orig):
     def sink(*args, **kwargs):
         log = getattr(_STATE, "log", None)
         if log is not None:
-            f = sys._getframe(1)
+            f = _caller()   # (past pycalls' wrapper of a redone logger's method)
             ins, _ = _instructions(f.f_code)
             log.confirm(f, ins[_at(f.f_code, f.f_lasti)].offset)
             if getattr(orig, "__wrapped__", orig) is _PRINT and not in_sink() and log.active:

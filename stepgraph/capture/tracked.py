@@ -76,19 +76,22 @@ class Tracked:
             self._log.used(self._e, self._v, _where(3))
 
     def __format__(self, spec):
+        text = format(self._v, spec)
         if self._log.active:
-            self._log.formatted(self, sys._getframe(1))
-        return format(self._v, spec)
+            self._log.formatted(self, sys._getframe(1), text, spec)
+        return text
 
     def __str__(self):
+        text = str(self._v)
         if self._log.active:
-            self._log.formatted(self, sys._getframe(1))
-        return str(self._v)
+            self._log.formatted(self, sys._getframe(1), text)
+        return text
 
     def __repr__(self):
+        text = repr(self._v)
         if self._log.active:
-            self._log.formatted(self, sys._getframe(1))
-        return repr(self._v)
+            self._log.formatted(self, sys._getframe(1), text)   # (a number's repr is its str)
+        return text
 
     def __hash__(self):
         self._use()

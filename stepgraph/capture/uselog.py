@@ -58,6 +58,7 @@ class UseLog:
     # CUDA graph's segments run the op they feed on the host (backends/segments.py), as eager.
     moving_labels: frozenset = frozenset()
     lifted: dict = field(default_factory=dict)      # id(Root) -> its reader node in this graph
+    formats: list | None = None   # ReadLog.formats: numbers formatted into text go there too (formats.py)
     root_values: dict = field(default_factory=dict)  # id(Root) -> its value in this trace
     dynamic_slices: list = field(default_factory=list)  # (copy, its version, where): dynslice.py
 
@@ -143,7 +144,7 @@ class UseLog:
             return
         self.node_uses.append((proxy._e, proxy._v, list(nodes), _where(3)))
 
-    def formatted(self, proxy, frame):
+    def formatted(self, proxy, frame, text: str = "", spec: str = ""):
         from .sinks import format_target, in_sink
         if in_sink():
             return  # formatted by print/logging themselves
@@ -154,7 +155,10 @@ class UseLog:
         if offset is None:
             self.used(proxy._e, proxy._v, _where(3))
         else:
-            self.pending.append([frame, offset, proxy._e, proxy._v, _where(3), False])
+            self.pending.append(p := [frame, offset, proxy._e, proxy._v, _where(3), False])
+            if self.formats is not None:   # (a call redone after each replay puts this call's there)
+                from .formats import Format
+                self.formats.append(Format(None, text, spec, proxy._e, f"{frame.f_code.co_filename}:{frame.f_lineno}", p))
 
     def confirm(self, frame, offset):
         for p in self.pending:
