@@ -173,3 +173,34 @@ def test_a_bar_description_with_the_epoch_follows_each_call():
         seen.append(descs)
     assert seen[0] == seen[1], seen
     assert f.stats.captures == 1 and f.stats.replays == 5, f.stats
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["cudagraph", "inductor"])
+def test_a_printed_step_number_and_loss_on_cuda(backend, capsys):
+    """On CUDA the print runs on the host after the graph, with the replay's number and read."""
+    def run(compiled):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).cuda()
+        o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+        def step(x, y, i):
+            loss = _loss(m, x, y, o)
+            print(f"step {i + 1}: loss {loss.item():.4f}")
+            LOG.info(f"it {i}")
+            return loss.detach()
+        f = stepgraph.compile(step, backend=backend) if compiled else step
+        rec = _Records()
+        LOG.handlers[:] = [rec]
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
+        g = torch.Generator().manual_seed(1)
+        for i in range(6):
+            f(torch.randn(8, 4, generator=g).cuda(), torch.randint(0, 2, (8,), generator=g).cuda(), i)
+        return capsys.readouterr().out.splitlines(), rec.lines, f
+    want_out, want_log, _ = run(False)
+    got_out, got_log, f = run(True)
+    assert got_log == want_log and len(got_out) == len(want_out) == 6, (got_out, want_out)
+    for a, b in zip(got_out, want_out):   # (the same step numbers; losses to 4 places)
+        assert a.split(":")[0] == b.split(":")[0] and abs(float(a.split()[-1]) - float(b.split()[-1])) < 2e-4
+    assert f.stats.captures == 1 and f.stats.replays >= 3, f.stats
