@@ -114,8 +114,41 @@ def _multiline(m, o):
     return step
 
 
+NITER = 5
+
+
+def _percent_dcgan(m, o):
+    def step(x, y, i, epoch):   # pytorch/examples' DCGAN main.py prints its losses so
+        out = m(x)
+        D_x = out.softmax(-1)[:, 0].mean().item()
+        errD = F.cross_entropy(out, y)
+        o.zero_grad()
+        errD.backward()
+        o.step()
+        print('[%d/%d][%d/%d] Loss_D: %.4f D(x): %.4f' % (epoch, NITER, i, len(x), errD.item(), D_x))
+        return errD.detach()
+    return step
+
+
+def _percent_logger(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        LOG.info("[%d, %5d] loss: %.3f" % (epoch + 1, i + 1, loss.item() / 2))
+        return loss.detach()
+    return step
+
+
+def _percent_several(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        acc = (m(x).argmax(1) == y).float().mean().item()
+        print("a %d" % i, "b %.2f" % loss.item(), "it %s loss %s" % (i, loss.item()), "%5.1f%%" % (acc * 100))
+        return loss.detach()
+    return step
+
+
 @pytest.mark.parametrize("make", [_print_fstring, _logger_fstring, _str_format, _every_k, _global_counter,
-                                  _multiline])
+                                  _multiline, _percent_dcgan, _percent_logger, _percent_several])
 def test_a_number_of_the_call_in_a_printed_text_is_this_calls(make):
     want_out, want_log, want_p, _ = _run(make, False)
     with warnings.catch_warnings():
@@ -133,6 +166,27 @@ def _ambiguous(m, o):
         print(f"run1 step {i}")   # captured at i == 1: "run1 step 1" splits two ways
         return loss.detach()
     return step
+
+
+def _percent_ambiguous(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        print("%d%d" % (epoch, i))       # captured as "01": "0|1" or "|01" or "01|"
+        print("run %d1%d" % (i, epoch))  # captured as "run 110": "1|0" or "|10"
+        print("%s-%s" % ("a-b", i))      # (``%s`` is str(): the value's place is found, formats.py)
+        return loss.detach()
+    return step
+
+
+def test_a_percent_text_that_splits_two_ways_is_not_rebuilt():
+    want_out, _, want_p, _ = _run(_percent_ambiguous, False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got_out, _, got_p, step = _run(_percent_ambiguous, True)
+    assert [x for x in got_out if "-" in x] == [x for x in want_out if "-" in x], got_out
+    assert [x for x in got_out if "-" not in x] == [x for x in want_out if "-" not in x][:4], got_out
+    assert any("print()" in str(x.message) for x in w), [str(x.message) for x in w]
+    assert all(torch.equal(a, b) for a, b in zip(got_p, want_p))
 
 
 def test_a_text_that_splits_two_ways_is_not_rebuilt_but_warned():

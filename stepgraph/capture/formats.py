@@ -70,7 +70,12 @@ def template(text: str, formats: list):
     return parts + [text[pos:]], formats[len(starts):]
 
 
+def show(v, spec: str) -> str:
+    """``v`` as the text shows it: a format spec, or a %-conversion (percent.py)."""
+    return spec % (v,) if spec.startswith("%") else format(v, spec)
+
+
 def render(parts: list, outs, number) -> str:
     """A rebuilt string with this replay's values (``number(expr)``: a number of the call's)."""
-    return "".join(x if isinstance(x, str) else format(number(x.expr), x.spec) if isinstance(x, NumberHole)
-                   else format(float(x.value(outs)), x.spec) for x in parts)
+    return "".join(x if isinstance(x, str) else show(number(x.expr), x.spec) if isinstance(x, NumberHole)
+                   else show(float(x.value(outs)), x.spec) for x in parts)

@@ -308,9 +308,15 @@ def stored_reads(log: ReadLog, allowed: list) -> list[str]:
     stepgraph itself holds (the returned structure)."""
     from . import hostscalar
     skip = {id(log.reads), id(allowed), id(hostscalar.MADE)} | {id(x) for x in allowed}   # (MADE: floatleaks.py)
-    sites = [f.site for f in log.reads
-             if any(id(r) not in skip and not isinstance(r, types.FrameType) for r in gc.get_referrers(f))]
+    sites = [f.site for f in log.reads if _held(f, skip)]
     return list(dict.fromkeys(sites))
+
+
+def _held(f, skip: set) -> bool:
+    refs = gc.get_referrers(f)
+    # (a frame's own locals snapshot, made by percent.py reading a name of the step's: no store)
+    frames = {id(r.f_locals) for r in refs if isinstance(r, types.FrameType)}
+    return any(id(r) not in skip and id(r) not in frames and not isinstance(r, types.FrameType) for r in refs)
 
 
 def tensor_shape(t) -> tuple:

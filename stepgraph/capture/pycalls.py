@@ -38,6 +38,7 @@ from torch import nn
 from . import nextlr
 from .effects import Problem, _is_traced
 from .formats import NumberHole, line_of, render, template
+from .percent import texts as percent_texts
 from .callframes import call_lines as _call_lines, formats_numbers as _formats_numbers, \
     from_user_code as _from_user_code, percent_formatted as _percent_formatted
 from .hostscalar import current
@@ -137,6 +138,8 @@ class _Record:
     printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
     made: tuple = ()      # (start, end) in ReadLog.reads: values it read itself (``v.item()``)
     lines: frozenset = frozenset()   # ``file:line`` of the lines the call spans (callframes.call_lines)
+    percent: dict = field(default_factory=dict)   # leaf index -> its '...' % values text rebuilt (percent.py)
+    marks: list = field(default_factory=list)     # the UseLog.pending entries of those conversions
 
 
 @dataclass
@@ -218,11 +221,13 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
             else:
                 pa, pkw = a, kw
             numbers, lines = _formats_numbers(), _call_lines()
+            percent = percent_texts(leaves, reads, tracer)
             out = fn(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
-            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines))
+            log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines,
+                                       *percent))
             return out
         call.__wrapped__ = orig
         return call
@@ -285,7 +290,12 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         lines = r.lines or {line_of(r.where)}
         mine = [f for f in formats if f.line in lines]   # (formatted on its lines)
         out, pending, numbered = [], [], False
-        for v in leaves:
+        for k, v in enumerate(leaves):
+            if k in r.percent:   # (what it formatted with str(), ``'%s' % x``, is in it)
+                _, mine = template(v, mine) if mine else (v, mine)
+                out.append(("fmt", r.percent[k]))
+                numbered |= any(isinstance(x, NumberHole) for x in r.percent[k])
+                continue
             if type(v) is str and mine:
                 v, mine = template(v, mine)
                 if isinstance(v, list):
@@ -323,8 +333,10 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         graph_outs.extend(pending)
         for kind, e in out:   # (a number in a text rebuilt at each replay: no value the graph depends on)
             for x in e if kind == "fmt" else ():
-                if isinstance(x, NumberHole):
+                if isinstance(x, NumberHole) and x.pending is not None:
                     x.pending[5] = True
+        for p in r.marks:   # (``'%d' % i``: converted for a text rebuilt at each replay)
+            p[5] = True
         effects.append(CallEffect(r.source, r.method, spec, out, r.where))
         _plain_attributes(r.source.read_or(()))
         made.update(range(*r.made))

@@ -103,12 +103,21 @@ class Tracked:
             self._log.decide(Op(operator.truth, (self._e,)), r, _where())
         return r
 
-    def __int__(self):
+    def _convert(self):
+        """``int()``/``float()``/``__index__``: a use -- unless C converts it for ``'%d' % i``
+        whose text goes to a call (percent.py rebuilds it there; else it is used after all)."""
+        if self._log.active:
+            from .percent import converted_for_text
+            if converted_for_text(self._log, self, sys._getframe(2)):
+                return
         self._use()
+
+    def __int__(self):
+        self._convert()
         return int(self._v)
 
     def __float__(self):
-        self._use()
+        self._convert()
         return float(self._v)
 
     def __complex__(self):
@@ -184,7 +193,7 @@ class TrackedInt(Tracked):
     __class__ = property(_class)
 
     def __index__(self):
-        self._use()
+        self._convert()
         return self._v
 
 

@@ -1,0 +1,215 @@
+"""Text made by ``'...' % values`` for a call redone after each replay: rebuilt from its format.
+
+``print('[%d/%d][%d/%d] Loss_D: %.4f' % (epoch, niter, i, n, errD.item()))`` (pytorch/examples'
+DCGAN) formats in C, past the hooks an f-string goes through (formats.py): a number of the call
+was converted with ``int()`` -- guarded by value, a graph per iteration, then eager -- and a value
+read from a tensor, a float subclass, was read by C unseen, so the call ran at capture only.
+
+Now the call's source (its ``%`` expression) is read: the format string splits the text into
+literal parts and one field per conversion (the split must be the only one), and each value is
+found again from the frame -- a name, an attribute, a constant subscript, arithmetic on those,
+``x.item()`` (the value read on the call's lines, in order). A number of the call becomes a
+number computed at each replay, a value read from a tensor a graph output; anything else is
+shown as captured. Each field's text is checked against its value's. Anything not understood
+leaves the call as before: run at capture only, warned.
+"""
+from __future__ import annotations
+
+import ast
+import builtins
+import linecache
+import operator
+import re
+import textwrap
+
+import torch
+
+from .formats import NumberHole
+
+_CONV = re.compile(r"%(?P<flags>[-+ #0]*)(?P<width>\d+)?(?:\.(?P<prec>\d+))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])")
+_BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNKNOWN = object()
+_MOD = (6, 19)   # BINARY_OP's argument for ``%`` and ``%=``
+
+
+def converted_for_text(log, proxy, frame) -> bool:
+    """A number converted by C for ``'%d' % i`` (``frame`` running that ``%``) whose text goes,
+    through string building only, to a call: pending in the UseLog as a format, not a use (the
+    call's text is rebuilt, or it is used after all: UseLog.checks)."""
+    from .sinks import _at, _instructions, format_target, in_sink
+    from .uselog import _reads_in
+    from .tracked import _where
+    ins, _ = _instructions(frame.f_code)
+    i = ins[_at(frame.f_code, frame.f_lasti)]
+    if in_sink() or i.opname != "BINARY_OP" or i.arg not in _MOD or _reads_in(proxy._e):
+        return False
+    offset = format_target(frame.f_code, frame.f_lasti)
+    if offset is not None:
+        log.pending.append([frame, offset, proxy._e, proxy._v, _where(3), False])
+    return offset is not None
+
+
+def _fields(fmt: str):
+    """(literal parts, conversion specs) of a %-format; None for ``%(key)s``, ``*`` widths."""
+    if "%(" in fmt or "*" in fmt:
+        return None
+    lits, specs, pos = [], [], 0
+    for m in _CONV.finditer(fmt):
+        if m.group("conv") == "%":
+            continue
+        lits.append(fmt[pos:m.start()].replace("%%", "%"))
+        specs.append(m.group(0))
+        pos = m.end()
+    if "%" in fmt[pos:].replace("%%", ""):
+        return None
+    return lits + [fmt[pos:].replace("%%", "%")], specs
+
+
+def _split(text: str, lits: list, n: int):
+    """Each field's text, when the literal parts split ``text`` one way only."""
+    def match(group):
+        pattern = group.join(re.escape(x) for x in lits)
+        return re.fullmatch(pattern, text, re.S)
+    lazy, greedy = match("(.*?)"), match("(.*)")
+    if lazy is None or greedy is None or [lazy.span(k) for k in range(1, n + 1)] != \
+            [greedy.span(k) for k in range(1, n + 1)]:
+        return None
+    return [lazy.group(k) for k in range(1, n + 1)]
+
+
+def _source(frame) -> str | None:
+    """The source of the call ``frame`` is making (its instruction's positions)."""
+    from .sinks import _at, _instructions
+    ins, _ = _instructions(frame.f_code)
+    pos = ins[_at(frame.f_code, frame.f_lasti)].positions
+    if pos is None or None in (pos.lineno, pos.end_lineno, pos.col_offset, pos.end_col_offset):
+        return None
+    lines = [linecache.getline(frame.f_code.co_filename, n) for n in range(pos.lineno, pos.end_lineno + 1)]
+    if not all(lines):
+        return None
+    # (positions count UTF-8 bytes)
+    enc = [x.encode() for x in lines]
+    enc[-1] = enc[-1][:pos.end_col_offset]
+    enc[0] = enc[0][pos.col_offset:]
+    return textwrap.dedent(b"".join(enc).decode(errors="replace"))
+
+
+def _resolve(e, frame, item_reads: list):
+    """The value an expression of the ``%``'s tuple had, found again without running a call."""
+    if isinstance(e, ast.Constant):
+        return e.value
+    if isinstance(e, ast.Name):
+        for scope in (frame.f_locals, frame.f_globals, vars(builtins)):
+            if e.id in scope:
+                return scope[e.id]
+        return _UNKNOWN
+    if isinstance(e, ast.Attribute):
+        base = _resolve(e.value, frame, item_reads)
+        return _UNKNOWN if base is _UNKNOWN else getattr(base, e.attr, _UNKNOWN)
+    if isinstance(e, ast.Subscript) and isinstance(e.slice, ast.Constant):
+        base = _resolve(e.value, frame, item_reads)
+        try:
+            return _UNKNOWN if base is _UNKNOWN else base[e.slice.value]
+        except Exception:  # noqa: BLE001 - not found again: not rebuilt
+            return _UNKNOWN
+    if isinstance(e, ast.BinOp) and type(e.op) in _BINOPS:
+        a, b = _resolve(e.left, frame, item_reads), _resolve(e.right, frame, item_reads)
+        return _UNKNOWN if a is _UNKNOWN or b is _UNKNOWN else _BINOPS[type(e.op)](a, b)
+    if isinstance(e, ast.UnaryOp) and isinstance(e.op, ast.USub):
+        a = _resolve(e.operand, frame, item_reads)
+        return _UNKNOWN if a is _UNKNOWN else -a
+    if id(e) in item_reads:
+        return item_reads[id(e)]
+    if isinstance(e, ast.Call) and isinstance(e.func, ast.Name) and e.func.id in _PURE and len(e.args) == 1 \
+            and not e.keywords and _resolve(e.func, frame, item_reads) is _PURE[e.func.id]:
+        a = _resolve(e.args[0], frame, item_reads)   # (``len(dataloader)``: a shape, a constant of the graph)
+        return _UNKNOWN if a is _UNKNOWN else _PURE[e.func.id](a)
+    return _UNKNOWN
+
+
+_PURE = {"len": len, "abs": abs}
+
+
+def rebuild(text: str, frame, reads, tracer):
+    """``text`` as literal parts and holes (NumberHole, or a read value's SourceEffect, each with
+    its %-spec), or None when it cannot be rebuilt."""
+    from .hostscalar import HostFloat, current
+    from .pyeffects import SourceEffect
+    from .tracked import _PROXIES
+    src = _source(frame)
+    try:
+        tree = ast.parse(src, mode="eval") if src else None
+    except SyntaxError:
+        return None
+    item = torch.ops.aten._local_scalar_dense.default   # (not arithmetic on one: it keeps its site)
+    line_reads = [r for r in (reads.reads if reads is not None else ()) if r.node.target is item
+                  and r.site.split(" (")[0].rsplit(":", 1)[0] == frame.f_code.co_filename
+                  and _in_call(r.site, frame)]
+    # (``x.item()`` in the call: the values read on its lines, in the order the source reads them)
+    items = sorted((x for x in ast.walk(tree) if isinstance(x, ast.Call) and not x.args and not x.keywords
+                    and isinstance(x.func, ast.Attribute) and x.func.attr == "item"),
+                   key=lambda x: (x.lineno, x.col_offset)) if tree is not None else []
+    pool = {id(x): r for x, r in zip(items, line_reads)} if len(items) == len(line_reads) else {}
+    for node in ast.walk(tree) if tree is not None else ():
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant)
+                and isinstance(node.left.value, str)):
+            continue
+        got = _fields(node.left.value)
+        elts = node.right.elts if isinstance(node.right, ast.Tuple) else [node.right]
+        if got is None or len(got[1]) != len(elts):
+            continue
+        lits, specs = got
+        shown = _split(text, lits, len(specs))
+        if shown is None:
+            continue
+        values = [_resolve(e, frame, pool) for e in elts]
+        if any(v is _UNKNOWN for v in values):   # (``is``: ``==`` on a read value is a guard)
+            return None
+        parts = [lits[0]]
+        for v, spec, t, lit in zip(values, specs, shown, lits[1:]):
+            if not (type(v) in _PROXIES or isinstance(v, HostFloat) or type(v) in (int, float, str, bool)):
+                return None   # (a tensor, an object: its text is not rebuilt -- '%.3f' % loss reads it)
+            plain = v._v if type(v) in _PROXIES else float.__float__(v) if isinstance(v, HostFloat) else v
+            try:
+                if spec % (plain,) != t:
+                    return None   # (not the value it showed: not found again)
+            except (TypeError, ValueError):
+                return None
+            if type(v) in _PROXIES:
+                parts.append(NumberHole(v._e, spec))
+            elif isinstance(v, HostFloat) and current(v, tracer):
+                hole = SourceEffect(None, "read", node=v.node)
+                hole.spec = spec
+                parts.append(hole)
+            elif isinstance(v, HostFloat):
+                return None
+            else:
+                parts.append(t)   # (a constant of this graph: shown as captured)
+            parts.append(lit)
+        return parts
+    return None
+
+
+def _in_call(site: str, frame) -> bool:
+    """Was a value read (``site``: ``file:line (code)``) on the lines of the call being made?"""
+    from .sinks import _at, _instructions
+    pos = _instructions(frame.f_code)[0][_at(frame.f_code, frame.f_lasti)].positions
+    line = site.split(" (")[0].rsplit(":", 1)[-1]
+    return pos is not None and line.isdigit() and pos.lineno <= int(line) <= (pos.end_lineno or pos.lineno)
+
+
+def texts(leaves, reads, tracer) -> tuple:
+    """The call's strings made by ``'...' % values`` that a replay can rebuild (percent.py), and
+    the pending conversions of numbers they hold (confirmed if the call is redone)."""
+    from .callframes import _caller
+    from .sinks import _at, _instructions
+    got = {}
+    f = _caller() if reads is not None and any(type(v) is str and v for v in leaves) else None
+    for k, v in enumerate(leaves) if f is not None else ():
+        if type(v) is str and (parts := rebuild(v, f, reads, tracer)) is not None:
+            got[k] = parts
+    if not got or reads.uses is None:
+        return got, []
+    off = _instructions(f.f_code)[0][_at(f.f_code, f.f_lasti)].offset
+    return got, [p for p in reads.uses.pending if p[0] is f and p[1] == off]
