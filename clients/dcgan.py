@@ -16,6 +16,8 @@ ngf = ndf = 8, batch 4 instead of 64, nc 3 (the ``fake`` dataset), image 64x64 (
 fixed size), synthetic images in [-1, 1] from a seeded generator; 4 iterations per epoch; no
 ``cudnn.benchmark`` (a process-wide switch), no checkpoint saving, no printing.
 """
+import types
+
 import torch
 import torch.nn as nn
 import torch.optim as optim
@@ -32,7 +34,8 @@ class opt:  # argparse defaults of main.py, scaled down
     batchSize = 4; imageSize = 64; nz = 16; ngf = 8; ndf = 8; lr = 0.0002; beta1 = 0.5; ngpu = 1; niter = 2
 
 
-def main(sg, steps=8, device="cpu", amp=None):
+def build(sg, steps, device):
+    """The models, data and optimizers as main.py sets them up (shared with dcgan_print_in_step)."""
     ngpu = int(opt.ngpu)
     nz = int(opt.nz)
     ngf = int(opt.ngf)
@@ -63,6 +66,27 @@ def main(sg, steps=8, device="cpu", amp=None):
     optimizerD = optim.Adam(netD.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
     optimizerG = optim.Adam(netG.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
     sg.track(netG=netG, netD=netD, optimizerD=optimizerD, optimizerG=optimizerG)
+    return types.SimpleNamespace(**locals())
+
+
+def run(s, steps, device, one) -> None:
+    """main.py's loop: ``one(real_cpu, epoch, i)`` is an iteration's step and what it logs."""
+    it = 0
+    for epoch in range(opt.niter):
+        for i, data in enumerate(s.dataset[epoch * s.per_epoch:(epoch + 1) * s.per_epoch], 0):
+            real_cpu = data[0].to(device)
+            one(real_cpu, epoch, i)
+            if i % 100 == 0:
+                fake = s.netG(s.fixed_noise)  # noqa: F841 (vutils.save_image of real_cpu and fake.detach())
+            it += 1
+            if it >= steps:
+                return
+
+
+def main(sg, steps=8, device="cpu", amp=None):
+    s = build(sg, steps, device)
+    netD, netG, criterion, nz = s.netD, s.netG, s.criterion, s.nz
+    optimizerD, optimizerG, real_label, fake_label = s.optimizerD, s.optimizerG, s.real_label, s.fake_label
 
     @sg.compile
     def train_step(real_cpu):
@@ -103,16 +127,9 @@ def main(sg, steps=8, device="cpu", amp=None):
         optimizerG.step()
         return errD, errG, D_x, D_G_z1, D_G_z2
 
-    it = 0
-    for epoch in range(opt.niter):
-        for i, data in enumerate(dataset[epoch * per_epoch:(epoch + 1) * per_epoch], 0):
-            real_cpu = data[0].to(device)
-            errD, errG, D_x, D_G_z1, D_G_z2 = train_step(real_cpu)
-            sg.log((errD, errG, D_x, D_G_z1, D_G_z2))
-            # main.py prints Loss_D, Loss_G, D(x), D(G(z)) from these
-            errD.item(), errG.item(), D_x.item(), D_G_z1.item(), D_G_z2.item()
-            if i % 100 == 0:
-                fake = netG(fixed_noise)  # (vutils.save_image of real_cpu and fake.detach())
-            it += 1
-            if it >= steps:
-                return
+    def one(real_cpu, epoch, i):
+        errD, errG, D_x, D_G_z1, D_G_z2 = train_step(real_cpu)
+        sg.log((errD, errG, D_x, D_G_z1, D_G_z2))
+        # main.py prints Loss_D, Loss_G, D(x), D(G(z)) from these
+        errD.item(), errG.item(), D_x.item(), D_G_z1.item(), D_G_z2.item()
+    run(s, steps, device, one)

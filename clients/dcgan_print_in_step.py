@@ -1,75 +1,20 @@
 """pytorch/examples dcgan with its print inside the step: the iteration body as main.py writes it,
 ``D_x = output.mean().item()`` and the per-iteration ``print('[%d/%d][%d/%d] Loss_D: %.4f ...' %
 (epoch, opt.niter, i, len(dataloader), errD.item(), errG.item(), D_x, D_G_z1, D_G_z2))``, decorated
-whole (``epoch`` and ``i`` passed in). The rest as clients/dcgan.py:
-
-pytorch/examples dcgan: a DCGAN (ConvTranspose generator, Conv discriminator, BatchNorm in both,
-``weights_init`` via ``.apply``), ``nn.BCELoss``, two Adam optimizers (lr 2e-4, betas (0.5, 0.999)).
-Each iteration: the D update (``netD.zero_grad()``, real batch with ``torch.full`` labels, fake batch
-from ``torch.randn`` noise with ``label.fill_(fake_label)`` and ``fake.detach()``, ``optimizerD.step()``)
-then the G update (``netG.zero_grad()``, ``label.fill_(real_label)``, D on the non-detached ``fake``,
-``optimizerG.step()``). The whole iteration body is one step function (``fake`` and ``label`` flow
-from the D half into the G half), the way a user would decorate it; the noise is drawn inside it
-from the global RNG as main.py does.
-
-Model: vendor/pytorch_examples/dcgan_main.py (``weights_init``, ``Generator``, ``Discriminator``,
-verbatim). Loop: main.py lines 220-265. The ``.item()`` reads the program prints (``D_x``, ``D_G_z1``,
-``D_G_z2``, ``errD``, ``errG``) are taken on the step's returned tensors outside it. Every 100
-iterations main.py runs ``netG(fixed_noise)`` (in train mode, outside no_grad: it updates netG's
-BatchNorm running stats) to save images: kept at i == 0, the image saving dropped. Scaled down: nz 16,
-ngf = ndf = 8, batch 4 instead of 64, nc 3 (the ``fake`` dataset), image 64x64 (the architecture's
-fixed size), synthetic images in [-1, 1] from a seeded generator; 4 iterations per epoch; no
-``cudnn.benchmark`` (a process-wide switch), no checkpoint saving, no printing.
+whole (``epoch`` and ``i`` passed in). The rest (models, data, optimizers, loop) is clients/dcgan.py's.
 """
 import torch
-import torch.nn as nn
-import torch.optim as optim
 
-import clients.vendor.pytorch_examples.dcgan_main as dcgan_main
-from clients.vendor.pytorch_examples.dcgan_main import Discriminator, Generator, weights_init
+from clients.dcgan import LICENSE, SOURCE, TAGS as _TAGS, build, opt, run  # noqa: F401
 
-SOURCE = "https://github.com/pytorch/examples/blob/77f55b9/dcgan/main.py"
-LICENSE = "BSD-3-Clause"
-TAGS = ("print-in-step", "gan", "cnn", "batchnorm", "two-optimizers", "adam", "detach", "fill_", "rng-in-step")
-
-
-class opt:  # argparse defaults of main.py, scaled down
-    batchSize = 4; imageSize = 64; nz = 16; ngf = 8; ndf = 8; lr = 0.0002; beta1 = 0.5; ngpu = 1; niter = 2
+TAGS = ("print-in-step",) + _TAGS
 
 
 def main(sg, steps=8, device="cpu", amp=None):
-    ngpu = int(opt.ngpu)
-    nz = int(opt.nz)
-    ngf = int(opt.ngf)
-    ndf = int(opt.ndf)
-    nc = 3
-    # the vendored classes read these as module globals, as in main.py
-    dcgan_main.nz, dcgan_main.ngf, dcgan_main.ndf, dcgan_main.nc = nz, ngf, ndf, nc
-
-    g = torch.Generator().manual_seed(1)
-    images = torch.rand(steps * opt.batchSize, nc, opt.imageSize, opt.imageSize, generator=g) * 2 - 1
-    dataset = [(images[i:i + opt.batchSize], torch.zeros(opt.batchSize, dtype=torch.long))
-               for i in range(0, steps * opt.batchSize, opt.batchSize)]
-    per_epoch = 4
-    opt.niter = (steps + per_epoch - 1) // per_epoch
-
-    netG = Generator(ngpu).to(device)
-    netG.apply(weights_init)
-    netD = Discriminator(ngpu).to(device)
-    netD.apply(weights_init)
-
-    criterion = nn.BCELoss()
-
-    fixed_noise = torch.randn(opt.batchSize, nz, 1, 1, device=device)
-    real_label = 1
-    fake_label = 0
-
-    # setup optimizer
-    optimizerD = optim.Adam(netD.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
-    optimizerG = optim.Adam(netG.parameters(), lr=opt.lr, betas=(opt.beta1, 0.999))
-    sg.track(netG=netG, netD=netD, optimizerD=optimizerD, optimizerG=optimizerG)
-
-    dataloader = [None] * per_epoch   # (its length is what the print shows)
+    s = build(sg, steps, device)
+    netD, netG, criterion, nz = s.netD, s.netG, s.criterion, s.nz
+    optimizerD, optimizerG, real_label, fake_label = s.optimizerD, s.optimizerG, s.real_label, s.fake_label
+    dataloader = [None] * s.per_epoch   # (its length is what the print shows)
 
     @sg.compile
     def train_step(real_cpu, epoch, i):
@@ -114,14 +59,6 @@ def main(sg, steps=8, device="cpu", amp=None):
                  errD.item(), errG.item(), D_x, D_G_z1, D_G_z2))
         return errD.detach(), errG.detach()
 
-    it = 0
-    for epoch in range(opt.niter):
-        for i, data in enumerate(dataset[epoch * per_epoch:(epoch + 1) * per_epoch], 0):
-            real_cpu = data[0].to(device)
-            errD, errG = train_step(real_cpu, epoch, i)
-            sg.log((errD, errG))
-            if i % 100 == 0:
-                fake = netG(fixed_noise)  # (vutils.save_image of real_cpu and fake.detach())
-            it += 1
-            if it >= steps:
-                return
+    def one(real_cpu, epoch, i):
+        sg.log(train_step(real_cpu, epoch, i))
+    run(s, steps, device, one)
