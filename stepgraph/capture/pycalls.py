@@ -134,7 +134,7 @@ class _Record:
     kwargs: dict
     where: str
     heavy: bool   # it added to the graph or stepped a scheduler
-    numbers: bool = False   # print/logging formatted a tracked number into its text (not redone)
+    numbers: bool = False   # a tracked number was formatted into its text (redone only if rebuilt)
     printed: tuple = ()   # (start, end) in ReadLog.printed: read values the library formatted
     made: tuple = ()      # (start, end) in ReadLog.reads: values it read itself (``v.item()``)
     lines: frozenset = frozenset()   # ``file:line`` of the lines the call spans (callframes.call_lines)
