@@ -258,3 +258,46 @@ def test_a_printed_step_number_and_loss_on_cuda(backend, capsys):
     for a, b in zip(got_out, want_out):   # (the same step numbers; losses to 4 places)
         assert a.split(":")[0] == b.split(":")[0] and abs(float(a.split()[-1]) - float(b.split()[-1])) < 2e-4
     assert f.stats.captures == 1 and f.stats.replays >= 3, f.stats
+
+
+def _say(text):   # a helper of the user's that prints what the step formatted
+    print("LOG: " + text)
+
+
+def _built_earlier(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        s = f"loss {loss.item():.3f}"
+        print(s)
+        _say(f"loss {loss.item():.4f} (x{2})")
+        return loss.detach()
+    return step
+
+
+def test_a_text_built_before_its_call_is_rebuilt_not_stale():
+    """``s = f"loss {loss.item():.3f}"; print(s)`` and a helper's ``print("LOG: " + text)``: the
+    text holds a read value formatted on another line. Replays printed the capture's loss at
+    every call (and the warning said they printed nothing); it is rebuilt from those reads."""
+    want_out, _, want_p, _ = _run(_built_earlier, False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got_out, _, got_p, step = _run(_built_earlier, True)
+    assert got_out == want_out and len(got_out) == 14, (got_out, want_out)
+    assert step.stats.replays == 5, step.stats
+
+
+def _percent_in_helper(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        _say("%.3f" % loss.item())   # (formatted by C, unseen: its digits are the read's)
+        return loss.detach()
+    return step
+
+
+def test_a_read_values_digits_in_a_text_not_rebuilt_are_never_printed_stale():
+    want_out, _, want_p, _ = _run(_percent_in_helper, False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got_out, _, got_p, step = _run(_percent_in_helper, True)
+    assert got_out == want_out[:2], got_out   # (warm-up and capture; no stale line after them)
+    assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]

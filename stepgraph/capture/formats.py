@@ -16,6 +16,7 @@ runs at capture only (warned), never printing a wrong text.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -79,3 +80,24 @@ def render(parts: list, outs, number) -> str:
     """A rebuilt string with this replay's values (``number(expr)``: a number of the call's)."""
     return "".join(x if isinstance(x, str) else show(number(x.expr), x.spec) if isinstance(x, NumberHole)
                    else show(float(x.value(outs)), x.spec) for x in parts)
+
+
+_DECIMAL = re.compile(r"(?<![\w.])-?\d+\.(\d+)")
+
+
+def earlier_text(text: str, earlier: list, reads):
+    """A text a redone call takes that was built before its lines (``s = f"loss {x:.3f}"; print(s)``,
+    a helper's ``print("LOG: " + s)``): (parts, formats used) rebuilt from the read values formatted
+    earlier whose texts it holds; (None, []) when it shows a read value's digits but cannot be
+    rebuilt (``'%.3f' % x`` formats in C, unseen: a redo would print the capture's value); None
+    when it holds none. Before, such a call was redone with the capture's text at every replay."""
+    hits = [f for f in earlier if f.shown and f.shown in text]
+    if hits:
+        parts, left = template(text, hits)
+        return (parts, hits) if isinstance(parts, list) and not left else (None, [])
+    values = [float.__float__(r) for r in reads.reads]
+    for m in _DECIMAL.finditer(text):   # (a decimal as some read value rounds: shown from it, maybe)
+        d = len(m.group(1))
+        if any(f"{v:.{d}f}" == m.group(0) for v in values):
+            return None, []
+    return None

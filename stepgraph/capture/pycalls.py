@@ -37,7 +37,7 @@ from torch import nn
 
 from . import nextlr
 from .effects import Problem, _is_traced
-from .formats import NumberHole, line_of, render, template
+from .formats import NumberHole, earlier_text, line_of, render, template
 from .percent import texts as percent_texts
 from .callframes import call_lines as _call_lines, formats_numbers as _formats_numbers, \
     from_user_code as _from_user_code, percent_formatted as _percent_formatted
@@ -140,6 +140,7 @@ class _Record:
     lines: frozenset = frozenset()   # ``file:line`` of the lines the call spans (callframes.call_lines)
     percent: dict = field(default_factory=dict)   # leaf index -> its '...' % values text rebuilt (percent.py)
     marks: list = field(default_factory=list)     # the UseLog.pending entries of those conversions
+    formats: int = 0   # ReadLog.formats made before the call (a text built earlier: formats.earlier)
 
 
 @dataclass
@@ -220,14 +221,14 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
                 pa, pkw = pytree.tree_unflatten([_plain_leaf(v) for v in leaves], spec)
             else:
                 pa, pkw = a, kw
-            numbers, lines = _formats_numbers(), _call_lines()
+            numbers, lines, f0 = _formats_numbers(), _call_lines(), len(reads.formats) if reads is not None else 0
             percent = percent_texts(leaves, reads, tracer)
             out = fn(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
             log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines,
-                                       *percent))
+                                       *percent, f0))
             return out
         call.__wrapped__ = orig
         return call
@@ -270,7 +271,7 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
     inside = {i for r in log.records for i in range(*r.printed)}
     formats = [f for f in (reads.formats if reads is not None else ()) if f.index not in inside]
     printed_lines = {line_of(p) for i, p in enumerate(printed) if i not in inside}
-    redone, made = set(), set()
+    redone, made, taken = set(), set(), set()
     # A param-group entry passed as is (``lr=optimizer.param_groups[0]["lr"]``) is read again
     # when the call is redone: a scheduler stepped in the step (redone first) changes it.
     entries = {id(v): (g, k) for _, opt in reg.optimizers for g in opt.param_groups
@@ -289,7 +290,9 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         leaves, spec = pytree.tree_flatten((r.args, r.kwargs))
         lines = r.lines or {line_of(r.where)}
         mine = [f for f in formats if f.line in lines]   # (formatted on its lines)
-        out, pending, numbered = [], [], False
+        out, pending, numbered, took = [], [], False, []
+        earlier = [f for f in (reads.formats[:r.formats] if reads is not None else ())
+                   if f.index is not None and f.index not in inside and f.line not in lines and id(f) not in taken]
         for k, v in enumerate(leaves):
             if k in r.percent:   # (what it formatted with str(), ``'%s' % x``, is in it)
                 _, mine = template(v, mine) if mine else (v, mine)
@@ -302,6 +305,13 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                     out.append(("fmt", [x if isinstance(x, str) else _hole(x) for x in v]))
                     numbered |= any(isinstance(x, NumberHole) for x in out[-1][1])
                     continue
+            if type(v) is str and reads is not None and reads.reads and (hit := earlier_text(v, earlier, reads)):
+                if hit[0] is None:
+                    out = None   # (a read's text made before the call, not rebuilt: it would be stale)
+                    break
+                out.append(("fmt", [x if isinstance(x, str) else _hole(x) for x in hit[0]]))
+                took += hit[1]
+                continue
             if type(v) is str and reads is not None and reads.reads and _percent_formatted(v, r.where):
                 out = None   # ('%6f' % loss.item(): C reads the float, past every hook -- stale)
                 break
@@ -342,6 +352,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         made.update(range(*r.made))
         redone.update(range(*r.printed))
         redone.update(used)
+        redone.update(f.index for f in took)
+        taken.update(id(f) for f in took)
     for r in log.records:   # (their arguments hold this call's read values: not "stored" ones)
         r.args, r.kwargs = (), {}
     printed[:] = [p for i, p in enumerate(printed) if i not in redone]
