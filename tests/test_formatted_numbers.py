@@ -301,3 +301,44 @@ def test_a_read_values_digits_in_a_text_not_rebuilt_are_never_printed_stale():
         got_out, _, got_p, step = _run(_percent_in_helper, True)
     assert got_out == want_out[:2], got_out   # (warm-up and capture; no stale line after them)
     assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]
+
+
+PREFIX = "run-2024-01"
+
+
+def _not_its_text(m, o):
+    def step(x, y, i, epoch):   # (helper-70's probes: each printed a wrong text, silently)
+        loss = _loss(m, x, y, o)
+        print("resnet18", f"step {i}")               # the step's "1" was put in "resnet18"
+        print(PREFIX, f"it {i}")                     # ... in a name's text
+        print("v1.0:", f"{loss.item():.1f}")         # a read's "1.0"-like text in a literal
+        LOG.info("step %s loss %.1f", str(i), loss.item())   # ... in the logger's format
+        print(f"[{str(i * 5):>4}]", "{:^8}|".format(f"{i * 5}"))   # padded again: the width
+        print(f"R[{f'{loss.item() * 10 ** i:.1f}':>12}]")         # follows the value
+        return loss.detach()
+    return step
+
+
+def test_a_value_is_rebuilt_only_in_the_text_it_was_formatted_into():
+    want_out, want_log, want_p, _ = _run(_not_its_text, False)
+    got_out, got_log, got_p, step = _run(_not_its_text, True)
+    # (the padded number is used by value, a graph per call: every call's Python runs, correct)
+    assert got_out == want_out and got_log == want_log, (got_out, want_out)
+    assert all(torch.equal(a, b) for a, b in zip(got_p, want_p))
+
+
+def _padded_read(m, o):
+    def step(x, y, i, epoch):
+        loss = _loss(m, x, y, o)
+        print(f"R[{f'{loss.item() * 10 ** i:.1f}':>12}]")   # a read's text padded again
+        return loss.detach()
+    return step
+
+
+def test_a_read_values_text_padded_again_is_not_rebuilt_but_warned():
+    want_out, _, _, _ = _run(_padded_read, False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got_out, _, _, step = _run(_padded_read, True)
+    assert got_out == want_out[:2], got_out
+    assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]

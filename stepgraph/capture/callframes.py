@@ -74,3 +74,30 @@ def percent_formatted(text: str, where: str) -> bool:
             and isinstance(n.left, ast.Constant) and isinstance(n.left.value, str)]
     literals = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)}
     return bool(mods) and text not in literals
+
+
+def reformatted(frame=None) -> bool:
+    """Does the text being made (in ``frame``, by default the innermost frame outside stepgraph)
+    go into another format with a spec before anything else takes it (``f"{str(i):>4}"``,
+    ``f"[{f'{x:.2f}':>8}]"``)? Its padding then depends on the value's width: a text rebuilt
+    around it would keep the capture's padding (formats.py), so it is not rebuilt."""
+    from . import sinks
+    f = frame or _caller()
+    if f is None:
+        return False
+    ins, _ = sinks._instructions(f.f_code)
+    k = 0   # the text's depth below the top of the stack
+    for j in ins[sinks._at(f.f_code, f.f_lasti) + 1:]:
+        eff = sinks._stack(j)
+        if eff is None:
+            return False
+        pops, pushes = eff
+        if k < pops:   # (this instruction takes the text: as the value under a spec, padded)
+            if k == 1 and (j.opname == "FORMAT_WITH_SPEC" or (j.opname == "FORMAT_VALUE" and bool(j.arg & 4))):
+                return True
+            if j.opname in sinks._STRING_OPS or (j.opname == "BINARY_OP" and j.arg in sinks._ADD):
+                k = 0   # (built into a longer text, which may be padded in turn)
+                continue
+            return False
+        k += pushes - pops
+    return False

@@ -101,3 +101,17 @@ def earlier_text(text: str, earlier: list, reads):
         if any(f"{v:.{d}f}" == m.group(0) for v in values):
             return None, []
     return None
+
+
+def hole(f):
+    """A formatted value's place in a string a call is redone with: a number of the call's, or a
+    graph output with its spec (an lr a scheduler stepped in the step set: read from its group
+    when redone, nextlr.py)."""
+    from . import nextlr
+    from .pyeffects import SourceEffect
+    if f.index is None:
+        return NumberHole(f.value, f.spec, f.pending)
+    slot = nextlr.slot_of(f.value)
+    e = SourceEffect(None, "read", node=f.value) if slot is None else SourceEffect(None, "group", node=slot)
+    e.spec = f.spec
+    return e

@@ -199,9 +199,11 @@ def _in_call(site: str, frame) -> bool:
     return pos is not None and line.isdigit() and pos.lineno <= int(line) <= (pos.end_lineno or pos.lineno)
 
 
-def texts(leaves, reads, tracer) -> tuple:
-    """The call's strings made by ``'...' % values`` that a replay can rebuild (percent.py), and
-    the pending conversions of numbers they hold (confirmed if the call is redone)."""
+def texts(leaves, reads, tracer, args) -> dict:
+    """What the record of a call needs of its strings (pycalls._Record): those made by ``'...' %
+    values`` that a replay can rebuild (``percent``), the pending conversions of numbers they hold
+    (``marks``, confirmed if the call is redone), which arguments its source does not format
+    (``literal``, ``plain``) and the call itself (``target``: frame, offset)."""
     from .callframes import _caller
     from .sinks import _at, _instructions
     got = {}
@@ -209,7 +211,39 @@ def texts(leaves, reads, tracer) -> tuple:
     for k, v in enumerate(leaves) if f is not None else ():
         if type(v) is str and (parts := rebuild(v, f, reads, tracer)) is not None:
             got[k] = parts
-    if not got or reads.uses is None:
-        return got, []
-    off = _instructions(f.f_code)[0][_at(f.f_code, f.f_lasti)].offset
-    return got, [p for p in reads.uses.pending if p[0] is f and p[1] == off]
+    off = _instructions(f.f_code)[0][_at(f.f_code, f.f_lasti)].offset if f is not None else None
+    literal, plain = _unformatted(f, args) if f is not None else (frozenset(), frozenset())
+    marks = [p for p in reads.uses.pending if p[0] is f and p[1] == off] if got and reads.uses is not None else []
+    return dict(percent=got, marks=marks, literal=literal, plain=plain, target=(f, off))
+
+
+_FORMATTING = (ast.JoinedStr, ast.BinOp, ast.Call)   # (an f-string, ``%`` or ``+``, ``.format()``/``str()``)
+
+
+def _unformatted(frame, args) -> tuple:
+    """Leaf indices of the call's arguments that its source does not format: (string literals,
+    and those plus names, attributes, subscripts). A value formatted on the call's line is never
+    looked for in them: the step's "1" was found in ``print("resnet18", f"step {i}")``'s first
+    argument, and replays printed "resnet28 step 1"."""
+    src = _source(frame)
+    try:
+        call = ast.parse(src, mode="eval").body if src else None
+    except SyntaxError:
+        return frozenset(), frozenset()
+    if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args) \
+            or any(k.arg is None for k in call.keywords):
+        return frozenset(), frozenset()
+    import torch.utils._pytree as pytree
+    a, kw = args
+    values = list(a) + [kw.get(k.arg) for k in call.keywords]
+    if len(values) != len(call.args) + len(call.keywords) or len(kw) != len(call.keywords):
+        return frozenset(), frozenset()
+    literal, plain, k = set(), set(), 0
+    for e, v in zip(list(call.args) + [k.value for k in call.keywords], values):
+        if type(v) is str:
+            if isinstance(e, ast.Constant):
+                literal.add(k)
+            if not any(isinstance(x, _FORMATTING) for x in ast.walk(e)):
+                plain.add(k)
+        k += len(pytree.tree_leaves(v))
+    return frozenset(literal), frozenset(plain)

@@ -37,7 +37,7 @@ from torch import nn
 
 from . import nextlr
 from .effects import Problem, _is_traced
-from .formats import NumberHole, earlier_text, line_of, render, template
+from .formats import NumberHole, earlier_text, hole, line_of, render, template
 from .percent import texts as percent_texts
 from .callframes import call_lines as _call_lines, formats_numbers as _formats_numbers, \
     from_user_code as _from_user_code, percent_formatted as _percent_formatted
@@ -141,6 +141,9 @@ class _Record:
     percent: dict = field(default_factory=dict)   # leaf index -> its '...' % values text rebuilt (percent.py)
     marks: list = field(default_factory=list)     # the UseLog.pending entries of those conversions
     formats: int = 0   # ReadLog.formats made before the call (a text built earlier: formats.earlier)
+    literal: frozenset = frozenset()   # leaf indices its source passes as string literals (percent.py)
+    plain: frozenset = frozenset()     # ... or as names, attributes: none formatted on its line
+    target: tuple = (None, None)       # (frame, offset) of the call: a number's text is rebuilt only here
 
 
 @dataclass
@@ -222,13 +225,13 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
             else:
                 pa, pkw = a, kw
             numbers, lines, f0 = _formats_numbers(), _call_lines(), len(reads.formats) if reads is not None else 0
-            percent = percent_texts(leaves, reads, tracer)
+            percent = percent_texts(leaves, reads, tracer, (a, kw))
             out = fn(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
             log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines,
-                                       *percent, f0))
+                                       formats=f0, **percent))
             return out
         call.__wrapped__ = orig
         return call
@@ -289,7 +292,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
             continue
         leaves, spec = pytree.tree_flatten((r.args, r.kwargs))
         lines = r.lines or {line_of(r.where)}
-        mine = [f for f in formats if f.line in lines]   # (formatted on its lines)
+        mine = [f for f in formats if f.line in lines   # (formatted on its lines; a number's, for this call)
+                and (f.pending is None or (f.pending[0] is r.target[0] and f.pending[1] == r.target[1]))]
         out, pending, numbered, took = [], [], False, []
         earlier = [f for f in (reads.formats[:r.formats] if reads is not None else ())
                    if f.index is not None and f.index not in inside and f.line not in lines and id(f) not in taken]
@@ -299,17 +303,18 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
                 out.append(("fmt", r.percent[k]))
                 numbered |= any(isinstance(x, NumberHole) for x in r.percent[k])
                 continue
-            if type(v) is str and mine:
+            if type(v) is str and mine and k not in r.plain:
                 v, mine = template(v, mine)
                 if isinstance(v, list):
-                    out.append(("fmt", [x if isinstance(x, str) else _hole(x) for x in v]))
+                    out.append(("fmt", [x if isinstance(x, str) else hole(x) for x in v]))
                     numbered |= any(isinstance(x, NumberHole) for x in out[-1][1])
                     continue
-            if type(v) is str and reads is not None and reads.reads and (hit := earlier_text(v, earlier, reads)):
+            if type(v) is str and reads is not None and reads.reads and k not in r.literal \
+                    and (hit := earlier_text(v, earlier, reads)):
                 if hit[0] is None:
                     out = None   # (a read's text made before the call, not rebuilt: it would be stale)
                     break
-                out.append(("fmt", [x if isinstance(x, str) else _hole(x) for x in hit[0]]))
+                out.append(("fmt", [x if isinstance(x, str) else hole(x) for x in hit[0]]))
                 took += hit[1]
                 continue
             if type(v) is str and reads is not None and reads.reads and _percent_formatted(v, r.where):
@@ -363,19 +368,6 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
              "recompute (an object, or a string formatted from a read value): that call runs only "
              "at capture" for r in skipped if r.where.split(" (")[0] not in printed_lines]
     return effects, list(dict.fromkeys(notes))
-
-
-def _hole(f):
-    """A formatted value's place in a string a call is redone with: a number of the call's, or a
-    graph output with its spec (an lr a scheduler stepped in the step set: read from its group
-    when redone, nextlr.py)."""
-    from .pyeffects import SourceEffect
-    if f.index is None:
-        return NumberHole(f.value, f.spec, f.pending)
-    slot = nextlr.slot_of(f.value)
-    e = SourceEffect(None, "read", node=f.value) if slot is None else SourceEffect(None, "group", node=slot)
-    e.spec = f.spec
-    return e
 
 
 def reads_of(effects) -> list:

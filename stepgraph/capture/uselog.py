@@ -151,8 +151,9 @@ class UseLog:
         if _reads_in(proxy._e):
             self.used(proxy._e, proxy._v, _where(3))
             return
+        from .callframes import reformatted
         offset = format_target(frame.f_code, frame.f_lasti)
-        if offset is None:
+        if offset is None or reformatted(frame):   # (padded again: its width is the value's)
             self.used(proxy._e, proxy._v, _where(3))
         else:
             self.pending.append(p := [frame, offset, proxy._e, proxy._v, _where(3), False])
