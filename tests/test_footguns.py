@@ -104,8 +104,14 @@
 (z) ``time.time()`` & co. called by the step's code are read again wherever a replay evaluates
     what the step computed from them (a meter, ``end = time.time()``), after the graph ran: a
     duration measured inside the step covers the replay's host work, not the kernels' own time.
+(za) A text a redone print, log or library call takes is rebuilt at each replay with that call's
+    numbers and read values (formats.py, percent.py: test_formatted_numbers.py); a value whose
+    text is padded again (``f"{str(i):>4}"``) is used by value (a graph per value); a text not
+    rebuilt runs at capture only, warned. ``datetime.now()`` is no clock stepgraph reads again:
+    formatted into a redone print, replays show the capturing call's time (test_za below).
 """
 import copy
+import time
 import sys
 
 import pytest
@@ -662,4 +668,27 @@ def test_z_the_clock_is_read_again_after_each_replay(monkeypatch):
         now[0] = float(i)
         step(torch.randn(3, 2))
         assert box["end"] == float(i)
+    assert step.stats.replays == 3
+
+
+def test_za_datetime_now_in_a_redone_print_is_the_captures(capsys):
+    import datetime
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        print(f"{datetime.datetime.now().microsecond:06d} loss {loss.item():.4f}")
+        return loss.detach()
+    losses = []
+    for _ in range(5):
+        losses.append(step(torch.randn(3, 2)))
+        time.sleep(0.002)
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[-1] for line in out] == [f"{v.item():.4f}" for v in losses]   # reads: live
+    assert len({line.split()[0] for line in out[1:]}) == 1, out   # the capture's time, replayed
     assert step.stats.replays == 3
