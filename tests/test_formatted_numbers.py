@@ -52,6 +52,15 @@ def _run(make, compiled: bool, calls: int = 7, **kw):
     return out.getvalue().splitlines(), rec.lines, [p.detach().clone() for p in m.parameters()], step
 
 
+def _warned_run(make):
+    """Eager's and stepgraph's (stdout, parameters), the step, and the warnings of its run."""
+    want_out, _, want_p, _ = _run(make, False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        got_out, _, got_p, step = _run(make, True)
+    return want_out, want_p, got_out, got_p, step, w
+
+
 def _loss(m, x, y, o):
     loss = F.cross_entropy(m(x), y)
     o.zero_grad()
@@ -179,10 +188,7 @@ def _percent_ambiguous(m, o):
 
 
 def test_a_percent_text_that_splits_two_ways_is_not_rebuilt():
-    want_out, _, want_p, _ = _run(_percent_ambiguous, False)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got_out, _, got_p, step = _run(_percent_ambiguous, True)
+    want_out, want_p, got_out, got_p, step, w = _warned_run(_percent_ambiguous)
     assert [x for x in got_out if "-" in x] == [x for x in want_out if "-" in x], got_out
     assert [x for x in got_out if "-" not in x] == [x for x in want_out if "-" not in x][:4], got_out
     assert any("print()" in str(x.message) for x in w), [str(x.message) for x in w]
@@ -192,10 +198,7 @@ def test_a_percent_text_that_splits_two_ways_is_not_rebuilt():
 def test_a_text_that_splits_two_ways_is_not_rebuilt_but_warned():
     """``f"run1 step {i}"`` captured at i == 1: the step's place could be the "1" of "run1". Not
     redone (a wrong text would be worse than none): printed at warm-up and capture, warned."""
-    want_out, _, want_p, _ = _run(_ambiguous, False)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got_out, _, got_p, step = _run(_ambiguous, True)
+    want_out, want_p, got_out, got_p, step, w = _warned_run(_ambiguous)
     assert got_out == want_out[:2], got_out
     assert any("print()" in str(x.message) for x in w), [str(x.message) for x in w]
     assert all(torch.equal(a, b) for a, b in zip(got_p, want_p))
@@ -295,10 +298,7 @@ def _percent_in_helper(m, o):
 
 
 def test_a_read_values_digits_in_a_text_not_rebuilt_are_never_printed_stale():
-    want_out, _, want_p, _ = _run(_percent_in_helper, False)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got_out, _, got_p, step = _run(_percent_in_helper, True)
+    want_out, want_p, got_out, got_p, step, w = _warned_run(_percent_in_helper)
     assert got_out == want_out[:2], got_out   # (warm-up and capture; no stale line after them)
     assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]
 
@@ -336,9 +336,6 @@ def _padded_read(m, o):
 
 
 def test_a_read_values_text_padded_again_is_not_rebuilt_but_warned():
-    want_out, _, _, _ = _run(_padded_read, False)
-    with warnings.catch_warnings(record=True) as w:
-        warnings.simplefilter("always")
-        got_out, _, _, step = _run(_padded_read, True)
+    want_out, _, got_out, _, step, w = _warned_run(_padded_read)
     assert got_out == want_out[:2], got_out
     assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]
