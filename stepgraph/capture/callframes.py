@@ -27,15 +27,19 @@ def from_user_code() -> bool:
     return f is not None and not library_file(f.f_code.co_filename)
 
 
+def running(frame):
+    """The instruction ``frame`` is running (a call into Python leaves f_lasti past its offset)."""
+    from . import sinks
+    return sinks._instructions(frame.f_code)[0][sinks._at(frame.f_code, frame.f_lasti)]
+
+
 def call_lines() -> frozenset:
     """``file:line`` of each line the call being made spans (a call black split over lines,
     ``print(\n    f"step {i}",\n    f"loss {x:.4f}",\n)``, formats its text on lines after its own)."""
-    from . import sinks
     f = _caller()
     if f is None:
         return frozenset()
-    ins, _ = sinks._instructions(f.f_code)
-    pos = ins[sinks._at(f.f_code, f.f_lasti)].positions
+    pos = running(f).positions
     first = pos.lineno if pos is not None and pos.lineno is not None else f.f_lineno
     last = pos.end_lineno if pos is not None and pos.end_lineno is not None else first
     return frozenset(f"{f.f_code.co_filename}:{n}" for n in range(first, max(first, last) + 1))
@@ -52,8 +56,7 @@ def formats_numbers() -> bool:
     f = _caller()
     if f is None:
         return False
-    ins, _ = sinks._instructions(f.f_code)
-    off = ins[sinks._at(f.f_code, f.f_lasti)].offset
+    off = running(f).offset
     # (its own sink may not have run yet: the recording wraps a logger's method outside it)
     return any(p[0] is f and p[1] == off for p in log.pending)
 

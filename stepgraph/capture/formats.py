@@ -41,6 +41,18 @@ class NumberHole:
     kind: ClassVar[str] = "number"
 
 
+def note(log, node, text: str, spec: str) -> None:
+    """A read or live float formatted into text (``ReadLog`` ``log``): its site is printed, and,
+    unless the text is padded again after (callframes.reformatted), a call redone after each
+    replay can rebuild the text around it."""
+    from ..errors import user_frame
+    from .callframes import reformatted
+    site = user_frame()
+    if text is not None and not reformatted():
+        log.formats.append(Format(len(log.printed), text, spec, node, line_of(site)))
+    log.printed.append(site)
+
+
 def line_of(site: str) -> str:
     """``file:line`` of a ``file:line (code)`` site."""
     return site.split(" (")[0]
@@ -107,11 +119,17 @@ def hole(f):
     """A formatted value's place in a string a call is redone with: a number of the call's, or a
     graph output with its spec (an lr a scheduler stepped in the step set: read from its group
     when redone, nextlr.py)."""
-    from . import nextlr
-    from .pyeffects import SourceEffect
     if f.index is None:
         return NumberHole(f.value, f.spec, f.pending)
-    slot = nextlr.slot_of(f.value)
-    e = SourceEffect(None, "read", node=f.value) if slot is None else SourceEffect(None, "group", node=slot)
-    e.spec = f.spec
+    return read_hole(f.value, f.spec)
+
+
+def read_hole(node, spec: str):
+    """A read or live float's place in a rebuilt string: the graph output ``node``, or its param
+    group when a scheduler stepped in the step set it (nextlr.py)."""
+    from . import nextlr
+    from .pyeffects import SourceEffect
+    slot = nextlr.slot_of(node)
+    e = SourceEffect(None, "read", node=node) if slot is None else SourceEffect(None, "group", node=slot)
+    e.spec = spec
     return e

@@ -29,8 +29,7 @@ import torch
 
 from ..errors import user_frame
 from ..markers import host_guard
-from .callframes import reformatted
-from .formats import Format, line_of
+from .formats import note
 from .hostscalar import (HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item,
                          substitute)
 
@@ -91,11 +90,8 @@ class ReadFloat(HostFloat):
         return value
 
     def _note_print(self, text=None, spec=""):
-        if current(self, _tracer()):
-            site = user_frame()
-            if text is not None and not reformatted():   # (a call redoing a string built from it rebuilds it: formats.py)
-                self.log.formats.append(Format(len(self.log.printed), text, spec, self.node, line_of(site)))
-            self.log.printed.append(site)
+        if current(self, _tracer()):   # (a call redoing a string built from it rebuilds it: formats.py)
+            note(self.log, self.node, text, spec)
         return text
 
     def __format__(self, fmt):

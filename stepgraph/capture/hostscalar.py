@@ -55,13 +55,8 @@ class HostFloat(float):
         tracer = _tracer()
         log = getattr(tracer, "sg_reads", None)
         if log is not None and current(self, tracer):
-            from ..errors import user_frame
-            from .callframes import reformatted
-            from .formats import Format, line_of
-            site = user_frame()
-            if not reformatted():   # (padded again after: not rebuilt, formats.py)
-                log.formats.append(Format(len(log.printed), text, fmt, self.node, line_of(site)))
-            log.printed.append(site)
+            from .formats import note
+            note(log, self.node, text, fmt)
         return text
 
 

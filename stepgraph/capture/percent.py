@@ -24,7 +24,7 @@ import textwrap
 
 import torch
 
-from .formats import NumberHole
+from .formats import NumberHole, line_of, read_hole
 
 _CONV = re.compile(r"%(?P<flags>[-+ #0]*)(?P<width>\d+)?(?:\.(?P<prec>\d+))?[hlL]?(?P<conv>[diouxXeEfFgGcrsa%])")
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
@@ -37,11 +37,11 @@ def converted_for_text(log, proxy, frame) -> bool:
     """A number converted by C for ``'%d' % i`` (``frame`` running that ``%``) whose text goes,
     through string building only, to a call: pending in the UseLog as a format, not a use (the
     call's text is rebuilt, or it is used after all: UseLog.checks)."""
-    from .sinks import _at, _instructions, format_target, in_sink
+    from .callframes import running
+    from .sinks import format_target, in_sink
     from .uselog import _reads_in
     from .tracked import _where
-    ins, _ = _instructions(frame.f_code)
-    i = ins[_at(frame.f_code, frame.f_lasti)]
+    i = running(frame)
     if in_sink() or i.opname != "BINARY_OP" or i.arg not in _MOD or _reads_in(proxy._e):
         return False
     offset = format_target(frame.f_code, frame.f_lasti)
@@ -78,11 +78,11 @@ def _split(text: str, lits: list, n: int):
     return [lazy.group(k) for k in range(1, n + 1)]
 
 
-def _source(frame) -> str | None:
-    """The source of the call ``frame`` is making (its instruction's positions)."""
-    from .sinks import _at, _instructions
-    ins, _ = _instructions(frame.f_code)
-    pos = ins[_at(frame.f_code, frame.f_lasti)].positions
+def _call_tree(frame):
+    """The expression of the call ``frame`` is making, parsed from its source (its instruction's
+    positions); None when not found or not parsed."""
+    from .callframes import running
+    pos = running(frame).positions
     if pos is None or None in (pos.lineno, pos.end_lineno, pos.col_offset, pos.end_col_offset):
         return None
     lines = [linecache.getline(frame.f_code.co_filename, n) for n in range(pos.lineno, pos.end_lineno + 1)]
@@ -92,7 +92,10 @@ def _source(frame) -> str | None:
     enc = [x.encode() for x in lines]
     enc[-1] = enc[-1][:pos.end_col_offset]
     enc[0] = enc[0][pos.col_offset:]
-    return textwrap.dedent(b"".join(enc).decode(errors="replace"))
+    try:
+        return ast.parse(textwrap.dedent(b"".join(enc).decode(errors="replace")), mode="eval")
+    except SyntaxError:
+        return None
 
 
 def _resolve(e, frame, item_reads: list):
@@ -131,27 +134,23 @@ def _resolve(e, frame, item_reads: list):
 _PURE = {"len": len, "abs": abs}
 
 
-def rebuild(text: str, frame, reads, tracer):
-    """``text`` as literal parts and holes (NumberHole, or a read value's SourceEffect, each with
-    its %-spec), or None when it cannot be rebuilt."""
-    from .hostscalar import HostFloat, current
-    from .pyeffects import SourceEffect
-    from .tracked import _PROXIES
-    src = _source(frame)
-    try:
-        tree = ast.parse(src, mode="eval") if src else None
-    except SyntaxError:
-        return None
+def _item_reads(tree, reads, lines) -> dict:
+    """``x.item()`` in the call: the values read on its lines, in the order the source reads them
+    (by node id; none when the counts differ)."""
     item = torch.ops.aten._local_scalar_dense.default   # (not arithmetic on one: it keeps its site)
-    line_reads = [r for r in (reads.reads if reads is not None else ()) if r.node.target is item
-                  and r.site.split(" (")[0].rsplit(":", 1)[0] == frame.f_code.co_filename
-                  and _in_call(r.site, frame)]
-    # (``x.item()`` in the call: the values read on its lines, in the order the source reads them)
+    line_reads = [r for r in reads.reads if r.node.target is item and line_of(r.site) in lines]
     items = sorted((x for x in ast.walk(tree) if isinstance(x, ast.Call) and not x.args and not x.keywords
                     and isinstance(x.func, ast.Attribute) and x.func.attr == "item"),
-                   key=lambda x: (x.lineno, x.col_offset)) if tree is not None else []
-    pool = {id(x): r for x, r in zip(items, line_reads)} if len(items) == len(line_reads) else {}
-    for node in ast.walk(tree) if tree is not None else ():
+                   key=lambda x: (x.lineno, x.col_offset))
+    return {id(x): r for x, r in zip(items, line_reads)} if len(items) == len(line_reads) else {}
+
+
+def rebuild(text: str, tree, frame, pool, tracer):
+    """``text`` as literal parts and holes (NumberHole, or a read value's SourceEffect, each with
+    its %-spec), or None when it cannot be rebuilt (``pool``: _item_reads)."""
+    from .hostscalar import HostFloat, current
+    from .tracked import _PROXIES
+    for node in ast.walk(tree):
         if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mod) and isinstance(node.left, ast.Constant)
                 and isinstance(node.left.value, str)):
             continue
@@ -179,9 +178,7 @@ def rebuild(text: str, frame, reads, tracer):
             if type(v) in _PROXIES:
                 parts.append(NumberHole(v._e, spec))
             elif isinstance(v, HostFloat) and current(v, tracer):
-                hole = SourceEffect(None, "read", node=v.node)
-                hole.spec = spec
-                parts.append(hole)
+                parts.append(read_hole(v.node, spec))
             elif isinstance(v, HostFloat):
                 return None
             else:
@@ -191,28 +188,21 @@ def rebuild(text: str, frame, reads, tracer):
     return None
 
 
-def _in_call(site: str, frame) -> bool:
-    """Was a value read (``site``: ``file:line (code)``) on the lines of the call being made?"""
-    from .sinks import _at, _instructions
-    pos = _instructions(frame.f_code)[0][_at(frame.f_code, frame.f_lasti)].positions
-    line = site.split(" (")[0].rsplit(":", 1)[-1]
-    return pos is not None and line.isdigit() and pos.lineno <= int(line) <= (pos.end_lineno or pos.lineno)
-
-
-def texts(leaves, reads, tracer, args) -> dict:
+def texts(leaves, reads, tracer, args, lines) -> dict:
     """What the record of a call needs of its strings (pycalls._Record): those made by ``'...' %
     values`` that a replay can rebuild (``percent``), the pending conversions of numbers they hold
     (``marks``, confirmed if the call is redone), which arguments its source does not format
     (``literal``, ``plain``) and the call itself (``target``: frame, offset)."""
-    from .callframes import _caller
-    from .sinks import _at, _instructions
+    from .callframes import _caller, running
     got = {}
     f = _caller() if reads is not None and any(type(v) is str and v for v in leaves) else None
-    for k, v in enumerate(leaves) if f is not None else ():
-        if type(v) is str and (parts := rebuild(v, f, reads, tracer)) is not None:
+    tree = _call_tree(f) if f is not None else None   # (parsed once for all its strings)
+    pool = _item_reads(tree, reads, lines) if tree is not None else {}
+    for k, v in enumerate(leaves) if tree is not None else ():
+        if type(v) is str and (parts := rebuild(v, tree, f, pool, tracer)) is not None:
             got[k] = parts
-    off = _instructions(f.f_code)[0][_at(f.f_code, f.f_lasti)].offset if f is not None else None
-    literal, plain = _unformatted(f, args) if f is not None else (frozenset(), frozenset())
+    off = running(f).offset if f is not None else None
+    literal, plain = _unformatted(tree.body, args) if tree is not None else (frozenset(), frozenset())
     marks = [p for p in reads.uses.pending if p[0] is f and p[1] == off] if got and reads.uses is not None else []
     return dict(percent=got, marks=marks, literal=literal, plain=plain, target=(f, off))
 
@@ -220,16 +210,11 @@ def texts(leaves, reads, tracer, args) -> dict:
 _FORMATTING = (ast.JoinedStr, ast.BinOp, ast.Call)   # (an f-string, ``%`` or ``+``, ``.format()``/``str()``)
 
 
-def _unformatted(frame, args) -> tuple:
+def _unformatted(call, args) -> tuple:
     """Leaf indices of the call's arguments that its source does not format: (string literals,
     and those plus names, attributes, subscripts). A value formatted on the call's line is never
     looked for in them: the step's "1" was found in ``print("resnet18", f"step {i}")``'s first
     argument, and replays printed "resnet28 step 1"."""
-    src = _source(frame)
-    try:
-        call = ast.parse(src, mode="eval").body if src else None
-    except SyntaxError:
-        return frozenset(), frozenset()
     if not isinstance(call, ast.Call) or any(isinstance(a, ast.Starred) for a in call.args) \
             or any(k.arg is None for k in call.keywords):
         return frozenset(), frozenset()

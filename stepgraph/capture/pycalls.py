@@ -225,7 +225,7 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
             else:
                 pa, pkw = a, kw
             numbers, lines, f0 = _formats_numbers(), _call_lines(), len(reads.formats) if reads is not None else 0
-            percent = percent_texts(leaves, reads, tracer, (a, kw))
+            percent = percent_texts(leaves, reads, tracer, (a, kw), lines)
             out = fn(*pa, **pkw)
             heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
             p1 = len(reads.printed) if reads is not None else 0

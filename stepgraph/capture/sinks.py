@@ -29,7 +29,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.overrides import TorchFunctionMode
 
-from .callframes import _caller
+from .callframes import _caller, running
 from .numchecks import roots_of
 from .hostscalar import HostFloat
 from .clock import CLOCKS, clock
@@ -141,8 +141,7 @@ def _sink(orig):
         log = getattr(_STATE, "log", None)
         if log is not None:
             f = _caller()   # (past pycalls' wrapper of a redone logger's method)
-            ins, _ = _instructions(f.f_code)
-            log.confirm(f, ins[_at(f.f_code, f.f_lasti)].offset)
+            log.confirm(f, running(f).offset)
             if getattr(orig, "__wrapped__", orig) is _PRINT and not in_sink() and log.active:
                 # (named at capture unless a replay redoes it: outputs.read_side_effects)
                 from ..errors import user_frame
