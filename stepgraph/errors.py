@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import traceback
 import types
 
@@ -116,6 +117,16 @@ def library_frame(stack: list[traceback.FrameSummary] | None = None) -> str:
         if lib is not None and not any(m in fn for m in _MACHINERY):
             found = f"{os.path.relpath(fn, lib)}:{fr.lineno}"
     return found
+
+
+def user_class(t: type) -> bool:
+    """A class defined in the user's code (a script, a notebook cell), not a library's."""
+    if t.__module__ == "__main__":
+        return True
+    f = getattr(sys.modules.get(t.__module__), "__file__", None)
+    if f is None:   # (a module loaded from its path under another name: its methods' file)
+        f = next((v.__code__.co_filename for v in vars(t).values() if isinstance(v, types.FunctionType)), None)
+    return f is not None and not library_file(f) and not f.startswith("<frozen")
 
 
 def library_module(v) -> bool:

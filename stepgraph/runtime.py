@@ -18,6 +18,7 @@ from .capture.guards import Guards, arg_names
 from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
 from .capture import collectives, distributed, fetches
+from .capture.valuekeys import calling
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
@@ -93,7 +94,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 torch.cuda.empty_cache()  # give the dropped graphs' pool back to the device
 
     def __call__(self, *args, **kwargs):
-        with self._lock, self._busy:
+        with self._lock, self._busy, calling(args):   # (``loss_compute.scale`` read live: this call's)
             self._calls += 1
             if self._agree.aborted:
                 raise StepGraphError(self._agree.aborted_message())

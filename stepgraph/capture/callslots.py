@@ -30,6 +30,16 @@ def slot_key(v):
     return env_key() if type(v) is type(os.environ) else callable_key(v)
 
 
+def source_slot_key(s, args, missing):
+    """The key of the slot a pyvalues Source reads: an argument's bound method by its function
+    (the argument itself is keyed by guards.instance_key: a new loss object each epoch)."""
+    v = s.read_or(args, missing)
+    if s.kind == "arg" and len(s.path) == 1 and type(v) is types.MethodType and s.root < len(args) \
+            and v.__self__ is args[s.root]:
+        return ("method of the argument", v.__func__)
+    return slot_key(v)
+
+
 def env_key():
     # (the bytes os.environ keeps: decoding every variable at each call costs more)
     data = getattr(os.environ, "_data", None)

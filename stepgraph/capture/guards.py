@@ -15,13 +15,14 @@ import torch.utils._pytree as pytree
 
 from .hostscalar import predicate_results
 from .forward_attrs import module_sources
-from .pyvalues import _MISSING, PyValues, find_sources
+from .pyvalues import _MISSING, PyValues, find_sources, guard_value
 from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, source_id, state_free,
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry, stateless_config
 from .watch import registration_epoch
+from ..errors import user_class
 from .reasons import Reasons, leaf_names
 from .livekeys import LiveKeys
 from . import argtree
@@ -64,6 +65,9 @@ def _leaf_value(v):
         config = stateless_config(v)
         if config is not None:
             return ("stateless module", config)
+    instance = instance_key(v)
+    if instance is not None:
+        return instance
     if isinstance(v, _STATE_TYPES):
         # By identity, without holding it: a dropped model frees its graphs (runtime._prune)
         # before another object can reuse its id.
@@ -75,6 +79,43 @@ def _leaf_value(v):
         return ("value", type(v), v)
     except TypeError:
         return ("object", type(v), Ident(v))
+
+
+def instance_key(v):
+    """A plain object of the user's class passed as an argument (the Annotated Transformer's
+    ``SimpleLossCompute(model.generator, criterion)``, made anew for each epoch), or an optimizer
+    that is no state (its ``DummyOptimizer()`` for the eval epoch, which never ran
+    ``Optimizer.__init__``): keyed by its class and what it holds, not by identity. By identity,
+    every epoch was a warm-up and a capture, and eager past ``max_captures``.
+
+    What the step reads from such an object is a source of its own (pyvalues.py: numbers read
+    live or by value, objects by identity, found again from the new object at each call); this
+    key backs them up: the modules, optimizers and other objects it holds by identity (a module
+    holding no tensors by its settings), strings and flags by value, tensors by metadata, numbers
+    by type; a library's object (an LR scheduler) by identity. None for any other value."""
+    if isinstance(v, torch.optim.Optimizer) and not (hasattr(v, "state") and
+                                                     all("params" in g for g in getattr(v, "param_groups", [{}]))):
+        groups = getattr(v, "param_groups", None)
+        return ("optimizer holding nothing", type(v), guard_value(groups) if isinstance(groups, list) else None)
+    if not plain_object(v) or type(v).__eq__ is not object.__eq__ or type(v).__hash__ is not object.__hash__ \
+            or len(vars(v)) > 64 or not user_class(type(v)):
+        return None
+    parts = []
+    for k, x in vars(v).items():
+        if number(x):
+            parts.append((k, "number", type(x)))
+        elif isinstance(x, (str, bytes, bool, type(None))):
+            parts.append((k, type(x), x))
+        elif isinstance(x, torch.Tensor):
+            parts.append((k, tensor_meta(x)))
+        elif isinstance(x, torch.nn.Module):
+            config = stateless_config(x)   # (held weakly: a dropped model frees its graphs)
+            parts.append((k, "module", type(x), id(x)) if config is None else (k, "stateless module", config))
+        elif isinstance(x, torch.optim.Optimizer):
+            parts.append((k, "optimizer", type(x), id(x)))
+        else:   # (a list it rebinds at each call, ``self.history = ...``: by identity, a graph per call)
+            parts.append((k, "object", type(x)))
+    return ("instance", type(v), tuple(parts))
 
 
 def _where(s) -> tuple:
@@ -92,6 +133,26 @@ def _same(old, new):
     old.__dict__.update(new.__dict__)
     old.overwritten = old.overwritten or kept
     return old
+
+
+def _found_again(old: PyValues, new: PyValues, args, keep: bool) -> None:
+    """``new``'s sources found before stay the objects ``old`` had (_same). ``keep``: found
+    again because a function the step calls was rebound (the eval epoch's
+    ``DummyOptimizer().step``): what ``old`` had found stays too, in its order, what is new comes
+    after -- the graphs of the other functions still match when those come back (found anew,
+    every graph's key differed: the Annotated Transformer never replayed)."""
+    before = {_where(s): s for s in old.sources}
+    if not keep:
+        new.sources = [_same(before.pop(_where(s), None), s) for s in new.sources]
+        return
+    found = {_where(s): s for s in new.sources}
+    new.sources = [s if (n := found.pop(w, None)) is None else _same(s, n) for w, s in before.items()] \
+        + list(found.values())
+    slots = dict(zip(old.names, old.callables))
+    slots.update((n, c) for n, c in zip(new.names, new.callables) if n not in slots)
+    new.callables, names = list(slots.values()), tuple(slots)
+    new.names = old.names if names == old.names else names
+    new.scanned = new.slots_key(args)
 
 
 def _opened_inputs(values, args) -> set:
@@ -148,17 +209,17 @@ class Guards(Reasons, LiveKeys):
         self._fn = None
         self.filled = []   # defaultdicts a capture saw the step fill (pybefore.filled_defaults)
 
-    def find_python_values(self, fn, args) -> None:
+    def find_python_values(self, fn, args, keep: bool = False) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
-        state found changes (a new model passed as an argument)."""
+        state found changes (a new model passed as an argument); ``keep``: see _found_again."""
         names = {id(m): (f"{root}.{k}" if k else root) for root, mod in self.reg.modules
                  for k, m in mod.named_modules()}
         self._fn = fn   # (found again when a function it calls is rebound: signature)
-        before = {_where(s): s for s in self.py.sources}
+        old = self.py
         self.py = find_sources(fn, modules=self.reg.all_modules, args=args)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)
-        self.py.sources = [_same(before.pop(_where(s), None), s) for s in self.py.sources]
+        _found_again(old, self.py, args, keep)
 
     def _py_key(self, args) -> tuple:
         live = self.live
@@ -295,7 +356,7 @@ def _slots_now(self: Guards, args) -> tuple:
     the new one reads is found first; the key differs, so the change recaptures, explained here."""
     slots = self.py.slots_key(args)
     if slots != self.py.scanned and self._fn is not None:
-        self.find_python_values(self._fn, args)
+        self.find_python_values(self._fn, args, keep=True)
         slots = self.py.slots_key(args)
     return slots
 

@@ -44,7 +44,7 @@ class LiveKeys:
                     if vs and all(isinstance(x, float) for x in vs):
                         out.append((oi, gi, k))
         for s in self.py.sources:
-            if s.from_step and s.kind != "arg" and isinstance(s.read_or(args), float):
+            if s.from_step and (s.kind != "arg" or s.path) and isinstance(s.read_or(args), float):
                 out.append(s)
         return out
 

@@ -129,6 +129,11 @@ class Source:
             return ("appended list",)
         if self.identity_only and type(v).__name__ != "ndarray":   # (arr.mean(): values, not identity)
             return ("object", id(v))
+        if self.kind == "arg" and not self.path:
+            from .guards import instance_key   # (the argument itself, ``self`` of its methods: keyed
+            k = instance_key(v)                # by what it holds, as its leaf is)
+            if k is not None:
+                return k
         return guard_value(v)
 
     def write(self, value, args=()) -> None:
@@ -166,7 +171,7 @@ class PyValues:
 
     def slots_key(self, args=()) -> tuple:
         """The signature's ``callables`` section (callslots.py)."""
-        return (self.names, tuple(callslots.slot_key(s.read_or(args, _MISSING)) for s in self.callables))
+        return (self.names, tuple(callslots.source_slot_key(s, args, _MISSING) for s in self.callables))
 
     def diff(self, a: tuple, b: tuple) -> str | None:
         # (a new object first: a value that flips back and forth is not why graphs keep coming)
@@ -209,7 +214,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     literals: set = set()
     const_stores: set = set()
 
-    def visit(func, depth, bound=None, binds=None, self_is_record=False, name="partial", where=""):
+    def visit(func, depth, bound=None, binds=None, self_is_record=False, name="partial", where="", origin=None):
         while isinstance(func, functools.partial):   # (``next_batch = partial(loader.next_batch, 2)``:
             kw = func.keywords                        # what it calls reads the loader and its data;
             binds = {**callslots.partial_binds(func, name), **(binds or {})}   # (``partial(loss_fn, cfg)``: cfg's too)
@@ -252,7 +257,11 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                     src = Source("object", b.root, b.name, b.path + path, where) if type(b) is callslots.Via \
                         else Source("object", b, name, path, where)
                 elif bound is not None:
-                    if idx == 0 and not self_is_record:   # (a record's attributes: its parts)
+                    if idx == 0 and not self_is_record and origin is not None:
+                        # (an argument's method: read from the object passed at each call --
+                        # rooted at this one, a new loss object's ``self.scale`` read the old's)
+                        src = Source(origin.kind, origin.root, origin.name, origin.path + path, where)
+                    elif idx == 0 and not self_is_record:   # (a record's attributes: its parts)
                         src = Source("object", bound, name, path, where)
                     else:
                         continue  # arguments of a method called from the step: not ours to key
@@ -261,6 +270,13 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                     src = Source("cell", callslots.DefaultSlot(func, name, idx), name, path, where)
                 elif depth == 0 and idx < code.co_argcount:
                     root = _DUMMY_ARGS[idx] if idx < len(_DUMMY_ARGS) else None
+                    call = getattr(type(root), "__call__", None)
+                    from .trackplan import plain_object
+                    if not path and isinstance(call, types.FunctionType) and plain_object(root):
+                        # (``loss_compute(out, y)``: what its ``__call__`` reads, from the object
+                        # passed at each call -- keyed by what it holds, guards.instance_key)
+                        visit(types.MethodType(call, root), depth + 1, origin=Source("arg", idx, name, (), where))
+                        continue
                     if not path or root is None or isinstance(root, (torch.Tensor, list, tuple, dict) + _SCALARS) \
                             or input_array(root) or opened(root):
                         continue  # keyed by the argument guard (pytree leaves and values; arrays.py)
@@ -316,7 +332,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             if isinstance(v, callslots.SLOTS) and (s.kind != "global" or p or s.name in s.root):
                 _slot(s)   # (a builtin, ``len``, found in no globals: not keyed)
             if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
-                visit(v, depth + 1, name=s.describe().removeprefix("global "), where=s.where)
+                # (``lc.compute``, an argument's bound method: its ``self`` read from each call's)
+                origin = Source(s.kind, s.root, s.name, p[:-1]) if s.kind == "arg" and p and p[-1][0] == "attr" \
+                    and type(v) is types.MethodType else None
+                visit(v, depth + 1, name=s.describe().removeprefix("global "), where=s.where, origin=origin)
             elif p == path and method is not None and callslots.instance_callable(v, method) is not None:
                 _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)   # ``obj.criterion(o, y)``
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
@@ -324,18 +343,20 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
                 from .pycalls import replayable_callee   # (unless a replay redoes the call)
                 if isinstance(m, types.FunctionType) and not (statement and replayable_callee(v, method)):
                     from .trackplan import record_key   # (meters['x'].update(): a record, by path)
-                    visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None)
+                    visit(types.MethodType(m, v), depth + 1, self_is_record=record_key(v) is not None,
+                          origin=s if s.kind == "arg" else None)
             elif not isinstance(v, (types.ModuleType, type, nn.Module)):
                 call = getattr(type(v), "__call__", None)   # a callable user object
                 if isinstance(call, types.FunctionType):   # (a record's too: ``loss_avg()``)
                     from .trackplan import record_key
-                    visit(types.MethodType(call, v), depth + 1, self_is_record=record_key(v) is not None)
+                    visit(types.MethodType(call, v), depth + 1, self_is_record=record_key(v) is not None,
+                          origin=s if s.kind == "arg" else None)
             key = (s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, p)
             from .pycalls import replayable_callee
             calls.setdefault(key, []).append(method if p == path and statement and s.kind != "arg"
                                              and replayable_callee(v, method) else None)
             appends.setdefault(key, []).append(p == path and statement and method in ("append", "extend"))
-            g = guard_value(v)
+            g = s.key_for(v) if s.kind == "arg" and not p else guard_value(v)
             if p == path and method in _CONTAINER_WRITES and isinstance(v, (list, dict, set, collections.deque)):
                 # Only a method is called on it (``history.append(x)``): its identity matters,
                 # not its contents (reading them is another instruction, keyed by value). A

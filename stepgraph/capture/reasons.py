@@ -60,6 +60,10 @@ class Reasons:
                 for field, u, v in zip(_TENSOR_FIELDS, x, y):
                     if u != v:
                         return f"{name} {field} {_short(u)} -> {_short(v)}"
+            if x[:1] == y[:1] == ("instance",) and x[1] is y[1]:   # (guards.instance_key: the first part differing)
+                ka, kb = dict((p[0], p[1:]) for p in x[2]), dict((p[0], p[1:]) for p in y[2])
+                k = next((k for k in {**ka, **kb} if ka.get(k) != kb.get(k)), None)
+                return f"{name}.{k} {_describe_part(ka.get(k))} -> {_describe_part(kb.get(k))}"
             return f"{name} {_describe_leaf(x)} -> {_describe_leaf(y)}"
         return None
 
@@ -144,7 +148,26 @@ def _describe_leaf(x) -> str:
         if len(x) > 4:
             what += " object at {:#x}".format(x[4][1]) if isinstance(x[4], tuple) else " (values read in the step)"
         return what
-    return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 else "")
+    if x[0] == "instance":
+        return f"a {x[1].__name__} object"
+    if x[0] == "optimizer holding nothing":
+        return f"a {x[1].__name__} holding no parameters"
+    return f"{x[1].__name__} object" + (f" at {x[2]:#x}" if len(x) > 2 and isinstance(x[2], int) else "")
+
+
+def _describe_part(p) -> str:
+    """One attribute's part of an instance key (guards.instance_key), as a reason shows it."""
+    if p is None:
+        return "(no such attribute)"
+    if _is_tensor_meta(p[0]):
+        return f"tensor {_short(p[0].dtype)}{list(p[0].shape)}"
+    if p[0] in ("module", "optimizer"):
+        return f"{p[1].__name__} at {p[2]:#x}"
+    if p[0] == "stateless module":
+        return stateless_text(p[1])
+    if p[0] == "object":
+        return f"a {p[1].__name__}"
+    return "a Python number" if p[0] == "number" else _short(p[1])
 
 
 def leaf_names(params: list[str], args, kwargs) -> list[str]:

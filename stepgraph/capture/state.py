@@ -267,9 +267,12 @@ def _consider(name: str, obj, found: dict, depth: int, leaf: bool = False) -> No
         found.setdefault(id(opt), (f"{name}.optimizer", opt))
     d = getattr(obj, "__dict__", None)
     if isinstance(d, dict) and depth <= 1:
+        # (an argument keyed by what it holds, guards.instance_key: a module of it holding no
+        # tensors is keyed by its settings there, as an argument's own is: no state)
+        leaf = leaf and depth == 0 and type(obj).__hash__ is object.__hash__
         for k, v in list(d.items())[:64]:
             if isinstance(v, (nn.Module, torch.optim.Optimizer, list, tuple, dict)):
-                _consider(f"{name}.{k}", v, found, depth + 1)
+                _consider(f"{name}.{k}", v, found, depth + 1, leaf and isinstance(v, nn.Module))
 
 
 def _arg_objects(args, kwargs, arg_names=()) -> list:

@@ -4,11 +4,26 @@ small, tensors and other objects by identity; ``_show`` says it back in a recapt
 from __future__ import annotations
 
 import collections
+import contextlib
+import contextvars
 import types
 
 import torch
 
 from .sigkey import Ident
+
+# The arguments of the step call running (runtime.StepFunction.__call__): a source rooted at
+# an argument that a graph reads live at replay (``loss_compute.scale``) reads them.
+CALL_ARGS: contextvars.ContextVar = contextvars.ContextVar("stepgraph_call_args", default=())
+
+@contextlib.contextmanager
+def calling(args):
+    token = CALL_ARGS.set(args)
+    try:
+        yield
+    finally:
+        CALL_ARGS.reset(token)
+
 
 _SKIP = object()       # a value not guarded (functions, classes, Python modules)
 _MISSING = ("<missing>",)

@@ -1,0 +1,185 @@
+"""A plain object of the user's class passed as an argument (guards.instance_key): keyed by its
+class and what it holds, with what the step reads from it found in the object passed at each
+call. The Annotated Transformer builds ``SimpleLossCompute(model.generator, criterion)`` anew for
+every epoch: by identity each epoch was a warm-up and a capture, eager past ``max_captures``."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class LossCompute:
+    def __init__(self, generator, criterion, scale=1.0):
+        self.generator, self.criterion, self.scale = generator, criterion, scale
+
+    def __call__(self, x, y):
+        return self.criterion(self.generator(x), y) * self.scale
+
+    def compute(self, x, y):
+        return self.criterion(self.generator(x), y) * self.scale
+
+
+def _batch(k):
+    g = torch.Generator().manual_seed(k)
+    return torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g)
+
+
+def _program(make, calls, method=False):
+    """Eager and stepgraph on the same batches: ``make(epoch, gen)`` builds the loss object of an
+    epoch; returns (eager losses, stepgraph losses, the step's stats, params equal)."""
+    torch.manual_seed(0)
+    model, gen = nn.Linear(4, 4), nn.Linear(4, 3)
+    model2, gen2 = copy.deepcopy(model), copy.deepcopy(gen)
+    out = []
+    for m, g, use in ((model, gen, False), (model2, gen2, True)):
+        opt = torch.optim.SGD(list(m.parameters()) + list(g.parameters()), lr=0.1)
+
+        def step(x, y, lc):
+            loss = (lc.compute if method else lc)(m(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(step) if use else step
+        losses, lc = [], None
+        for epoch, n in enumerate(calls):
+            lc = make(epoch, g, lc)
+            losses += [fn(*_batch(10 * epoch + i), lc) for i in range(n)]
+        out.append((losses, fn))
+    (a, _), (b, sg) = out
+    same = all(torch.equal(p, q) for p, q in zip(list(model.parameters()) + list(gen.parameters()),
+                                                  list(model2.parameters()) + list(gen2.parameters())))
+    return a, b, sg.stats, same
+
+
+def test_a_new_loss_object_each_epoch_replays_the_graph():
+    a, b, stats, same = _program(lambda e, g, old: LossCompute(g, nn.CrossEntropyLoss()), [3, 3, 3, 3])
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and same
+    assert stats.captures == 1 and stats.replays == 10 and stats.new_state_warmups == 0, stats
+
+
+@pytest.mark.parametrize("method", [False, True])
+def test_a_new_loss_object_with_another_scale_is_read_from_the_new_object(method):
+    """The scale lives in the object: read from the object of each call (live), not the first's."""
+    a, b, stats, same = _program(lambda e, g, old: LossCompute(g, nn.CrossEntropyLoss(), 1.0 + e), [2, 2, 2],
+                                 method=method)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and same
+    assert stats.captures == 1, stats
+
+
+@pytest.mark.parametrize("method", [False, True])
+def test_one_loss_object_whose_scale_the_loop_changes(method):
+    def make(e, g, old):
+        old = old or LossCompute(g, nn.CrossEntropyLoss())
+        old.scale = 0.5 * (e + 1)
+        return old
+    a, b, stats, same = _program(make, [2, 2, 2], method=method)
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and same
+    assert stats.captures == 1, stats
+
+
+def test_a_new_loss_object_holding_another_module_recaptures():
+    """What the object holds is keyed by identity: another generator is another graph."""
+    heads = {}
+
+    def make(e, g, old):
+        torch.manual_seed(1)
+        head = heads.setdefault((id(g), e % 2), g if e % 2 == 0 else nn.Linear(4, 3))
+        return LossCompute(head, nn.CrossEntropyLoss())
+    a, b, stats, same = _program(make, [2, 2, 2, 2])
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert stats.captures <= 3 and stats.replays >= 3, stats   # (the new head is new state: a warm-up)
+    assert any(".generator" in r for r in stats.recaptures), stats.recaptures
+
+
+def test_a_new_loss_object_holding_other_settings_recaptures():
+    a, b, stats, same = _program(
+        lambda e, g, old: LossCompute(g, nn.CrossEntropyLoss(label_smoothing=0.1 * (e % 2))), [2, 2, 2])
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and same
+    assert stats.captures == 2, stats
+
+
+class Weighted:
+    def __init__(self, w):
+        self.w = w
+
+    def __call__(self, out, y):
+        return nn.functional.cross_entropy(out, y, weight=self.w)
+
+
+def test_a_new_object_holding_another_tensor_uses_that_tensor():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    m2 = copy.deepcopy(m)
+    res = []
+    for mod, use in ((m, False), (m2, True)):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+
+        def step(x, y, crit):
+            loss = crit(mod(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(step) if use else step
+        res.append([fn(*_batch(k), Weighted(torch.tensor([1.0, 2.0, 0.5]) * (1 + k))) for k in range(5)])
+    assert all(torch.equal(x, y) for x, y in zip(*res))
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_a_library_object_stays_keyed_by_identity():
+    """Only the user's own classes: a library object (an LR scheduler) is state of its own."""
+    from stepgraph.capture.guards import instance_key
+    opt = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)
+    assert instance_key(torch.optim.lr_scheduler.StepLR(opt, 2)) is None
+    assert instance_key(LossCompute(nn.Linear(2, 2), nn.MSELoss()))[0] == "instance"
+
+
+class DummyOptimizer(torch.optim.Optimizer):
+    def __init__(self):
+        self.param_groups = [{"lr": 0}]
+
+    def step(self):
+        return None
+
+    def zero_grad(self, set_to_none=False):
+        return None
+
+
+def test_train_and_eval_epochs_with_new_helpers_replay_from_the_second_epoch():
+    """The Annotated Transformer's loop: each epoch a new loss object, and for the eval epoch a
+    ``DummyOptimizer()``. The eval epoch's optimizer.step is another function, found anew
+    (guards.find_python_values, keep): the train graphs still match when training comes back."""
+    torch.manual_seed(0)
+    model, gen = nn.Linear(4, 4), nn.Linear(4, 3)
+    model2, gen2 = copy.deepcopy(model), copy.deepcopy(gen)
+    res = []
+    for m, g, use in ((model, gen, False), (model2, gen2, True)):
+        opt = torch.optim.Adam(list(m.parameters()) + list(g.parameters()), lr=1e-2)
+
+        def run_batch(x, y, loss_compute, optimizer, mode):
+            loss = loss_compute(m(x), y)
+            if mode == "train":
+                loss.backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(run_batch) if use else run_batch
+        out = []
+        for epoch in range(3):
+            m.train()
+            out += [fn(*_batch(10 * epoch + i), LossCompute(g, nn.CrossEntropyLoss()), opt, "train")
+                    for i in range(3)]
+            m.eval()
+            with torch.no_grad():
+                out.append(fn(*_batch(10 * epoch + 5), LossCompute(g, nn.CrossEntropyLoss()), DummyOptimizer(), "eval"))
+        res.append((out, fn))
+    (a, _), (b, sg) = res
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
+    assert sg.stats.captures == 2 and sg.stats.replays == 9, sg.stats
