@@ -153,6 +153,11 @@ def test_a_library_object_stays_keyed_by_identity():
     assert instance_key(torch.optim.lr_scheduler.StepLR(opt, 2)) is None
     assert instance_key(LossCompute(nn.Linear(2, 2), nn.MSELoss()))[0] == "instance"
 
+    class Pairs(torch.utils.data.Dataset):   # (a library base class's methods may read it)
+        def __init__(self):
+            self.n = 3
+    assert instance_key(Pairs()) is None
+
 
 class DummyOptimizer(torch.optim.Optimizer):
     def __init__(self):

@@ -98,8 +98,8 @@ def instance_key(v):
         groups = getattr(v, "param_groups", None)
         return ("optimizer holding nothing", type(v), guard_value(groups) if isinstance(groups, list) else None)
     if not plain_object(v) or type(v).__eq__ is not object.__eq__ or type(v).__hash__ is not object.__hash__ \
-            or len(vars(v)) > 64 or not user_class(type(v)):
-        return None
+            or len(vars(v)) > 64 or not all(user_class(c) for c in type(v).__mro__[:-1]):
+        return None   # (a library base class's methods read it out of the sources' sight)
     parts = []
     for k, x in vars(v).items():
         if number(x):
