@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 import stepgraph
+from clients.annotated_transformer import DummyOptimizer   # (the program's own)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 _REAL_COMPILE = stepgraph.compile
@@ -157,17 +158,6 @@ def test_a_library_object_stays_keyed_by_identity():
         def __init__(self):
             self.n = 3
     assert instance_key(Pairs()) is None
-
-
-class DummyOptimizer(torch.optim.Optimizer):
-    def __init__(self):
-        self.param_groups = [{"lr": 0}]
-
-    def step(self):
-        return None
-
-    def zero_grad(self, set_to_none=False):
-        return None
 
 
 def test_train_and_eval_epochs_with_new_helpers_replay_from_the_second_epoch():
