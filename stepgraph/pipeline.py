@@ -40,6 +40,7 @@ from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
 from .capture.pycalls import call_sources, tensors_of, warn_notes
+from .capture import argtree
 from .capture.pyeffects import append_sources, effect_sources, lengths, tensor_sources, truncate
 from .capture.rollback import snapshot
 from .capture.libstate import library_scalars, refuse_library_changes
@@ -313,7 +314,8 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
     seconds = time.perf_counter() - plan.started
     step._hook_notes = warn_side_effects(registered_hooks(step._reg) + tr.hooks, step.__name__) + traced.notes
     step._hook_notes += hooks_left_registered(tr, step.__name__)
-    flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) for a in args)
+    # (an object opened as a batch, argtree.py, is a container too: its leaves are its tensors)
+    flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) or argtree.opened(a) for a in args)
     entry = CapturedStep(
         key=sig.key, graph=traced.graph, run=run, trace=tr, summary=traced.summary, backend=lowered.backend.name,
         seconds=seconds, captured_at_call=step._calls, n_user_outputs=traced.n_user, tensor_pos=sig.tensor_pos,

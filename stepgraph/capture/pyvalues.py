@@ -42,7 +42,7 @@ from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
 from .sigkey import Ident
-from .valuekeys import _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
+from .valuekeys import CALL_ARGS, _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
 
 
 def _user_code(code: types.CodeType) -> bool:
@@ -88,8 +88,8 @@ class Source:
             return b[self.name]
         if self.kind == "cell":
             return self.root.cell_contents
-        if self.kind == "arg":
-            return args[self.root]
+        if self.kind == "arg":   # (read with no arguments given, at replay: the call's)
+            return (args or CALL_ARGS.get())[self.root]
         if isinstance(self.root, weakref.ref):
             v = self.root()
             if v is None:
