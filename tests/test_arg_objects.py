@@ -204,3 +204,50 @@ def test_train_and_eval_epochs_with_new_helpers_replay_from_the_second_epoch():
     assert all(torch.equal(x, y) for x, y in zip(a, b))
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), model2.parameters()))
     assert sg.stats.captures == 2 and sg.stats.replays == 9, sg.stats
+
+
+class Coef:
+    def __init__(self, coef):
+        self.coef = coef
+
+
+def _coef_loss(out, y, crit):   # (a plain function given the object: its reads are no sources)
+    return nn.functional.cross_entropy(out, y) * crit.coef
+
+
+class _Head(nn.Linear):
+    def forward(self, x, cfg):   # (a module's forward given the object)
+        return super().forward(x) * cfg.coef
+
+
+@pytest.mark.parametrize("how", ["helper", "forward", "dict", "kwarg"])
+def test_an_attribute_read_where_no_source_is_found_is_keyed_by_value(how):
+    """Numbers of the object the step's code reads where the scan finds no source (a helper
+    function, a module's forward, an object inside a dict, a keyword argument): keyed by value,
+    so another value is another graph. Keyed by type they replayed the first object's value,
+    silently (helper-71's probes p19, p21, p42, p43)."""
+    torch.manual_seed(0)
+    m = _Head(4, 3)
+    m2 = copy.deepcopy(m)
+    res = []
+    for mod, use in ((m, False), (m2, True)):
+        opt = torch.optim.SGD(mod.parameters(), lr=0.1)
+
+        def step(x, y, crit=None, d=None):
+            crit = crit if d is None else d["crit"]
+            out = mod(x, crit) if how == "forward" else mod(x, Coef(1.0))
+            loss = _coef_loss(out, y, crit) if how != "forward" else nn.functional.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(step) if use else step
+        out = []
+        for k in range(6):
+            crit = Coef(0.5 * (1 + k // 2))
+            x, y = _batch(k)
+            out.append(fn(x, y, d={"crit": crit}) if how == "dict" else fn(x, y, crit=crit) if how == "kwarg"
+                       else fn(x, y, crit))
+        res.append(out)
+    assert all(torch.equal(x, y) for x, y in zip(*res)), res
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))

@@ -56,7 +56,7 @@ def _hyper_value(v):
     return v
 
 
-def _leaf_value(v):
+def _leaf_value(v, covered=frozenset()):
     if isinstance(v, torch.Tensor):
         return tensor_meta(v)
     if number(v):
@@ -65,7 +65,7 @@ def _leaf_value(v):
         config = stateless_config(v)
         if config is not None:
             return ("stateless module", config)
-    instance = instance_key(v)
+    instance = instance_key(v, covered)
     if instance is not None:
         return instance
     if isinstance(v, _STATE_TYPES):
@@ -81,18 +81,21 @@ def _leaf_value(v):
         return ("object", type(v), Ident(v))
 
 
-def instance_key(v):
+def instance_key(v, covered=frozenset(), depth: int = 0):
     """A plain object of the user's class passed as an argument (the Annotated Transformer's
     ``SimpleLossCompute(model.generator, criterion)``, made anew for each epoch), or an optimizer
     that is no state (its ``DummyOptimizer()`` for the eval epoch, which never ran
     ``Optimizer.__init__``): keyed by its class and what it holds, not by identity. By identity,
     every epoch was a warm-up and a capture, and eager past ``max_captures``.
 
-    What the step reads from such an object is a source of its own (pyvalues.py: numbers read
-    live or by value, objects by identity, found again from the new object at each call); this
-    key backs them up: the modules, optimizers and other objects it holds by identity (a module
-    holding no tensors by its settings), strings and flags by value, tensors by metadata, numbers
-    by type; a library's object (an LR scheduler) by identity. None for any other value."""
+    What it holds: modules and optimizers by identity (a module holding no tensors by its
+    settings), tensors by metadata, plain objects of the user's class the same way, numbers,
+    strings and small containers of them by value, anything else by identity. ``covered``: the
+    attributes the step's code reads as sources of their own (pyvalues.py: ``self.scale`` read
+    in ``__call__``, found again from each call's object, a float read live), keyed by type
+    here. Keyed by type, an attribute read where no source is found (a method five calls deep,
+    a module's forward given the object) was replayed with the first object's value (helper-71).
+    None for any other value."""
     if isinstance(v, torch.optim.Optimizer) and not (hasattr(v, "state") and
                                                      all("params" in g for g in getattr(v, "param_groups", [{}]))):
         groups = getattr(v, "param_groups", None)
@@ -102,10 +105,8 @@ def instance_key(v):
         return None   # (a library base class's methods read it out of the sources' sight)
     parts = []
     for k, x in vars(v).items():
-        if number(x):
-            parts.append((k, "number", type(x)))
-        elif isinstance(x, (str, bytes, bool, type(None))):
-            parts.append((k, type(x), x))
+        if k in covered and not isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+            parts.append((k, "read", type(x)))
         elif isinstance(x, torch.Tensor):
             parts.append((k, tensor_meta(x)))
         elif isinstance(x, torch.nn.Module):
@@ -113,9 +114,20 @@ def instance_key(v):
             parts.append((k, "module", type(x), id(x)) if config is None else (k, "stateless module", config))
         elif isinstance(x, torch.optim.Optimizer):
             parts.append((k, "optimizer", type(x), id(x)))
-        else:   # (a list it rebinds at each call, ``self.history = ...``: by identity, a graph per call)
-            parts.append((k, "object", type(x)))
+        elif depth < 2 and (inner := instance_key(x, depth=depth + 1)) is not None:
+            parts.append((k, inner))
+        else:
+            parts.append((k, "value", guard_value(x)))
     return ("instance", type(v), tuple(parts))
+
+
+def _covered(sources, args) -> dict:
+    """Per argument object (by id), the attributes the step's code reads as sources of their own."""
+    out: dict = {}
+    for s in sources:
+        if s.kind == "arg" and len(s.path) == 1 and s.path[0][0] == "attr" and s.root < len(args):
+            out.setdefault(id(args[s.root]), set()).add(s.path[0][1])
+    return out
 
 
 def _where(s) -> tuple:
@@ -305,7 +317,7 @@ class Guards(Reasons, LiveKeys):
         leaves, spec = argtree.flatten(args, kwargs)   # (batch objects opened)
         # (numpy arrays are graph inputs too: arrays.py)
         tensor_pos = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) or input_array(x)]
-        inputs = self._inputs(leaves)
+        inputs = _inputs(self, leaves, args)
         ids = [id(leaves[i]) for i in tensor_pos]
         alias = tuple(ids.index(i) for i in ids) if len(set(ids)) != len(ids) else ()
         reg = self.reg
@@ -333,15 +345,18 @@ class Guards(Reasons, LiveKeys):
         )
         return Signature(key, leaves, tensor_pos)
 
-    def _inputs(self, leaves) -> tuple:
-        return tuple(array_key(x, i in self.arrays_read) if input_array(x) else _leaf_value(x)
-                     for i, x in enumerate(leaves))
-
     def arrays_were_read(self, positions, sig: Signature) -> Signature:
-        """The step read these input arrays in Python: from now on keyed by their values
-        (arrays.array_key), this capture's key too."""
+        """The step read these input arrays in Python: keyed by value (arrays.array_key) from now on."""
         self.arrays_read |= set(positions)
-        return Signature(sig.key._replace(inputs=self._inputs(sig.leaves)), sig.leaves, sig.tensor_pos)
+        return Signature(sig.key._replace(inputs=tuple(array_key(x, True) if i in self.arrays_read and input_array(x)
+                                                       else k for i, (x, k) in enumerate(zip(sig.leaves, sig.key.inputs)))),
+                         sig.leaves, sig.tensor_pos)
+
+
+def _inputs(self: Guards, leaves, args) -> tuple:
+    covered = _covered(self.py.sources, args)
+    return tuple(array_key(x, i in self.arrays_read) if input_array(x) else
+                 _leaf_value(x, covered.get(id(x), frozenset())) for i, x in enumerate(leaves))
 
 
 def _groups_quick(self: Guards) -> tuple:

@@ -129,11 +129,8 @@ class Source:
             return ("appended list",)
         if self.identity_only and type(v).__name__ != "ndarray":   # (arr.mean(): values, not identity)
             return ("object", id(v))
-        if self.kind == "arg" and not self.path:
-            from .guards import instance_key   # (the argument itself, ``self`` of its methods: keyed
-            k = instance_key(v)                # by what it holds, as its leaf is)
-            if k is not None:
-                return k
+        if self.kind == "arg" and not self.path and not isinstance(v, (torch.Tensor,) + _SCALARS):
+            return ("argument", type(v))   # (``self`` of its methods: keyed as its leaf, guards.instance_key)
         return guard_value(v)
 
     def write(self, value, args=()) -> None:
