@@ -105,7 +105,7 @@ def instance_key(v, covered=frozenset(), depth: int = 0):
         return None   # (a library base class's methods read it out of the sources' sight)
     parts = []
     for k, x in vars(v).items():
-        if k in covered and not isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
+        if (k,) in covered and not isinstance(x, (torch.nn.Module, torch.optim.Optimizer)):
             parts.append((k, "read", type(x)))
         elif isinstance(x, torch.Tensor):
             parts.append((k, tensor_meta(x)))
@@ -114,7 +114,8 @@ def instance_key(v, covered=frozenset(), depth: int = 0):
             parts.append((k, "module", type(x), id(x)) if config is None else (k, "stateless module", config))
         elif isinstance(x, torch.optim.Optimizer):
             parts.append((k, "optimizer", type(x), id(x)))
-        elif depth < 2 and (inner := instance_key(x, depth=depth + 1)) is not None:
+        elif depth < 2 and (inner := instance_key(x, {c[1:] for c in covered if c[0] == k and len(c) > 1},
+                                                  depth + 1)) is not None:
             parts.append((k, inner))
         else:
             parts.append((k, "value", guard_value(x)))
@@ -122,11 +123,12 @@ def instance_key(v, covered=frozenset(), depth: int = 0):
 
 
 def _covered(sources, args) -> dict:
-    """Per argument object (by id), the attributes the step's code reads as sources of their own."""
+    """Per argument object (by id), the attribute paths the step's code reads as sources of
+    their own (``("loss", "alpha")`` for ``cfg.loss.alpha``)."""
     out: dict = {}
     for s in sources:
-        if s.kind == "arg" and len(s.path) == 1 and s.path[0][0] == "attr" and s.root < len(args):
-            out.setdefault(id(args[s.root]), set()).add(s.path[0][1])
+        if s.kind == "arg" and s.path and all(k == "attr" for k, _ in s.path) and s.root < len(args):
+            out.setdefault(id(args[s.root]), set()).add(tuple(a for _, a in s.path))
     return out
 
 

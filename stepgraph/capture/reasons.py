@@ -60,10 +60,13 @@ class Reasons:
                 for field, u, v in zip(_TENSOR_FIELDS, x, y):
                     if u != v:
                         return f"{name} {field} {_short(u)} -> {_short(v)}"
-            if x[:1] == y[:1] == ("instance",) and x[1] is y[1]:   # (guards.instance_key: the first part differing)
+            while x[:1] == y[:1] == ("instance",) and x[1] is y[1]:   # (guards.instance_key: the part differing)
                 ka, kb = dict((p[0], p[1:]) for p in x[2]), dict((p[0], p[1:]) for p in y[2])
                 k = next((k for k in {**ka, **kb} if ka.get(k) != kb.get(k)), None)
-                return f"{name}.{k} {_describe_part(ka.get(k))} -> {_describe_part(kb.get(k))}"
+                name, u, v = f"{name}.{k}", ka.get(k), kb.get(k)
+                if u is None or v is None or not (u[0][:1] == v[0][:1] == ("instance",)):
+                    return f"{name} {_describe_part(u)} -> {_describe_part(v)}"
+                x, y = u[0], v[0]
             return f"{name} {_describe_leaf(x)} -> {_describe_leaf(y)}"
         return None
 
@@ -165,9 +168,11 @@ def _describe_part(p) -> str:
         return f"{p[1].__name__} at {p[2]:#x}"
     if p[0] == "stateless module":
         return stateless_text(p[1])
-    if p[0] == "object":
+    if isinstance(p[0], tuple) and p[0][:1] == ("instance",):
+        return f"a {p[0][1].__name__} object"
+    if p[0] == "read":
         return f"a {p[1].__name__}"
-    return "a Python number" if p[0] == "number" else _short(p[1])
+    return _short(p[1]) if p[0] == "value" else _short(p)
 
 
 def leaf_names(params: list[str], args, kwargs) -> list[str]:
