@@ -14,8 +14,6 @@ import operator
 
 import torch
 
-from .valuekeys import CALL_ARGS
-
 
 MADE: list | None = None   # the HostFloats of the capture running (floatleaks.plain_after)
 
@@ -372,7 +370,7 @@ def live_hyper(tracer, group: dict, key: str, hyper, baked: set, label: str = ""
 def source_reader(src):
     """A function reading a pyvalues Source (a global, cell or attribute) at replay."""
     def read():
-        return src.read(CALL_ARGS.get())
+        return src.read()   # (an argument's attribute: the call's arguments, Source._root_value)
     read.live_label = src.describe()
     read.__name__ = read.__qualname__ = "python_value_" + "".join(
         c if c.isalnum() else "_" for c in src.describe().replace("global ", ""))
