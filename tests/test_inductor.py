@@ -215,8 +215,8 @@ def test_inductor_switch_does_not_hold_the_state_twice():
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA-graph recording of the fused step (STEPGRAPH_TEST_CUDA=1)")
 def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monkeypatch):
     """The first fused call has already stepped the model when the recording runs: a failed
-    recording must not lose that step nor stop training (later calls run the compiled step
-    without a CUDA graph, with a warning)."""
+    recording must not lose that step nor stop training (later calls run the step's unfused CUDA
+    graph, with a warning)."""
     import stepgraph
     from stepgraph.tools import models
     from stepgraph.backends import cudagraph
@@ -232,7 +232,8 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
     def broken(*a, **k):
         raise RuntimeError("operation not permitted when stream is capturing")
     monkeypatch.setattr(cudagraph, "record", broken)
-    with pytest.warns(UserWarning, match="could not be recorded into a CUDA graph.*not permitted"):
+    with pytest.warns(UserWarning, match="could not be recorded into a CUDA graph; it runs its unfused CUDA graph"
+                                         ".*not permitted"):
         b = case.make_batch(3)
         torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
     for i in range(4, 7):
@@ -240,6 +241,25 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
         torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
     for p, p2 in zip(case.model.parameters(), twin.model.parameters()):
         torch.testing.assert_close(p, p2, rtol=2e-5, atol=1e-6)
+
+
+def test_record_failure_runs_the_fallback_from_then_on(monkeypatch):
+    """``record_after_first_call``: the first call runs the compiled function; a recording that
+    fails hands later calls to the fallback (the step's unfused CUDA graph), or else to the
+    compiled function itself, warned either way."""
+    from stepgraph.backends import cudagraph
+    from stepgraph.backends.runner import Runner
+
+    class Fallback(Runner):
+        def __call__(self, inputs):
+            return ["fallback"]
+
+    monkeypatch.setattr(cudagraph, "record", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("capture failed")))
+    for fallback, later in ((Fallback(), ["fallback"]), (None, ["compiled"])):
+        run = cudagraph.record_after_first_call(lambda *x: ["compiled"], fallback=fallback)
+        with pytest.warns(UserWarning, match="could not be recorded.*capture failed"):
+            assert run([]) == ["compiled"]
+        assert run([]) == later and run.stale() is None
 
 
 @pytest.mark.parametrize("sched", ["assigned", "onecycle", "epochs_read"])

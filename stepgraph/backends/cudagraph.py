@@ -213,20 +213,22 @@ def moved_state_check(state_tensors):
     return stale
 
 
-def record_after_first_call(fn, request: CompileRequest = CompileRequest()) -> "RecordAfterFirstCall":
+def record_after_first_call(fn, request: CompileRequest = CompileRequest(),
+                            fallback: Runner | None = None) -> "RecordAfterFirstCall":
     """A runner that calls ``fn`` directly on its first call and records it for later calls.
 
     For compiled code (Inductor's), whose kernels load and autotune on their first run. That
     run is the real step of that call, on the user's tensors, instead of a warm-up on copies
     of every state tensor: no step runs twice and the state is never held twice (the copies
-    raised the switch's peak memory by 1.12x on a 6-layer GPT).
+    raised the switch's peak memory by 1.12x on a 6-layer GPT). ``fallback``: the same step's
+    unfused CUDA graph, run from then on if the recording fails (else ``fn`` runs unrecorded).
     """
-    return RecordAfterFirstCall(fn, request)
+    return RecordAfterFirstCall(fn, request, fallback)
 
 
 class RecordAfterFirstCall(Runner):
-    def __init__(self, fn, request: CompileRequest):
-        self._fn, self._request = fn, request
+    def __init__(self, fn, request: CompileRequest, fallback: Runner | None = None):
+        self._fn, self._request, self._fallback = fn, request, fallback
         self._direct = without_grad(fn)
         self._recorded = None
 
@@ -234,19 +236,21 @@ class RecordAfterFirstCall(Runner):
         if self._recorded is not None:
             return self._recorded(inputs)
         outs = self._direct(inputs)
+        fallback, self._fallback = self._fallback, None
         try:
             self._recorded = record(self._fn, inputs, self._request)
         except Exception as e:  # noqa: BLE001 - this call's step is done; later ones run un-recorded
-            msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs "
-                   f"without one from now on (same results, one launch per kernel): "
+            then = ("its unfused CUDA graph from now on (same results, no fusion)" if fallback is not None
+                    else "without one from now on (same results, one launch per kernel)")
+            msg = (f"stepgraph: the compiled step could not be recorded into a CUDA graph; it runs {then}: "
                    f"{type(e).__name__}: {str(e).strip()[:300]}")
             warnings.warn(msg, stacklevel=2)
             log.warning(msg)
-            self._recorded = self._direct  # (holds nothing by address: stale() is None)
+            self._recorded = fallback if fallback is not None else self._direct
         return outs
 
     def stale(self) -> str | None:
-        return self._recorded.stale() if self._recorded is not None else None
+        return self._recorded.stale() if self._recorded is not None and self._recorded is not self._direct else None
 
 
 def _segmented(gm, example_inputs, request: CompileRequest):

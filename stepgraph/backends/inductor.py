@@ -104,12 +104,13 @@ def _compile(gm: fx.GraphModule, inputs: list, cuda: bool = False):
         torch._C._set_grad_enabled(prev)
 
 
-def _runner(compiled, state_in: list, cuda: bool, opts: CompileRequest):
-    """The per-call runner of a compiled step: state tensors passed after the user inputs."""
+def _runner(compiled, state_in: list, cuda: bool, opts: CompileRequest, unfused=None):
+    """The per-call runner of a compiled step: state tensors passed after the user inputs;
+    ``unfused``: the step's unfused CUDA graph, kept if the fused one cannot be recorded."""
     def fn(*inputs):
         return list(compiled(*inputs, *state_in))
 
-    return record_after_first_call(fn, opts) if cuda else without_grad(fn)
+    return record_after_first_call(fn, opts, unfused) if cuda else without_grad(fn)
 
 
 def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
@@ -119,14 +120,6 @@ def compile_inductor(gm: fx.GraphModule, example_inputs, opts: CompileRequest):
         for n in gm.graph.nodes if n.op == "get_attr")
     if cuda or rng_state_calls:
         refuse_uncapturable(gm, host_scalar_ops, rng_state_calls)
-    unsafe = _unsafe_to_fuse(gm)
-    if unsafe is not None and cuda:
-        msg = (f"stepgraph: Inductor is not used for this step: {unsafe}; it runs as one unfused CUDA "
-               "graph (backend='cudagraph')")
-        warnings.warn(msg, stacklevel=5)
-        log.warning(msg)
-        _, fn = generate(gm)
-        return record(fn, example_inputs, opts)
     lifted, state = lift_state(gm)
     fold_alpha(lifted)  # works around Inductor's addmm pattern dropping alpha (passes/alpha.py)
     # Detached aliases: the same storage (Inductor's writes land in the user's tensors) without
@@ -221,25 +214,8 @@ def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused,
     if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them
         check = FusedCheck.plan(gm, example_inputs, random_draws(gm), opts.name_of, list(opts.input_names),
                                 opts.n_user_outputs, eager_random=bool(_patches(cuda).get("fallback_random")))
-    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts), on_fused, check)
-
-
-# Recording Inductor's fusion of cuDNN attention into a CUDA graph failed on an H100 (torch 2.11:
-# "operation failed due to a previous error during capture"), so such a step runs as the unfused
-# CUDA graph. (An earlier "0.26 from eager" reading of this case was the test's per-parameter
-# metric: the key bias has a mathematically zero gradient, Adam turns its rounding noise into
-# lr-sized steps; the whole parameter vector was 3.6e-4 from eager, fused, and 7e-4 unfused.)
-_UNSAFE_OPS = {"_scaled_dot_product_cudnn_attention": "Inductor's cuDNN attention kernels failed to "
-               "record into a CUDA graph (H100, torch 2.11); pick FLASH_ATTENTION or "
-               "EFFICIENT_ATTENTION with torch.nn.attention.sdpa_kernel to fuse"}
-
-
-def _unsafe_to_fuse(gm: fx.GraphModule) -> str | None:
-    for n in gm.graph.nodes:
-        name = getattr(getattr(n.target, "overloadpacket", None), "__name__", "")
-        if n.op == "call_function" and name in _UNSAFE_OPS:
-            return _UNSAFE_OPS[name]
-    return None
+    return FusedWhenReady(unfused, job, lambda j: _runner(j.load(), state_in, cuda, opts, unfused if cuda else None),
+                          on_fused, check)
 
 
 def prepare(reg) -> list[str]:
@@ -247,23 +223,16 @@ def prepare(reg) -> list[str]:
     return make_capturable(reg)
 
 
-def _fusable_attention(reg):
-    """On CUDA, trace SDPA with cuDNN attention last in line: PyTorch's default order picks it
-    for half precision on an H100, and Inductor's fusion of it cannot be recorded (``_UNSAFE_OPS``),
-    which left nanoGPT's GPT-2 124M step unfused (51.5 ms vs eager 49.8; H100, torch 2.11).
-    Flash/efficient attention compute the same function. A step that asks for cuDNN itself
-    (``sdpa_kernel`` inside the step) still gets it, and then runs unfused, as it says."""
-    if not any(p.is_cuda for _, m in reg.modules for p in m.parameters()):
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
-
-
+# SDPA is traced with PyTorch's own kernel choice: cuDNN attention for bf16 on an H100/H200, as
+# torch.compile runs it. Its Inductor fusion failed to record into a CUDA graph once (H100, torch
+# 2.11, session 9), so the step was traced with cuDNN last in line (flash); on an H200 with torch
+# 2.11 it records, and GPT-2 124M's attention takes 4.6 ms of kernel time per step instead of 6.6
+# (scripts/probe_cudnn_attention.py, profile_inductor.py --kernels). Should a recording fail
+# again, the step keeps its unfused CUDA graph, warned (cudagraph.record_after_first_call).
 @contextlib.contextmanager
 def trace_context(reg):
-    """While tracing for Inductor: optimizers on their capturable path (optimizers.py) and SDPA
-    on kernels Inductor can fuse and record."""
-    with capturable_while_tracing(reg), _fusable_attention(reg):
+    """While tracing for Inductor: optimizers on their capturable path (optimizers.py)."""
+    with capturable_while_tracing(reg):
         yield
 
 

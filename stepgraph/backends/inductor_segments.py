@@ -28,7 +28,7 @@ from ..passes.alpha import fold_alpha
 from . import CompileRequest
 from .cudagraph import capture_graph
 from .hostops import static_like
-from .inductor import _compile, _unsafe_to_fuse, lift_state
+from .inductor import _compile, lift_state
 from .segments import compile_segmented, replay_segment_fn
 
 log = logging.getLogger("stepgraph")
@@ -56,10 +56,6 @@ def _fixed_into_graph(module: fx.GraphModule, args: list) -> tuple[fx.GraphModul
 
 def _fused(module: fx.GraphModule, args: list, cuda: bool, failed: list):
     """The segment's callable: Inductor's code over (its tensor inputs, its lifted state)."""
-    unsafe = _unsafe_to_fuse(module) if cuda else None
-    if unsafe is not None:
-        failed.append(unsafe)
-        return replay_segment_fn(module, args)
     gm, keep = _fixed_into_graph(module, args)
     lifted, state = lift_state(gm)
     fold_alpha(lifted)  # (inductor.py: Inductor's addmm pattern drops alpha)
