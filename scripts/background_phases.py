@@ -5,14 +5,16 @@ import time
 
 import torch
 
+torch.set_float32_matmul_precision("high")   # (as the bench runs the real-scale cases)
+
 import stepgraph
-from stepgraph.tools import bench, models
+from stepgraph.tools import bench, models, models_scale
 
 for name in (sys.argv[1] if len(sys.argv) > 1 else "mlp512").split(","):
     bc = bench.CASES[name]
     case = models.build(bc.family, **bc.config, seed=0, device="cuda", dtype=torch.float32)
-    opt = torch.optim.AdamW(case.model.parameters())
-    sg = stepgraph.compile(models.train_step(case.model, case.loss_fn, opt), backend="inductor")
+    opt, step = models_scale.opt_and_step(case, case.model)   # (a real-scale case's own recipe)
+    sg = stepgraph.compile(step, backend="inductor")
     t0 = time.perf_counter()
     for i in range(3):
         sg(*case.make_batch(i))

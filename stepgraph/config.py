@@ -44,6 +44,10 @@ KNOBS = {k.name: k for k in [
     Knob("inductor_background", "STEPGRAPH_INDUCTOR_BACKGROUND", True,
          "backend='inductor': compile in a child process while the step runs its unfused graph, "
          "and switch when ready (0: block the capturing call until Inductor is done)."),
+    Knob("inductor_parts", "STEPGRAPH_INDUCTOR_PARTS", 0,
+         "backend='inductor', background compile: a large step graph (>= 600 ops a part) is cut into "
+         "this many parts compiled side by side in child processes (0 = auto: one per 4 host cores, "
+         "at most 4; 1 = never cut). GPT-2 124M on an H200 host: see docs/benchmarks.md, session 29."),
     Knob("inductor_verify", "STEPGRAPH_INDUCTOR_VERIFY", True,
          "backend='inductor': at the switch to the background-compiled graph, check its first step "
          "against the unfused graph on the same state (host copies of what the step writes, taken "

@@ -152,7 +152,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 return self._replay_entry(entry, sig, args, kwargs, older)
             if self._warm_done < self.warmup and not self._order:
                 if self.backend == "inductor" and config.get("inductor_background"):
-                    _prestart()  # the compile process starts up while warm-up and tracing run
+                    _prestart(self._reg)  # compile processes start up while warm-up and tracing run
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
                 with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
@@ -185,6 +185,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             return capture(self, sig, args, kwargs)
 
 
-def _prestart() -> None:
+def _prestart(reg) -> None:
     from .backends.background import prestart
-    prestart()
+    from .backends.partition import spares_for
+    prestart(spares_for(sum(1 for _, m in reg.modules for _ in m.parameters())))

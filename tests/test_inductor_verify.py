@@ -98,8 +98,8 @@ def _perturb_fused(monkeypatch, make_fault):
         def __call__(self, inputs):
             return self._fn(inputs)
 
-    def runner(compiled, state_in, cuda, opts):
-        run = real(compiled, state_in, cuda, opts)
+    def runner(compiled, state_in, cuda, opts, *unfused):
+        run = real(compiled, state_in, cuda, opts, *unfused)
         return Faulty(make_fault(run))
     monkeypatch.setattr(inductor, "_runner", runner)
 

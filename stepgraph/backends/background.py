@@ -80,13 +80,14 @@ def _import_loader() -> None:
     import torch._inductor.compile_fx  # noqa: F401
 
 
-_spare: list = []  # at most one (proc, dir) started ahead of a capture
+_spare: list = []  # (proc, dir) started ahead of a capture: one, or one per part (partition.py)
 
 
-def prestart() -> None:
-    """Start a compile process ahead of the capture (called at the warm-up call): its start-up
-    (Python, torch, Inductor's compile workers: seconds) then overlaps warm-up and tracing."""
-    if not _spare:
+def prestart(n: int = 1) -> None:
+    """Start ``n`` compile processes ahead of the capture (called at the warm-up call): their
+    start-up (Python, torch, Inductor's compile workers: 7-8 s on an H200 host) then overlaps
+    warm-up and tracing. ``n > 1`` for a step whose graph will compile in parts (partition.py)."""
+    while len(_spare) < n:
         _spare.append(_spawn(spare=True))
 
 
@@ -99,8 +100,9 @@ def _drop_spare() -> None:
 class BackgroundCompile:
     """One whole-step graph compiling in a child process."""
 
-    def __init__(self, gm: torch.fx.GraphModule, inputs: list, patches: dict):
+    def __init__(self, gm: torch.fx.GraphModule, inputs: list, patches: dict, quiet: bool = False):
         from torch.fx._graph_pickler import GraphPickler, Options
+        self.quiet = quiet   # (one part of several: partition.PartsCompile says what they do)
         # GraphPickler keeps the graph node for node; plain pickling of a GraphModule re-traces
         # its code, which turns e.g. an arange into a tensor constant (an extra input).
         specs = [InputSpec.of(t) for t in inputs]
@@ -109,7 +111,7 @@ class BackgroundCompile:
         self.cached = artifact_cache.lookup(self.cache, self.key) if self.cache else None
         if self.cached:
             self._start(_Done(), tempfile.mkdtemp(prefix="stepgraph-inductor-"))
-            progress("stepgraph: the fused step is in stepgraph's artifact cache (%s); loading it in "
+            quiet or progress("stepgraph: the fused step is in stepgraph's artifact cache (%s); loading it in "
                      "the background, training continues on the unfused graph", self.cached)
             return
         graph = GraphPickler.dumps(gm, Options(ops_filter=None))
@@ -127,7 +129,7 @@ class BackgroundCompile:
             except OSError:  # it died: start a fresh one
                 self.proc, self.dir = _spawn(spare=False)
         self._start(self.proc, self.dir)
-        progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
+        quiet or progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
                  "training continues on the unfused graph", self.proc.pid)
 
     def _start(self, proc, directory: str) -> None:
@@ -230,7 +232,7 @@ def _watch(ref, proc: subprocess.Popen) -> None:
     except BaseException as e:  # noqa: BLE001 - handed to the call that switches
         job._error = e
     job.ready_s = time.perf_counter() - job.started
-    if job._error is None and not job._deferred:
+    if job._error is None and not job._deferred and not job.quiet:
         progress("stepgraph: fused step ready after %.1fs (compiled %.1fs, loaded %.2fs); "
                  "it takes over at the next call", job.ready_s, job.exited_s, job.ready_s - job.exited_s)
     job.ready.set()

@@ -208,7 +208,10 @@ def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused,
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
     from .. import config
     from .verify import FusedCheck, random_draws
-    job = BackgroundCompile(lifted, inputs, _patches(cuda))
+    from .partition import PartsCompile, parts_for, split
+    parts = split(lifted, parts_for(lifted))
+    job = (BackgroundCompile(lifted, inputs, _patches(cuda)) if parts is None
+           else PartsCompile(lifted, parts, inputs, _patches(cuda)))
     unfused = _unfused(gm, example_inputs, cuda, opts)
     check = None
     if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them

@@ -1,0 +1,192 @@
+"""A large whole-step graph compiled in parts, side by side (``backend="inductor"``, background).
+
+Inductor compiles one graph in one Python thread. GPT-2 124M's step (nanoGPT's ``train.py``
+body, 2 micro-batches: 3,578 aten ops) took 37-43 s on an H200 host: Scheduler 8.7 s, its
+codegen 9.6, lowering 6.5, AOTAutograd's re-trace ~7 (``scripts/profile_inductor.py``). That was
+most of the time until the fused step took over. Here the lifted graph is cut, at the points in
+graph order where the fewest bytes are live, into parts that compile in as many child processes
+at once (``background.BackgroundCompile`` each, each with its own artifact-cache entry). The
+fused step then calls the compiled parts in order, inside the one CUDA graph recorded as before.
+
+What a cut costs: no fusion across it (two or three cuts among thousands of ops) and the tensors
+live at the cut are materialised (they are, mostly, anyway: a cut is put where few bytes cross).
+The switch's check against the unfused graph (verify.py) covers the whole step, as before.
+Cuts are only where every crossing value is a tensor at offset 0 (no Python number; no view into
+another tensor, which Inductor might copy to align it and then write the copy).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from .. import config
+
+# No part under this many ops: a small graph compiles in seconds anyway.
+_MIN_OPS_PER_PART = 600
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part: a graph over the values it reads (by the whole graph's node names) and returning
+    the values later parts or the step's outputs read."""
+
+    gm: fx.GraphModule
+    reads: tuple      # names of the whole graph's nodes (or placeholders) it takes, in order
+    writes: tuple     # names of the whole graph's nodes it returns, in order
+
+
+def parts_for(gm: fx.GraphModule) -> int:
+    """How many parts: the knob when set (1: never split), else by size and host cores (a part
+    per 4 cores, a child each: the GPU host's 16 cores give up to 4; CI's 2 give 1)."""
+    ops = sum(n.op == "call_function" for n in gm.graph.nodes)
+    want = int(config.get("inductor_parts"))
+    if want > 0:   # (asked for: parts of any size over a few ops)
+        return max(1, min(want, ops // 20))
+    return max(1, min(4, (os.cpu_count() or 1) // 4, ops // _MIN_OPS_PER_PART))
+
+
+def spares_for(param_tensors: int) -> int:
+    """Compile processes to start at the warm-up, before the graph exists: as many as the parts
+    its graph will likely be cut into. A step runs ~24 aten ops per parameter tensor (GPT-2 124M,
+    148 tensors, 2 micro-batches: 3,578), so a part of ``_MIN_OPS_PER_PART`` per ~25 tensors."""
+    want = int(config.get("inductor_parts"))
+    cap = want if want > 0 else min(4, (os.cpu_count() or 1) // 4)
+    return max(1, min(cap, param_tensors // 25))
+
+
+def _val(n):
+    return n.meta.get("val") if isinstance(n, fx.Node) else None
+
+
+def _cuttable(v) -> bool:
+    return isinstance(v, torch.Tensor) and v.storage_offset() == 0 and not v.is_sparse
+
+
+def _bytes(v) -> int:
+    return v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+
+
+def cuts(gm: fx.GraphModule, k: int) -> list[int]:
+    """Positions (indices into the ops in graph order) where a new part starts: near equal sizes,
+    at the fewest live bytes within a window around each target, only where every value crossing
+    the cut can (``_cuttable``). Fewer than ``k - 1`` where no such position is found."""
+    ops = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
+    where = {n: i for i, n in enumerate(ops)}
+    last = {}   # op index -> index of its last user among the ops (len(ops): the output)
+    for i, n in enumerate(ops):
+        users = [where.get(u, len(ops)) for u in n.users]
+        last[i] = max(users, default=-1)
+    ending: dict[int, list[int]] = {}
+    for i, j in last.items():
+        ending.setdefault(j, []).append(i)
+    live_bytes, bad, live = [], [], {}   # before op i: values defined earlier, used at i or later
+    for i in range(len(ops)):
+        for d in ending.get(i - 1, []):
+            live.pop(d, None)
+        live_bytes.append(sum(_bytes(v) for v in live.values()))
+        bad.append(any(not _cuttable(v) for v in live.values()))
+        if last[i] > i:
+            live[i] = _val(ops[i])
+    out, width = [], max(1, len(ops) // (4 * k))
+    for j in range(1, k):
+        target = j * len(ops) // k
+        window = [i for i in range(max(1, target - width), min(len(ops), target + width)) if not bad[i]]
+        if window:
+            out.append(min(window, key=lambda i: (live_bytes[i], abs(i - target))))
+    return sorted(set(out))
+
+
+def split(gm: fx.GraphModule, k: int) -> list[Part] | None:
+    """``gm`` cut into at most ``k`` parts (None: no cut found)."""
+    positions = cuts(gm, k) if k > 1 else []
+    if not positions:
+        return None
+    nodes = list(gm.graph.nodes)
+    ops = [n for n in nodes if n.op not in ("placeholder", "output")]
+    output = nodes[-1]
+    bounds = [0] + positions + [len(ops)]
+    part_of = {n: p for p in range(len(bounds) - 1) for n in ops[bounds[p]:bounds[p + 1]]}
+    parts = []
+    for p in range(len(bounds) - 1):
+        mine = ops[bounds[p]:bounds[p + 1]]
+        g, env, reads = fx.Graph(), {}, []
+
+        def arg(x):
+            if x not in env:   # defined before this part: an input of it
+                ph = g.placeholder(x.name)
+                ph.meta = dict(x.meta)
+                env[x] = ph
+                reads.append(x.name)
+            return env[x]
+        for n in mine:
+            for x in n.all_input_nodes:
+                arg(x)
+            env[n] = g.node_copy(n, lambda x: env[x])
+        writes = [n for n in mine if any(part_of.get(u, p + 1) > p or u is output for u in n.users)]
+        g.output(tuple(env[n] for n in writes))
+        g.lint()
+        parts.append(Part(fx.GraphModule(gm, g), tuple(reads), tuple(n.name for n in writes)))
+    return parts
+
+
+def chain(gm: fx.GraphModule, parts: list[Part], compiled: list):
+    """The whole step as one callable over ``gm``'s inputs: the compiled parts called in order."""
+    names = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    plan = [(fn, part.reads, part.writes) for fn, part in zip(compiled, parts)]
+
+    def run(*inputs):
+        env = dict(zip(names, inputs))
+        for fn, reads, writes in plan:
+            env.update(zip(writes, fn(*[env[r] for r in reads])))
+        return list(fx.map_arg(output.args[0], lambda n: env[n.name]))
+    return run
+
+
+class PartsCompile:
+    """The parts of one step compiling in child processes at once: the job interface of
+    ``background.BackgroundCompile`` (done, wait, load, started, ready_s, phases, proc)."""
+
+    def __init__(self, gm: fx.GraphModule, parts: list[Part], inputs: list, patches: dict):
+        from .background import BackgroundCompile
+        from .progress import progress
+        self._gm, self._parts = gm, parts
+        vals = {n.name: _val(n) for n in gm.graph.nodes}
+        vals.update(zip([n.name for n in gm.graph.nodes if n.op == "placeholder"], inputs))
+        self.jobs = [BackgroundCompile(p.gm, [vals[r] for r in p.reads], patches, quiet=True) for p in parts]
+        self.proc = self.jobs[0].proc
+        self.started = min(j.started for j in self.jobs)
+        self.ready_s, self.phases, self._said = 0.0, {}, False
+        progress("stepgraph: compiling the fused step with Inductor in the background, in %d parts side by "
+                 "side (pids %s); training continues on the unfused graph", len(parts),
+                 ", ".join(str(j.proc.pid) for j in self.jobs))
+
+    def done(self) -> bool:
+        ok = all(j.done() for j in self.jobs)
+        if ok and not self._said:
+            from .progress import progress
+            self._said = True
+            self.ready_s = max(j.ready_s for j in self.jobs) or time.perf_counter() - self.started
+            progress("stepgraph: fused step ready after %.1fs (%d parts compiled side by side); it takes "
+                     "over at the next call", self.ready_s, len(self.jobs))
+        return ok
+
+    def wait(self, timeout: float | None = None) -> bool:
+        end = None if timeout is None else time.perf_counter() + timeout
+        for j in self.jobs:
+            if not j.wait(None if end is None else max(0.0, end - time.perf_counter())):
+                return False
+        return self.done()
+
+    def load(self):
+        compiled = [j.load() for j in self.jobs]
+        self.done()
+        for i, j in enumerate(self.jobs):   # (the slowest part's, and each part's compile)
+            for key, v in j.phases.items():
+                self.phases[key] = max(self.phases.get(key, 0.0), v)
+            self.phases[f"part{i}_compile_s"] = j.phases.get("compile_s", 0.0)
+        return chain(self._gm, self._parts, compiled)
