@@ -524,3 +524,20 @@ def test_partition_cuts_where_few_bytes_cross_and_parts_rebuild_the_graph():
     want = gm(x, w1)
     got = partition.chain(gm, parts, [p.gm for p in parts])(x, w2)
     assert torch.equal(got[0], want[0]) and got[1] == want[1] and torch.equal(w1, w2)
+
+
+def test_partition_never_cuts_where_a_view_of_written_memory_crosses():
+    """A part compiles its inputs as unaliased: a view of an input the graph writes, live across
+    a cut, would be read by the next part before that part's write lands. No cut there."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from stepgraph.backends import partition
+
+    def f(x, w):
+        v = w.t()   # live to the end, and w is written before its last use
+        for _ in range(12):
+            x = torch.tanh(x @ v) + 1
+        w.mul_(0.5)
+        return x + v.sum()
+
+    gm = make_fx(f)(torch.randn(4, 4), torch.randn(4, 4))
+    assert partition.cuts(gm, 3) == [] and partition.split(gm, 3) is None

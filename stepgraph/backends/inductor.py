@@ -204,14 +204,24 @@ class _Unfused(Runner):
         return f"Inductor compile failed, running the unfused graph: {self.error}"
 
 
+def _parts_job(lifted, inputs, cuda):
+    """A large graph's compile in parts side by side (partition.py), or None: one piece."""
+    from .partition import PartsCompile, parts_for, split
+    try:
+        parts = split(lifted, parts_for(lifted))
+        return None if parts is None else PartsCompile(lifted, parts, inputs, _patches(cuda))
+    except Exception:  # noqa: BLE001 - the graph compiles in one piece, as before parts existed
+        log.warning("stepgraph: cutting the step graph into parts failed; it compiles in one piece",
+                    exc_info=True)
+        return None
+
+
 def _in_background(gm, lifted, inputs, state_in, example_inputs, cuda, on_fused, opts):
     """Start the compile of ``lifted`` in a child process; run ``gm`` unfused until it is done."""
     from .. import config
     from .verify import FusedCheck, random_draws
-    from .partition import PartsCompile, parts_for, split
-    parts = split(lifted, parts_for(lifted))
-    job = (BackgroundCompile(lifted, inputs, _patches(cuda)) if parts is None
-           else PartsCompile(lifted, parts, inputs, _patches(cuda)))
+    job = _parts_job(lifted, inputs, cuda)
+    job = job or BackgroundCompile(lifted, inputs, _patches(cuda))
     unfused = _unfused(gm, example_inputs, cuda, opts)
     check = None
     if config.get("inductor_verify"):  # planned now: the graph's writes, named as explain() names them

@@ -11,11 +11,14 @@ fused step then calls the compiled parts in order, inside the one CUDA graph rec
 What a cut costs: no fusion across it (two or three cuts among thousands of ops) and the tensors
 live at the cut are materialised (they are, mostly, anyway: a cut is put where few bytes cross).
 The switch's check against the unfused graph (verify.py) covers the whole step, as before.
-Cuts are only where every crossing value is a tensor at offset 0 (no Python number; no view into
-another tensor, which Inductor might copy to align it and then write the copy).
+Cuts are only where the values crossing are tensors of distinct memory that is no graph input's
+(``_crossing_ok``: of memory some op writes, one value at most, and no graph input's): a part
+compiles its inputs as unaliased, so two inputs sharing memory, one of them written, would be read
+before the write lands (AOTAutograd applies a graph's input writes at its end).
 """
 from __future__ import annotations
 
+import operator
 import os
 import time
 from dataclasses import dataclass
@@ -62,8 +65,58 @@ def _val(n):
     return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
-def _cuttable(v) -> bool:
+def _fresh(n: fx.Node) -> bool:
+    """``n``'s op returns new memory, not a view or its mutated input. A part compiles its inputs
+    as unaliased (fake inputs of their own): a view of a tensor the same part writes would be
+    read before the write lands (AOTAutograd applies input mutations at the graph's end)."""
+    t, idx = n.target, 0
+    if t is operator.getitem and isinstance(n.args[0], fx.Node):
+        t, idx = n.args[0].target, n.args[1]
+    rets = getattr(getattr(t, "_schema", None), "returns", None)
+    if not rets:
+        return False
+    ret = rets[idx] if len(rets) > 1 and isinstance(idx, int) and idx < len(rets) else rets[0]
+    return ret.alias_info is None
+
+
+def _root(n: fx.Node):
+    """The node whose memory ``n`` is (``n`` itself when fresh; through views and in-place ops
+    to the tensor they alias; a placeholder when that is a graph input)."""
+    for _ in range(1000):
+        if n.op != "call_function" or _fresh(n) or not n.args or not isinstance(n.args[0], fx.Node):
+            return n
+        n = n.args[0]
+    return n
+
+
+def _cuttable(n: fx.Node) -> bool:
+    v = _val(n)
     return isinstance(v, torch.Tensor) and v.storage_offset() == 0 and not v.is_sparse
+
+
+def _written(gm: fx.GraphModule) -> set:
+    """The memory (``_root``) some op of the graph writes in place."""
+    out = set()
+    for n in gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None)
+        if n.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is not None and a.alias_info.is_write:
+                v = n.kwargs.get(a.name, n.args[i] if i < len(n.args) else None)
+                for x in (v if isinstance(v, (list, tuple)) else [v]):
+                    if isinstance(x, fx.Node):
+                        out.add(_root(x))
+    return out
+
+
+def _crossing_ok(values: list, written: set) -> bool:
+    """Values live across a cut may be the next part's inputs: tensors; of memory some op writes,
+    at most one of them, and none a graph input's (the part may also take that input)."""
+    if not all(_cuttable(n) for n in values):
+        return False
+    roots = [r for r in map(_root, values) if r in written]
+    return len(set(roots)) == len(roots) and all(r.op == "call_function" for r in roots)
 
 
 def _bytes(v) -> int:
@@ -83,12 +136,13 @@ def cuts(gm: fx.GraphModule, k: int) -> list[int]:
     ending: dict[int, list[int]] = {}
     for i, j in last.items():
         ending.setdefault(j, []).append(i)
+    written = _written(gm)
     live_bytes, bad, live = [], [], {}   # before op i: values defined earlier, used at i or later
     for i in range(len(ops)):
         for d in ending.get(i - 1, []):
             live.pop(d, None)
         live_bytes.append(sum(_bytes(v) for v in live.values()))
-        bad.append(any(not _cuttable(v) for v in live.values()))
+        bad.append(not _crossing_ok([ops[d] for d in live], written))
         if last[i] > i:
             live[i] = _val(ops[i])
     out, width = [], max(1, len(ops) // (4 * k))
