@@ -54,11 +54,13 @@ def parts_for(gm: fx.GraphModule) -> int:
 
 def spares_for(param_tensors: int) -> int:
     """Compile processes to start at the warm-up, before the graph exists: as many as the parts
-    its graph will likely be cut into. A step runs ~24 aten ops per parameter tensor (GPT-2 124M,
-    148 tensors, 2 micro-batches: 3,578), so a part of ``_MIN_OPS_PER_PART`` per ~25 tensors."""
+    its graph will likely be cut into. GPT-2 124M's step (75 parameter tensors, 2 micro-batches)
+    has 3,578 aten ops, ~48 a tensor; a step without micro-batches about half that. At one part
+    per ~12 tensors a spare may go unused (killed at exit); one missing cost its start-up (8-13 s
+    on an H200 host) after the capture."""
     want = int(config.get("inductor_parts"))
     cap = want if want > 0 else min(4, (os.cpu_count() or 1) // 4)
-    return max(1, min(cap, param_tensors // 25))
+    return max(1, min(cap, param_tensors // 12))
 
 
 def _val(n):
