@@ -262,13 +262,28 @@ def test_a_batch_sampled_on_the_host_inside_the_step_is_refused_with_state_as_ea
         same(m, m2)
 
 
+def _cycle_step(model, data, prepare):
+    """A step taking its batch with ``next()`` from ``itertools.cycle(data)`` (lucidrains' loops)."""
+    import itertools
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    it = itertools.cycle(data)
+
+    def step():
+        batch = prepare(next(it))
+        loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def test_a_batch_taken_from_an_iterator_inside_the_step_is_fed_in():
     """``batch = next(train_loader)`` inside the step (lucidrains' ``cycle(DataLoader)`` loops,
     makemore's ``batch_loader.next()`` decorated with the body): the iterator advanced only at
     capture, so every replay trained on the capture call's batch: WRONG without an error; then
     refused. Now the batch is taken before each call and fed in (capture/fetches.py): eager's
     batches, bitwise; ``next(model.parameters())`` stays a look-up."""
-    import itertools
 
     torch.manual_seed(0)
     m = nn.Linear(4, 1)
@@ -276,17 +291,7 @@ def test_a_batch_taken_from_an_iterator_inside_the_step_is_fed_in():
     data = [torch.randn(8, 5) for _ in range(6)]
 
     def make(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        it = itertools.cycle(data)
-
-        def step():
-            batch = next(it).to(next(model.parameters()).device)
-            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
-        return step
+        return _cycle_step(model, data, lambda batch: batch.to(next(model.parameters()).device))
     sg, eager = stepgraph.compile(make(m)), make(m2)
     for _ in range(9):
         assert torch.equal(sg(), eager())
@@ -469,7 +474,6 @@ def test_generator_states_are_read_only_at_the_users_own_next(monkeypatch):
     generators' states at each of those was 40% of a 12-layer GPT's trace. Only the user's own
     ``next()`` reads them now: here one per traced call, and the batch is still fed in."""
     import contextlib
-    import itertools
 
     from stepgraph.capture import hostrandom
     reads = []
@@ -480,22 +484,12 @@ def test_generator_states_are_read_only_at_the_users_own_next(monkeypatch):
     m2 = copy.deepcopy(m)
     data = [torch.randn(8, 5) for _ in range(6)]
 
-    def make(model):
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        it = itertools.cycle(data)
-
-        def step():
-            batch = next(it)
-            for _ in range(20):   # (library code calling next(): contextlib's __enter__/__exit__)
-                with contextlib.nullcontext(), torch.no_grad():
-                    batch = batch + 0
-            loss = F.mse_loss(model(batch[:, :4]), batch[:, 4:])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            return loss
-        return step
-    sg, eager = stepgraph.compile(make(m)), make(m2)
+    def library_nexts(batch):
+        for _ in range(20):   # (library code calling next(): contextlib's __enter__/__exit__)
+            with contextlib.nullcontext(), torch.no_grad():
+                batch = batch + 0
+        return batch
+    sg, eager = stepgraph.compile(_cycle_step(m, data, library_nexts)), _cycle_step(m2, data, library_nexts)
     for _ in range(5):
         assert torch.equal(sg(), eager())
     same(m, m2)

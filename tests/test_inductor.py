@@ -83,6 +83,15 @@ def _mlp_step(width=16, device="cpu"):
     return case, opt, models.train_step(case.model, case.loss_fn, opt)
 
 
+def _mlp_with_twin(device="cpu"):
+    """``_mlp_step`` and its eager twin: (case, step, twin, eager step)."""
+    from stepgraph.tools import models
+    case, _, step = _mlp_step(device=device)
+    twin = case.fresh()
+    return case, step, twin, models.train_step(twin.model, twin.loss_fn,
+                                               torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+
+
 def test_inductor_background_compile_does_not_block_and_switches_seamlessly():
     """The capturing call returns without waiting for Inductor; calls meanwhile run the unfused
     graph (bitwise eager); after the switch the fused graph continues the same training."""
@@ -151,16 +160,13 @@ def test_inductor_failed_blocking_compile_warns_and_runs_the_unfused_graph(monke
     The graph steps the optimizer's capturable form, traced for Inductor: parameters within fp
     tolerance of eager's."""
     import stepgraph
-    from stepgraph.tools import models
     from stepgraph.backends import inductor
     monkeypatch.setenv("STEPGRAPH_INDUCTOR_BACKGROUND", "0")
 
     def broken(*a, **k):
         raise AssertionError("injected Inductor failure")
     monkeypatch.setattr(inductor, "_compile", broken)
-    case, opt, step = _mlp_step()
-    twin = case.fresh()
-    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    case, step, twin, eager = _mlp_with_twin()
     sg = stepgraph.compile(step, backend="inductor")
     for i in range(5):
         b = case.make_batch(i)
@@ -218,11 +224,8 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
     recording must not lose that step nor stop training (later calls run the step's unfused CUDA
     graph, with a warning)."""
     import stepgraph
-    from stepgraph.tools import models
     from stepgraph.backends import cudagraph
-    case, opt, step = _mlp_step(device="cuda")
-    twin = case.fresh()
-    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    case, step, twin, eager = _mlp_with_twin(device="cuda")
     sg = stepgraph.compile(step, backend="inductor")
     for i in range(3):
         b = case.make_batch(i)
@@ -482,11 +485,8 @@ def test_inductor_background_compile_in_parts_matches_eager(monkeypatch):
     the whole graph's, within fusion's tolerance, and the check at the switch passes."""
     import stepgraph
     from stepgraph.backends import partition
-    from stepgraph.tools import models
     monkeypatch.setenv("STEPGRAPH_INDUCTOR_PARTS", "3")
-    case, opt, step = _mlp_step()
-    twin = case.fresh()
-    eager = models.train_step(twin.model, twin.loss_fn, torch.optim.AdamW(twin.model.parameters(), lr=1e-3))
+    case, step, twin, eager = _mlp_with_twin()
     sg = stepgraph.compile(step, backend="inductor")
     for i in range(3):
         b = case.make_batch(i)
