@@ -239,6 +239,7 @@ def test_inductor_record_failure_after_the_first_fused_call_keeps_training(monke
                                          ".*not permitted"):
         b = case.make_batch(3)
         torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
+    assert "could not be recorded into a CUDA graph (RuntimeError), runs its unfused CUDA graph" in sg.explain()
     for i in range(4, 7):
         b = case.make_batch(i)
         torch.testing.assert_close(sg(*b), eager(*b), rtol=2e-5, atol=1e-6)
@@ -263,6 +264,8 @@ def test_record_failure_runs_the_fallback_from_then_on(monkeypatch):
         with pytest.warns(UserWarning, match="could not be recorded.*capture failed"):
             assert run([]) == ["compiled"]
         assert run([]) == later and run.stale() is None
+        assert "could not be recorded into a CUDA graph (RuntimeError), runs " + (
+            "its unfused CUDA graph from now on" if fallback else "without one from now on") in run.describe()
 
 
 @pytest.mark.parametrize("sched", ["assigned", "onecycle", "epochs_read"])

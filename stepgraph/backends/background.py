@@ -100,9 +100,11 @@ def _drop_spare() -> None:
 class BackgroundCompile:
     """One whole-step graph compiling in a child process."""
 
-    def __init__(self, gm: torch.fx.GraphModule, inputs: list, patches: dict, quiet: bool = False):
+    def __init__(self, gm: torch.fx.GraphModule, inputs: list, patches: dict, part: tuple | None = None):
         from torch.fx._graph_pickler import GraphPickler, Options
-        self.quiet = quiet   # (one part of several: partition.PartsCompile says what they do)
+        # (part i of k: partition.PartsCompile says what they do; each part says when it is done)
+        self.part = part
+        quiet = part is not None
         # GraphPickler keeps the graph node for node; plain pickling of a GraphModule re-traces
         # its code, which turns e.g. an arange into a tensor constant (an extra input).
         specs = [InputSpec.of(t) for t in inputs]
@@ -232,7 +234,10 @@ def _watch(ref, proc: subprocess.Popen) -> None:
     except BaseException as e:  # noqa: BLE001 - handed to the call that switches
         job._error = e
     job.ready_s = time.perf_counter() - job.started
-    if job._error is None and not job._deferred and not job.quiet:
+    if job._error is None and not job._deferred and job.part is not None:
+        progress("stepgraph: part %d of %d of the fused step compiled (%.1fs)", job.part[0] + 1, job.part[1],
+                 job.ready_s)
+    elif job._error is None and not job._deferred:
         progress("stepgraph: fused step ready after %.1fs (compiled %.1fs, loaded %.2fs); "
                  "it takes over at the next call", job.ready_s, job.exited_s, job.ready_s - job.exited_s)
     job.ready.set()
@@ -351,8 +356,10 @@ class FusedWhenReady(Runner):
         checked = f"\n    {self.parity.describe()}" if self.parity is not None else ""
         if self.state == "fused":
             ph = ", ".join(f"{k[:-2]} {v:.1f}s" for k, v in self.phases.items())
+            fallback = self._run.describe()   # (a fused step that could not be recorded: cudagraph.py)
             return (f"Inductor graph live from this graph's replay {self.fused_at_call} (compiled {self.where} "
-                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})" + checked)
+                    f"in {self.compile_seconds:.1f}s; switching took {self.switch_seconds:.2f}s; {ph})"
+                    + (f"; but {fallback}" if fallback else "") + checked)
         if self.state == "diverged":
             return "the fused Inductor graph did not match the unfused graph: running the unfused graph" + checked
         return f"background Inductor compile failed, running the unfused graph: {self.error}"

@@ -231,6 +231,7 @@ class RecordAfterFirstCall(Runner):
         self._fn, self._request, self._fallback = fn, request, fallback
         self._direct = without_grad(fn)
         self._recorded = None
+        self._failed: str | None = None   # what explain() says after a recording that failed
 
     def __call__(self, inputs):
         if self._recorded is not None:
@@ -247,7 +248,11 @@ class RecordAfterFirstCall(Runner):
             warnings.warn(msg, stacklevel=2)
             log.warning(msg)
             self._recorded = fallback if fallback is not None else self._direct
+            self._failed = f"could not be recorded into a CUDA graph ({type(e).__name__}), runs {then.split(' (')[0]}"
         return outs
+
+    def describe(self) -> str | None:
+        return None if self._failed is None else f"the fused step {self._failed}"
 
     def stale(self) -> str | None:
         return self._recorded.stale() if self._recorded is not None and self._recorded is not self._direct else None

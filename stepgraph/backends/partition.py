@@ -213,7 +213,8 @@ class PartsCompile:
         self._gm, self._parts = gm, parts
         vals = {n.name: _val(n) for n in gm.graph.nodes}
         vals.update(zip([n.name for n in gm.graph.nodes if n.op == "placeholder"], inputs))
-        self.jobs = [BackgroundCompile(p.gm, [vals[r] for r in p.reads], patches, quiet=True) for p in parts]
+        self.jobs = [BackgroundCompile(p.gm, [vals[r] for r in p.reads], patches, part=(i, len(parts)))
+                     for i, p in enumerate(parts)]
         self.proc = self.jobs[0].proc
         self.started = min(j.started for j in self.jobs)
         self.ready_s, self.phases, self._said = 0.0, {}, False
