@@ -12,7 +12,7 @@ What a cut costs: no fusion across it (two or three cuts among thousands of ops)
 live at the cut are materialised (they are, mostly, anyway: a cut is put where few bytes cross).
 The switch's check against the unfused graph (verify.py) covers the whole step, as before.
 Cuts are only where the values crossing are tensors of distinct memory that is no graph input's
-(``_crossing_ok``: of memory some op writes, one value at most, and no graph input's): a part
+(``_Crossing``: of memory some op writes, one value at most, and no graph input's): a part
 compiles its inputs as unaliased, so two inputs sharing memory, one of them written, would be read
 before the write lands (AOTAutograd applies a graph's input writes at its end).
 """
@@ -112,13 +112,31 @@ def _written(gm: fx.GraphModule) -> set:
     return out
 
 
-def _crossing_ok(values: list, written: set) -> bool:
-    """Values live across a cut may be the next part's inputs: tensors; of memory some op writes,
-    at most one of them, and none a graph input's (the part may also take that input)."""
-    if not all(_cuttable(n) for n in values):
-        return False
-    roots = [r for r in map(_root, values) if r in written]
-    return len(set(roots)) == len(roots) and all(r.op == "call_function" for r in roots)
+class _Crossing:
+    """The values live across a position, kept as counts while the position moves down the
+    graph (a GPT-2 step: 3,578 ops, hundreds live): may a cut go here? Values live across a cut
+    are the next part's inputs: tensors; of memory some op writes, at most one of them, and
+    none a graph input's (the part may also take that input)."""
+
+    def __init__(self, written: set):
+        self.written, self.roots, self.bad, self.shared = written, {}, 0, 0
+        self.bytes = 0
+
+    def _root_of(self, n):
+        r = _root(n)
+        return r if r in self.written else None
+
+    def add(self, n, sign: int = 1) -> None:
+        self.bytes += sign * _bytes(_val(n))
+        r = self._root_of(n)
+        self.bad += sign * (not _cuttable(n) or (r is not None and r.op != "call_function"))
+        if r is not None:
+            before = self.roots.get(r, 0)
+            self.roots[r] = before + sign
+            self.shared += (before + sign > 1) - (before > 1)
+
+    def ok(self) -> bool:
+        return self.bad == 0 and self.shared == 0
 
 
 def _bytes(v) -> int:
@@ -127,8 +145,8 @@ def _bytes(v) -> int:
 
 def cuts(gm: fx.GraphModule, k: int) -> list[int]:
     """Positions (indices into the ops in graph order) where a new part starts: near equal sizes,
-    at the fewest live bytes within a window around each target, only where every value crossing
-    the cut can (``_cuttable``). Fewer than ``k - 1`` where no such position is found."""
+    at the fewest live bytes within a window around each target, only where the values crossing
+    the cut may (``_Crossing``). Fewer than ``k - 1`` where no such position is found."""
     ops = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output")]
     where = {n: i for i, n in enumerate(ops)}
     last = {}   # op index -> index of its last user among the ops (len(ops): the output)
@@ -138,15 +156,18 @@ def cuts(gm: fx.GraphModule, k: int) -> list[int]:
     ending: dict[int, list[int]] = {}
     for i, j in last.items():
         ending.setdefault(j, []).append(i)
-    written = _written(gm)
-    live_bytes, bad, live = [], [], {}   # before op i: values defined earlier, used at i or later
+    crossing = _Crossing(_written(gm))
+    live_bytes, bad, live = [], [], set()   # before op i: values defined earlier, used at i or later
     for i in range(len(ops)):
         for d in ending.get(i - 1, []):
-            live.pop(d, None)
-        live_bytes.append(sum(_bytes(v) for v in live.values()))
-        bad.append(not _crossing_ok([ops[d] for d in live], written))
+            if d in live:
+                live.discard(d)
+                crossing.add(ops[d], -1)
+        live_bytes.append(crossing.bytes)
+        bad.append(not crossing.ok())
         if last[i] > i:
-            live[i] = _val(ops[i])
+            live.add(i)
+            crossing.add(ops[i])
     out, width = [], max(1, len(ops) // (4 * k))
     for j in range(1, k):
         target = j * len(ops) // k
