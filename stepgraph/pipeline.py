@@ -111,7 +111,7 @@ def adapt_optimizers(step, plan: Plan, args, kwargs) -> None:
     resign |= guards.pin_objects(args)
     plan.started = time.perf_counter()
     step._reg.refresh_names()
-    step._agree(step._reg, plan.sig.leaves, step._calls, "capture")  # ranks meet (DDP steps only)
+    step._agree(step._reg, plan.sig.leaves, step._calls, "capture", plan.reason)  # ranks meet (DDP steps only)
     # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
     plan.refusal = (fsdp.refusal(step._reg, plan.device, backend.name)
                     or untraceable_modules(step._reg, plan.device))

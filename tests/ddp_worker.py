@@ -304,6 +304,40 @@ def scenario_one_rank_recaptures(out):
         time.sleep(float(os.environ.get("LINGER", "12")))
 
 
+def scenario_host_read_after_allreduce(out):
+    """A host read after the backward, whose gradients DDP all-reduced (``if gate.item() > 0:
+    opt.step()``, a skip-step guard): at call 5 it differs on rank 0 only. The graph's first
+    segment (forward, backward, all-reduce) has run when the read misses; capturing that call
+    again would all-reduce a second time on rank 0 alone: refused (test_distributed.py)."""
+    a, oa, b, ob = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
+
+    def gated(model, opt):
+        def step(x, y, gate):
+            loss = _LOSS(model, x, y)
+            loss.backward()
+            if gate.item() > 0:
+                opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(gated(a, oa)), gated(b, ob)
+    g = torch.Generator().manual_seed(RANK)
+    t0 = time.time()
+    try:
+        losses = []
+        for i in range(8):
+            x, y = batch_mlp(g)
+            gate = torch.tensor(0 if (RANK == 0 and i == 4) else 1, device=DEVICE)
+            la, lb = sg(x, y, gate), eager(x, y, gate)
+            losses.append(abs(la.item() - lb.item()))
+        out["error"] = None
+        out["max_diff"], out["loss_diff"] = max_diff(a, oa, b, ob), max(losses)
+        out["captures"], out["replays"] = sg.stats.captures, sg.stats.replays
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {e}"
+    out["seconds"] = time.time() - t0
+
+
 def main():
     scenario, out_dir = sys.argv[1], sys.argv[2]
     backend = "nccl" if DEVICE == "cuda" else "gloo"

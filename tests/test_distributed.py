@@ -271,3 +271,17 @@ def test_two_ddp_models_in_one_step(world_of_one):
     assert sg.graph.code.count("_c10d_functional.all_reduce") == 2  # one bucket per model
     for p, q in zip(list(ma.parameters()) + list(mb.parameters()), list(ma2.parameters()) + list(mb2.parameters())):
         assert torch.equal(p, q)
+
+
+@needs_dist
+def test_a_host_read_differing_on_one_rank_after_the_allreduce_is_refused_on_every_rank(tmp_path):
+    """Issue 17 (segments under DDP): a value read after the backward (DDP's all-reduce done)
+    differs on rank 0 only, at call 5. Capturing it again would all-reduce a second time on
+    rank 0 alone; the ranks' agreement refuses it instead, on every rank within the timeout (no
+    hang), and rank 0's error names the read and a fix for a value that differs across ranks."""
+    ranks, seconds = launch("host_read_after_allreduce", tmp_path)
+    assert seconds < 120, seconds
+    err0, err1 = ranks[0]["error"], ranks[1]["error"]
+    assert err0.startswith("CaptureError: rank 0 is about to capture") and "host read at" in err0, err0
+    assert "ddp_worker.py" in err0 and "all_reduce of the value, or of a skip flag" in err0, err0
+    assert err1 and ("collective" in err1 or "rank agreement" in err1 or "CaptureError" in err1), err1

@@ -267,8 +267,9 @@ class agree:
         self._monitor = threading.Thread(target=loop, name=f"stepgraph-monitor {self.prefix}", daemon=True)
         self._monitor.start()
 
-    def __call__(self, reg, leaves, calls: int, what: str) -> None:
-        """Before ``what`` ("capture" / "eager call") at call ``calls`` with input ``leaves``."""
+    def __call__(self, reg, leaves, calls: int, what: str, why: str | None = None) -> None:
+        """Before ``what`` ("capture" / "eager call") at call ``calls`` with input ``leaves``;
+        ``why``: this rank's reason to capture (named in the error, not compared)."""
         w = world(reg)
         if w is None or w[1] == 1:
             return
@@ -289,15 +290,21 @@ class agree:
             missing = [r for r in range(size) if not store.check([keys[r]])]
             store.set(f"{self.prefix}/abort", f"rank {rank} gave up waiting for rank(s) {missing} at capture "
                       f"#{k} of this step (they replayed while it recaptured)")
+            read = why is not None and why.startswith("host read at ")
             raise CaptureError(
-                f"rank {rank} is about to capture ({description}), but rank(s) {missing} did not "
+                f"rank {rank} is about to capture ({description}"
+                + (f", because the {why}" if why else "") + f"), but rank(s) {missing} did not "
                 f"reach capture #{k} of this step within {timeout:g} s: they replayed a graph "
                 "instead, so the ranks disagree on whether to recapture (their collectives will "
                 "fail or time out too); this call did not run",
                 op="rank agreement", where="the step function",
-                fix="give every rank the same shapes, hyper-parameters and state changes at the "
-                    "same call (e.g. DataLoader(drop_last=True)); STEPGRAPH_DIST_TIMEOUT sets the "
-                    "wait") from None
+                fix=("the value read on the host decides the step's graph and differs between ranks "
+                     "(each rank's own loss or batch): make it the same on every rank before the step "
+                     "decides on it (torch.distributed.all_reduce of the value, or of a skip flag), or "
+                     "decide outside the step" if read else
+                     "give every rank the same shapes, hyper-parameters and state changes at the "
+                     "same call (e.g. DataLoader(drop_last=True))") + "; STEPGRAPH_DIST_TIMEOUT sets "
+                    "the wait") from None
         seen = [store.get(key).decode() for key in keys]
         if len(set(seen)) > 1:
             lines = "; ".join(f"rank {r}: {s}" for r, s in enumerate(seen))
