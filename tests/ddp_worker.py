@@ -308,7 +308,8 @@ def scenario_host_read_after_allreduce(out):
     """A host read after the backward, whose gradients DDP all-reduced (``if gate.item() > 0:
     opt.step()``, a skip-step guard): at call 5 it differs on rank 0 only. The graph's first
     segment (forward, backward, all-reduce) has run when the read misses; capturing that call
-    again would all-reduce a second time on rank 0 alone: refused (test_distributed.py)."""
+    again would all-reduce a second time on rank 0 alone: refused (test_distributed.py). With
+    SAME_GATE=1 the value changes on every rank at the same call: both recapture, and match eager."""
     a, oa, b, ob = twins(mlp_bn, lambda p: torch.optim.SGD(p, lr=0.1))
 
     def gated(model, opt):
@@ -327,7 +328,8 @@ def scenario_host_read_after_allreduce(out):
         losses = []
         for i in range(8):
             x, y = batch_mlp(g)
-            gate = torch.tensor(0 if (RANK == 0 and i == 4) else 1, device=DEVICE)
+            off = i == 4 and (RANK == 0 or os.environ.get("SAME_GATE"))   # (SAME_GATE: on every rank)
+            gate = torch.tensor(0 if off else 1, device=DEVICE)
             la, lb = sg(x, y, gate), eager(x, y, gate)
             losses.append(abs(la.item() - lb.item()))
         out["error"] = None

@@ -285,3 +285,14 @@ def test_a_host_read_differing_on_one_rank_after_the_allreduce_is_refused_on_eve
     assert err0.startswith("CaptureError: rank 0 is about to capture") and "host read at" in err0, err0
     assert "ddp_worker.py" in err0 and "all_reduce of the value, or of a skip flag" in err0, err0
     assert err1 and ("collective" in err1 or "rank agreement" in err1 or "CaptureError" in err1), err1
+
+
+@needs_dist
+def test_a_host_read_after_the_allreduce_that_every_rank_sees_change_recaptures_in_step(tmp_path):
+    """The same skip-step read, its value changing on every rank at the same call: the ranks
+    recapture together (their segments agree) and every rank ends bitwise equal to eager DDP."""
+    ranks, _ = launch("host_read_after_allreduce", tmp_path, SAME_GATE="1")
+    for r, res in enumerate(ranks):
+        assert res["error"] is None, (r, res)
+        assert res["max_diff"] == 0.0 and res["loss_diff"] == 0.0, (r, res)
+        assert res["captures"] == 2 and res["replays"] >= 5, (r, res)
