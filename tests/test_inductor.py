@@ -544,3 +544,26 @@ def test_partition_never_cuts_where_a_view_of_written_memory_crosses():
 
     gm = make_fx(f)(torch.randn(4, 4), torch.randn(4, 4))
     assert partition.cuts(gm, 3) == [] and partition.split(gm, 3) is None
+
+
+def test_parts_compiling_side_by_side_split_the_hosts_compile_workers(monkeypatch):
+    """Each compile process warms one Inductor compile worker per core: children that compile
+    parts side by side share the cores instead (a user's TORCHINDUCTOR_COMPILE_THREADS stands)."""
+    import shutil
+    from stepgraph.backends import background
+    seen = []
+
+    class Proc:
+        pid = 0
+
+        def __init__(self, *a, env=None, **k):
+            seen.append(env)
+    monkeypatch.setattr(background.subprocess, "Popen", Proc)
+    monkeypatch.setattr(background.os, "cpu_count", lambda: 16)
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    for share in (4, 1):
+        shutil.rmtree(background._spawn(False, share=share)[1])
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "2")
+    shutil.rmtree(background._spawn(False, share=4)[1])
+    assert seen[0]["TORCHINDUCTOR_COMPILE_THREADS"] == "4"
+    assert "TORCHINDUCTOR_COMPILE_THREADS" not in seen[1] and seen[2]["TORCHINDUCTOR_COMPILE_THREADS"] == "2"

@@ -64,10 +64,15 @@ def _stop(proc: subprocess.Popen, directory: str) -> None:
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _spawn(spare: bool) -> tuple[subprocess.Popen, str]:
+def _spawn(spare: bool, share: int = 1) -> tuple[subprocess.Popen, str]:
+    """A compile process; ``share``: how many run side by side (partition.py), which split the
+    host's cores between their pools of Inductor compile workers (each warms one worker per core
+    otherwise: 4 children on a 128-core host would start 128 workers)."""
     directory = tempfile.mkdtemp(prefix="stepgraph-inductor-")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    if share > 1 and "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, min(32, os.cpu_count() or 1) // share))
     with open(os.path.join(directory, "log.txt"), "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "stepgraph.backends.compile_worker", directory]
                                 + (["--spare"] if spare else []), stdout=out, stderr=subprocess.STDOUT,
@@ -88,7 +93,7 @@ def prestart(n: int = 1) -> None:
     start-up (Python, torch, Inductor's compile workers: 7-8 s on an H200 host) then overlaps
     warm-up and tracing. ``n > 1`` for a step whose graph will compile in parts (partition.py)."""
     while len(_spare) < n:
-        _spare.append(_spawn(spare=True))
+        _spare.append(_spawn(spare=True, share=n))
 
 
 @atexit.register
@@ -113,15 +118,16 @@ class BackgroundCompile:
         self.cached = artifact_cache.lookup(self.cache, self.key) if self.cache else None
         if self.cached:
             self._start(_Done(), tempfile.mkdtemp(prefix="stepgraph-inductor-"))
-            quiet or progress("stepgraph: the fused step is in stepgraph's artifact cache (%s); loading it in "
-                     "the background, training continues on the unfused graph", self.cached)
+            quiet or progress("stepgraph: the fused step is in stepgraph's artifact cache (%s); loading "
+                              "it in the background, training continues on the unfused graph", self.cached)
             return
         graph = GraphPickler.dumps(gm, Options(ops_filter=None))
         spare = _spare.pop() if _spare else None
         if spare is not None and spare[0].poll() is not None:  # it died: start a fresh one below
             _stop(*spare)
             spare = None
-        self.proc, self.dir = spare or _spawn(spare=False)
+        share = part[1] if part is not None else 1
+        self.proc, self.dir = spare or _spawn(spare=False, share=share)
         with open(os.path.join(self.dir, "job.pkl"), "wb") as f:
             pickle.dump(Job(graph, specs, patches), f)
         if spare is not None:
@@ -129,10 +135,10 @@ class BackgroundCompile:
                 self.proc.stdin.write(b"go\n")
                 self.proc.stdin.close()
             except OSError:  # it died: start a fresh one
-                self.proc, self.dir = _spawn(spare=False)
+                self.proc, self.dir = _spawn(spare=False, share=share)
         self._start(self.proc, self.dir)
         quiet or progress("stepgraph: compiling the fused step with Inductor in the background (pid %d); "
-                 "training continues on the unfused graph", self.proc.pid)
+                          "training continues on the unfused graph", self.proc.pid)
 
     def _start(self, proc, directory: str) -> None:
         self.proc, self.dir = proc, directory
