@@ -375,13 +375,17 @@ def test_inductor_every_optimizer_matches_eager(name, monkeypatch):
     assert all(g.get("capturable", False) is False for g in o.param_groups), "user flags restored"
 
 
-def test_inductor_artifact_cache_loads_a_rerun_without_compiling(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("parts", [1, 2])
+def test_inductor_artifact_cache_loads_a_rerun_without_compiling(tmp_path, monkeypatch, caplog, parts):
     """A second run of the same step (a rerun of the script) loads the fused graph the first one
-    compiled from stepgraph's artifact cache, with no child process, and trains identically."""
+    compiled from stepgraph's artifact cache, with no child process, and trains identically;
+    compiled in parts, each part is an entry of its own."""
     import logging
 
     import stepgraph
+    from stepgraph.backends import partition
     monkeypatch.setenv("STEPGRAPH_ARTIFACT_CACHE", str(tmp_path))
+    monkeypatch.setenv("STEPGRAPH_INDUCTOR_PARTS", str(parts))
     # (the cache is off where Inductor's caches are; the benchmark's tests turn those off for good)
     import torch._inductor.config as ic
     monkeypatch.setattr(ic, "force_disable_caches", False)
@@ -394,11 +398,12 @@ def test_inductor_artifact_cache_loads_a_rerun_without_compiling(tmp_path, monke
         sg = stepgraph.compile(step, backend="inductor")
         losses = [sg(*case.make_batch(i)) for i in range(2)]
         job = sg.captures[0].run.job
-        assert (job.cached is None) == (attempt == 0), (attempt, job.cached)
+        jobs = job.jobs if isinstance(job, partition.PartsCompile) else [job]
+        assert len(jobs) == parts and all((j.cached is None) == (attempt == 0) for j in jobs), attempt
         assert sg.wait_compiled(), sg.explain()
         losses += [sg(*case.make_batch(i)) for i in range(2, 5)]
         runs.append((losses, [p.detach().clone() for p in case.model.parameters()]))
-        assert len(list(tmp_path.glob("*.bin"))) == 1
+        assert len(list(tmp_path.glob("*.bin"))) == parts
     assert "in stepgraph's artifact cache" in caplog.text
     for a, b in zip(runs[0][0] + runs[0][1], runs[1][0] + runs[1][1]):
         assert torch.equal(a, b), "the same compiled code on the same inputs"

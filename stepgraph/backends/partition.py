@@ -239,9 +239,15 @@ class PartsCompile:
         self.proc = self.jobs[0].proc
         self.started = min(j.started for j in self.jobs)
         self.ready_s, self.phases, self._said = 0.0, {}, False
-        progress("stepgraph: compiling the fused step with Inductor in the background, in %d parts side by "
-                 "side (pids %s); training continues on the unfused graph", len(parts),
-                 ", ".join(str(j.proc.pid) for j in self.jobs))
+        cached = sum(bool(j.cached) for j in self.jobs)
+        if cached == len(parts):
+            progress("stepgraph: the fused step's %d parts are in stepgraph's artifact cache; loading them in "
+                     "the background, training continues on the unfused graph", len(parts))
+        else:
+            progress("stepgraph: compiling the fused step with Inductor in the background, in %d parts side "
+                     "by side (pids %s%s); training continues on the unfused graph", len(parts),
+                     ", ".join(str(j.proc.pid) for j in self.jobs if not j.cached),
+                     f"; {cached} part(s) from stepgraph's artifact cache" if cached else "")
 
     def done(self) -> bool:
         ok = all(j.done() for j in self.jobs)
