@@ -229,8 +229,16 @@ def _build(wrapper: GraphedModule, sig, state, backend, devs):
             raise
         raise CaptureError(f"graph_module({wrapper.name}): the forward/backward could not be traced as a graph: "
                            f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", op=type(e).__name__,
-                           where=user_frame(), fix="keep .item() and data-dependent Python outside the "
+                           where=_failing_line(e), fix="keep .item() and data-dependent Python outside the "
                            "graphed module, or graph a smaller submodule") from e
+
+
+def _failing_line(e: BaseException) -> str:
+    """The user's line the trace failed on (the module's ``if h.sum().item() > 0``), from the
+    exception's own frames; else the line that called the module."""
+    import traceback
+    where = user_frame(traceback.extract_tb(e.__traceback__))
+    return where if where != "<unknown>" else user_frame()
 
 
 __all__ = ["graph_module", "GraphedModule"]

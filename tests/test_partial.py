@@ -254,9 +254,10 @@ def test_data_dependent_forward_raises_capture_error():
             return h * 2 if h.sum().item() > 0 else h
     gm = stepgraph.graph_module(Bad())
     gm(torch.randn(2, 4))
-    with pytest.raises(CaptureError, match="could not be traced"):
+    with pytest.raises(CaptureError, match="could not be traced") as e:
         gm(torch.randn(2, 4))
     assert gm.stats.failed_captures == 1
+    assert "test_partial.py" in e.value.where and "h.sum().item() > 0" in e.value.where, e.value.where
 
 
 def test_remove_restores_eager_forward():
