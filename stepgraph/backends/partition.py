@@ -11,10 +11,11 @@ fused step then calls the compiled parts in order, inside the one CUDA graph rec
 What a cut costs: no fusion across it (two or three cuts among thousands of ops) and the tensors
 live at the cut are materialised (they are, mostly, anyway: a cut is put where few bytes cross).
 The switch's check against the unfused graph (verify.py) covers the whole step, as before.
-Cuts are only where the values crossing are tensors of distinct memory that is no graph input's
-(``_Crossing``: of memory some op writes, one value at most, and no graph input's): a part
-compiles its inputs as unaliased, so two inputs sharing memory, one of them written, would be read
-before the write lands (AOTAutograd applies a graph's input writes at its end).
+Cuts are only where every value crossing is a tensor, and no memory some op writes is shared by
+two of them or is a graph input's (``_Crossing``; read-only views, such as micro-batch slices of
+the batch, may cross): a part compiles its inputs as unaliased, so two inputs sharing memory, one
+of them written, would be read before the write lands (AOTAutograd applies a graph's input writes
+at its end).
 """
 from __future__ import annotations
 
