@@ -66,8 +66,10 @@ class GuardMiss(Exception):
     wrote and this call must be captured for the new value. Raised from inside a replay on
     every backend (the graph's ``host_guard`` node, capture/hostreads.py)."""
 
+    PREFIX = "host read at "   # (a capture's reason that starts so came from a miss: distributed.agree)
+
     def __init__(self, site: str, what: str, expected, actual):
-        super().__init__(f"host read at {site}: {what} was {expected!r} at capture, now {actual!r}")
+        super().__init__(f"{self.PREFIX}{site}: {what} was {expected!r} at capture, now {actual!r}")
         self.site, self.what, self.expected, self.actual = site, what, expected, actual
 
 

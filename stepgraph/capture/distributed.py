@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from .. import config
-from ..errors import CaptureError
+from ..errors import CaptureError, GuardMiss
 
 _STEP_KEYS: dict = {}  # step name -> per-process count of step functions with that name
 
@@ -290,7 +290,7 @@ class agree:
             missing = [r for r in range(size) if not store.check([keys[r]])]
             store.set(f"{self.prefix}/abort", f"rank {rank} gave up waiting for rank(s) {missing} at capture "
                       f"#{k} of this step (they replayed while it recaptured)")
-            read = why is not None and why.startswith("host read at ")
+            read = why is not None and why.startswith(GuardMiss.PREFIX)
             raise CaptureError(
                 f"rank {rank} is about to capture ({description}"
                 + (f", because the {why}" if why else "") + f"), but rank(s) {missing} did not "
