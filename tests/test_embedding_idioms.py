@@ -167,3 +167,29 @@ def test_a_flat_index_tensor_of_varying_length_warns_with_a_fix_past_max_capture
     with pytest.warns(UserWarning, match=r"max_captures=3.*shape.*pad text to one of a few fixed lengths"):
         for n in range(8, 14):
             f(torch.tensor([0, 1]), torch.randint(0, 20, (n,)), torch.tensor([0, 3]))
+
+
+def test_batches_padded_to_their_longest_sequence_warn_with_the_collator_fix_past_max_captures():
+    """transformers' examples pad each batch to its longest sequence by default
+    (DataCollatorWithPadding): each length is a graph; past max_captures the warning names the
+    fix for that (a fixed length, or pad_to_multiple_of), not the flat-batch one."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"emb": nn.Embedding(20, 4, padding_idx=0), "fc": nn.Linear(4, 2)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def step(batch):
+        mask = batch["attention_mask"].unsqueeze(-1)
+        pooled = (model["emb"](batch["input_ids"]) * mask).sum(1) / mask.sum(1)
+        loss = nn.functional.cross_entropy(model["fc"](pooled), batch["labels"])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    f = stepgraph.compile(step, max_captures=3)
+    with pytest.warns(UserWarning, match=r"max_captures=3.*batch\['input_ids'\] is padded to the longest"
+                                         r".*pad_to_multiple_of"):
+        for n in range(8, 14):
+            ids = torch.randint(1, 20, (4, n))
+            f({"input_ids": ids, "attention_mask": torch.ones(4, n), "labels": torch.tensor([0, 1, 0, 1])})
+    assert f.stats.captures == 3 and f.stats.eager_calls == 3

@@ -227,6 +227,18 @@ def recapture_hint(reason: str) -> str:
         return (f"which elements of {name} are None changes between calls, and each pattern is a graph "
                 "of its own: build the tensors the step needs outside it (stack the elements, make the "
                 "mask there) and pass those")
+    m = re.match(_ARG + r" shape \((?P<old>[\d, ]*)\) -> \((?P<new>[\d, ]*)\)", reason)
+    if m and _padded_length_changed(m["old"], m["new"]):
+        name = m["arg"] or m["kw"]
+        return (f"{name}{m['path']} is padded to the longest sequence of each batch, and each length is "
+                "a graph of its own: pad to a fixed length (tokenizer padding='max_length', or a "
+                "multiple that leaves a few lengths: DataCollatorWithPadding(pad_to_multiple_of=64)), "
+                "or raise max_captures to the number of lengths")
+    if m and _batch_size_changed(m["old"], m["new"]):
+        name = m["arg"] or m["kw"]
+        return (f"{name}{m['path']}'s batch size changed, and each size is a graph of its own: "
+                "DataLoader(drop_last=True) when only the last batch of an epoch is smaller, else "
+                "one batch size, or raise max_captures to the number of sizes")
     m = re.match(_ARG + r" shape \(", reason)
     if m:
         name = m["arg"] or m["kw"]
@@ -241,6 +253,19 @@ def recapture_hint(reason: str) -> str:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
                 "create it once outside the loop, or use it outside the step")
     return ""
+
+
+def _padded_length_changed(old: str, new: str) -> bool:
+    """A batch of sequences (2+ dims) whose batch size stayed and whose length moved: a collator
+    padding each batch to its longest (transformers' default ``DataCollatorWithPadding``)."""
+    a, b = [tuple(int(d) for d in s.split(",") if d.strip()) for s in (old, new)]
+    return len(a) == len(b) >= 2 and a[0] == b[0] and a[1] != b[1] and a[2:] == b[2:]
+
+
+def _batch_size_changed(old: str, new: str) -> bool:
+    """A batch (2+ dims) of which only the first dimension moved."""
+    a, b = [tuple(int(d) for d in s.split(",") if d.strip()) for s in (old, new)]
+    return len(a) == len(b) >= 2 and a[0] != b[0] and a[1:] == b[1:]
 
 
 def _identity(v) -> bool:
