@@ -192,6 +192,8 @@ def explain_partial(gm) -> str:
             lines.append("    hooks called after each replayed forward, with its tensors: "
                          + ", ".join(dict.fromkeys(c.where for c in e.hook_calls)))
     lines += [f"  eager (not graphed) for a signature: {why}" for why in gm.eager_keys.values()]
+    lines += [f"    {name}: {len(c.order)} graph(s), {c.stats.replays} replays, {c.stats.eager_calls} eager calls"
+              for name, c in gm.children_graphed.items()]
     lines.append("  guards: input shapes/dtypes/devices/strides/requires_grad, non-tensor argument values, "
                  "grad mode, autocast, train/eval of every submodule, parameter/buffer identity, hooks inside")
     return "\n".join(lines)

@@ -14,6 +14,7 @@ explain.py. Hooks on submodules run after each replayed forward with real tensor
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import warnings
@@ -21,11 +22,13 @@ import warnings
 import torch
 import torch.utils._pytree as pytree
 from torch import nn
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from . import config
 from .captured import Branch, Stats
-from .errors import CaptureError, StepGraphError, user_frame
+from .errors import CaptureError, StepGraphError, library_file, user_frame
 from .partial_graphs import PartialEntry
 from .partial_hooks import undeferrable, watch_returns
 from .partial_key import diff, module_state, signature
@@ -33,6 +36,9 @@ from .partial_trace import partition, trace_joint
 
 log = logging.getLogger("stepgraph")
 _NO_OUTPUT = object()
+# What a fake-tensor trace raises where the forward needs a tensor's value on the host (a branch
+# on it, ``.item()``, a shape that depends on data).
+_DATA_DEPENDENT = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
 
 
 def graph_module(module: nn.Module, *, backend: str = "auto", max_captures: int = 8) -> "GraphedModule":
@@ -51,8 +57,12 @@ def _tracing() -> bool:
         (fake is not None and torch._C._get_dispatch_mode(fake.FAKE) is not None)
 
 
-def _warn(msg: str, stacklevel: int) -> None:
-    warnings.warn(msg, stacklevel=stacklevel + 1)
+def _warn(msg: str) -> None:
+    """Warn at the user's line that called the module (outside torch's and stepgraph's frames)."""
+    level, f = 2, sys._getframe(1)
+    while f is not None and library_file(f.f_code.co_filename):
+        f, level = f.f_back, level + 1
+    warnings.warn(msg, stacklevel=level if f is not None else 2)
     log.warning(msg)
 
 
@@ -82,6 +92,9 @@ class GraphedModule(nn.Module):
 
     def remove(self) -> nn.Module:
         """Undo the patch (``module`` runs eagerly again) and return ``module``."""
+        for child in self.children_graphed.values():
+            child.remove()
+        self.children_graphed = {}
         own = self.module.__dict__
         own.pop("forward", None)
         own.pop("_stepgraph_partial", None)
@@ -99,6 +112,8 @@ class GraphedModule(nn.Module):
             self.warm_done = self.calls = 0
             self.warned_cap = False
             self.stats = Stats()
+            if not hasattr(self, "children_graphed"):
+                self.children_graphed: dict = {}   # name -> GraphedModule: graphed in its place (_descend)
 
     def explain(self) -> str:
         """What was captured: graphs, ops, saved activations, inputs, recapture reasons, guards."""
@@ -133,7 +148,7 @@ class GraphedModule(nn.Module):
                 if not self.warned_cap:
                     self.warned_cap = True
                     _warn(f"stepgraph.graph_module({self.name}) reached max_captures={self.max_captures}; new "
-                          f"signatures run eagerly (this one: {diff(self.order[-1].key, sig.key, sig.names, state)})", 3)
+                          f"signatures run eagerly (this one: {diff(self.order[-1].key, sig.key, sig.names, state)})")
                 return self._eager(Branch.EAGER, args, kwargs)
             self.stats.took(Branch.CAPTURE)
             return self._capture(sig, state, reason)
@@ -154,7 +169,14 @@ class GraphedModule(nn.Module):
         if refused:
             return self._keep_eager(sig, f"backward hooks inside it ({', '.join(refused[:4])}) would see traced gradients")
         before = _tensor_attributes(self.module)
-        entry, box = _build(self, sig, state, backend, devs)
+        try:
+            entry, box = _build(self, sig, state, backend, devs)
+        except CaptureError as e:
+            _restore_tensor_attributes(self.module, before)
+            children = _graphable_children(self.module)
+            if not isinstance(e.__cause__, _DATA_DEPENDENT) or not children:
+                raise
+            return self._descend(sig, e, children)
         stored = _restore_tensor_attributes(self.module, before)
         if stored:   # (neural style's ContentLoss: ``self.loss = F.mse_loss(...)`` in forward)
             return self._keep_eager(sig, f"its forward stores tensors on module attributes ({', '.join(stored[:4])}), "
@@ -179,6 +201,26 @@ class GraphedModule(nn.Module):
             log.info("stepgraph: recapture graph_module(%s): %s", self.name, reason)
         return out if entry.hook_calls else entry(sig.leaves)
 
+    def _descend(self, sig, err: CaptureError, children: list):
+        """A forward that reads a tensor's value on the host runs eagerly for this signature, and
+        the submodules it calls are graphed in its place (what the refusal's fix asked the user
+        to do): its Python and its read run as eager's, the children replay their own graphs."""
+        new = [name for name, child in children if name not in self.children_graphed]
+        for name, child in children:
+            self.children_graphed.setdefault(name, graph_module(child, backend=self.backend,
+                                                                max_captures=self.max_captures))
+        names = ", ".join(self.children_graphed)
+        why = f"its forward reads a tensor value on the host at {err.where}; submodules graphed in its place: {names}"
+        self.eager_keys[sig.key] = why
+        if new:
+            _warn(f"stepgraph.graph_module({self.name}) runs its own forward eagerly for this signature: it "
+                  f"reads a tensor value on the host ({err.where}), which a graph cannot hold; graphed the "
+                  f"submodules it calls instead ({', '.join(new)}). Graph a module below the read yourself "
+                  f"to silence this")
+        self.stats.eager_calls += 1
+        a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
+        return self._orig(*a, **kw)
+
     def _keep_eager(self, sig, why, out=_NO_OUTPUT, hooks=True):
         """Calls with this signature run the module eagerly (its hooks as usual), warned once."""
         self.eager_keys[sig.key] = why
@@ -186,12 +228,24 @@ class GraphedModule(nn.Module):
               "; graphed, they would run only while tracing, on placeholder tensors. Hooks that only look "
               "(return None) on forward passes run after every replay; register others on the graphed "
               "module itself, or graph a submodule without them" if hooks else
-              "; return such tensors from forward instead, or graph a submodule without them"), 5)
+              "; return such tensors from forward instead, or graph a submodule without them"))
         if out is _NO_OUTPUT:
             self.stats.eager_calls += 1
             a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
             out = self._orig(*a, **kw)
         return out
+
+
+def _graphable_children(module) -> list:
+    """The submodules to graph in a module's place: its children that hold parameters, looking
+    through the containers a forward indexes without calling (ModuleList, ModuleDict)."""
+    out = []
+    for name, child in module.named_children():
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            out += [(f"{name}.{n}", c) for n, c in _graphable_children(child)]
+        elif any(True for _ in child.parameters()):
+            out.append((name, child))
+    return out
 
 
 def _tensor_attributes(module) -> dict:

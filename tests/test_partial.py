@@ -244,13 +244,14 @@ def test_batchnorm_buffers_and_no_grad_forward():
 
 
 def test_data_dependent_forward_raises_capture_error():
+    """A module with no submodule to graph instead (its host read sits with its own parameters)."""
     class Bad(nn.Module):
         def __init__(self):
             super().__init__()
-            self.lin = nn.Linear(4, 4)
+            self.w = nn.Parameter(torch.randn(4, 4))
 
         def forward(self, x):
-            h = self.lin(x)
+            h = x @ self.w
             return h * 2 if h.sum().item() > 0 else h
     gm = stepgraph.graph_module(Bad())
     gm(torch.randn(2, 4))
@@ -258,6 +259,59 @@ def test_data_dependent_forward_raises_capture_error():
         gm(torch.randn(2, 4))
     assert gm.stats.failed_captures == 1
     assert "test_partial.py" in e.value.where and "h.sum().item() > 0" in e.value.where, e.value.where
+
+
+class MaskedEncoder(nn.Module):
+    """transformers' pattern: the model checks its attention mask on the host (``if
+    (mask == 1).all(): mask = None``, to take the unmasked attention path), then runs its layers."""
+
+    def __init__(self, d=16, layers=2):
+        super().__init__()
+        self.embed = nn.Embedding(50, d)
+        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, 2, 32, dropout=0.0, batch_first=True)
+                                    for _ in range(layers))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, ids, mask):
+        pad = None if bool((mask == 1).all()) else mask == 0
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h, src_key_padding_mask=pad)
+        return self.head(h[:, 0])
+
+
+def test_a_host_read_in_the_forward_graphs_its_submodules_instead():
+    """The module's own forward (its host read, its Python) runs eagerly; the submodules it calls
+    replay their graphs, and the results are eager's, on batches with and without padding."""
+    torch.manual_seed(0)
+    model = MaskedEncoder()
+    twin = copy.deepcopy(model)
+    gm = stepgraph.graph_module(model)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (model, twin)]
+
+    def batch(k):
+        g = torch.Generator().manual_seed(k)
+        ids, mask = torch.randint(0, 50, (4, 8), generator=g), torch.ones(4, 8, dtype=torch.long)
+        if k % 3 == 2:
+            mask[1, 5:] = 0
+        return ids, mask, torch.randint(0, 3, (4,), generator=g)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(7):
+            ids, mask, y = batch(k)
+            for m, opt in zip((model, twin), opts):
+                F.cross_entropy(m(ids, mask), y).backward()
+                opt.step()
+                opt.zero_grad()
+            assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters())), k
+    said = [str(w.message) for w in caught if "graph_module(MaskedEncoder)" in str(w.message)]
+    assert len(said) == 1 and "(mask == 1).all()" in said[0] and "layers.0" in said[0], said
+    layer = model.layers[0].__dict__["_stepgraph_partial"]
+    assert layer.stats.replays >= 3 and model.embed.__dict__["_stepgraph_partial"].stats.replays >= 3
+    assert "submodules graphed in its place: embed" in gm.explain()
+    gm.remove()
+    assert all("_stepgraph_partial" not in m.__dict__ for m in model.modules())
 
 
 def test_remove_restores_eager_forward():
