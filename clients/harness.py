@@ -60,7 +60,10 @@ def names() -> list[str]:
 
 
 def load(name: str):
-    """A fresh copy of client ``name`` (its own module globals)."""
+    """A fresh copy of client ``name`` (its own module globals); ``zoo:...``: clients/zoo.py."""
+    if name.startswith("zoo:"):
+        from clients import zoo
+        return zoo.load(name, load)
     path = os.path.join(HERE, name + ".py")
     spec = importlib.util.spec_from_file_location(f"clients.{name}", path)
     mod = importlib.util.module_from_spec(spec)
@@ -501,7 +504,10 @@ def main(argv=None) -> int:
     p.add_argument("--result-json", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     chosen = a.names or names()
-    unknown = [n for n in chosen if n not in names()]
+    if "zoo" in chosen:   # (library models trained by the corpus's programs: clients/zoo.py)
+        from clients import zoo
+        chosen = [m for n in chosen for m in (zoo.names() if n == "zoo" else [n])]
+    unknown = [n for n in chosen if n not in names() and not n.startswith("zoo:")]
     if unknown:
         p.error(f"unknown client(s) {unknown}; known: {names()}")
     print(f"{'client':<28} {'status':<14} {'speed':>7}  {'max rel':>9}  detail", flush=True)

@@ -70,6 +70,7 @@ class SmallNet(nn.Module):
 
 
 batches_per_epoch = 4
+image_size = 16   # (clients/zoo.py sets it for the timm models it trains with this program)
 
 
 def main(sg, steps=8, device="cpu", amp=None, mixup_in_step=True):
@@ -129,7 +130,7 @@ def main(sg, steps=8, device="cpu", amp=None, mixup_in_step=True):
 
     g = torch.Generator().manual_seed(1)
     n_epochs = min(args.epochs, -(-steps // batches_per_epoch))
-    data = [[(torch.randn(args.batch_size, 3, 16, 16, generator=g),
+    data = [[(torch.randn(args.batch_size, 3, image_size, image_size, generator=g),
               torch.randint(0, args.num_classes, (args.batch_size,), generator=g))
              for _ in range(min(batches_per_epoch, steps - e * batches_per_epoch))] for e in range(n_epochs)]
     second_order = hasattr(optimizer, 'is_second_order') and optimizer.is_second_order
