@@ -32,13 +32,13 @@ class ReplayPaths:
         if not chains:
             self.stats.took(Branch.EAGER)
             return self._eager(args, kwargs)
-        miss = None
+        skipped, miss = self._quick_missed or (None, None)   # (tried on the quick path: not again)
         # (the reason shown is the newest graph's miss: the oldest's, e.g. the first branch
         # taken, said nothing about why the latest one missed too)
         newest = chains[0].siblings[0] if chains[0].siblings else chains[0]
         # (the graph the last call of this chain replayed first: after a flag flipped for good,
         # QAT's disable_observer, every call tried the stale graph and missed its guard first)
-        tries = [g for head in chains for g in _last_good_first(head)]
+        tries = [g for head in chains for g in _last_good_first(head) if g is not skipped]
         for e in tries:
             if not e.checks_hold(sig.leaves, args):   # a Python number it used differs (tracked.py)
                 m = e.check_miss(sig.leaves, args)

@@ -81,6 +81,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._replans = 0                   # times that plan grew (fetches.MAX_REPLANS)
             self._last: CapturedStep | None = None
             self._last_quick = None
+            self._quick_missed: tuple | None = None   # (graph, GuardMiss): this call's quick replay missed
             self._warned_cap = False
             self._eager_only = False
             self._prepared: list[str] = []
@@ -122,6 +123,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                     plan, self._fetch = self._fetch, fetches.kept(self._fetch)   # (a data call ran the model)
                     return self._eager(args, kwargs, plan)
             last = self._last
+            self._quick_missed = None
             if last is not None:
                 try:
                     quick = self._guards.quick_key(args, kwargs)
@@ -131,7 +133,9 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 if hit and last.stale() is None and last.checks_hold(list(args), args):
                     out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
                     if miss is None:
-                        return out  # (a miss was undone: go on to the full lookup)
+                        return out
+                    # (a miss was undone: go on to the full lookup, which need not try it again)
+                    self._quick_missed = (last, miss)
             # A model or optimizer passed as an argument that is new to this step is state too.
             adopted = adopt_arguments(self._reg, args, kwargs, self._guards.arg_names)
             if adopted:
