@@ -339,3 +339,59 @@ def test_a_read_values_text_padded_again_is_not_rebuilt_but_warned():
     want_out, _, got_out, _, step, w = _warned_run(_padded_read)
     assert got_out == want_out[:2], got_out
     assert any("replays print nothing" in str(x.message) for x in w), [str(x.message) for x in w]
+
+
+def test_an_index_tensor_formatted_into_a_module_name_is_guarded():
+    """SwitchTransformers' experts (``self[f"expert_{expert_idx[0]}"]``): an integer tensor
+    formatted into a key picks the module. It was taken for a print, unguarded: a replay that
+    routed to other experts ran and updated the capture's (helper-72's sweep, transformers 5.24).
+    Now the text's use guards the value; the same index printed stays unguarded (below)."""
+    torch.manual_seed(0)
+    experts = nn.ModuleDict({f"expert_{i}": nn.Linear(4, 4) for i in range(4)})
+    twin = copy.deepcopy(experts)
+
+    def make(ex):
+        opt = torch.optim.SGD(ex.parameters(), lr=0.1)
+
+        def step(x, sel):
+            out = torch.zeros_like(x)
+            for e in torch.bincount(sel, minlength=4).gt(0).nonzero():
+                out = out + ex[f"expert_{e[0]}"](x) * (sel == e[0]).float()[:, None]
+            loss = out.square().sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+
+    f, eager = stepgraph.compile(make(experts)), make(twin)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k, sel in enumerate([[0, 1, 0, 1], [0, 1, 1, 0], [2, 3, 3, 2], [2, 3, 2, 3], [0, 1, 1, 1]]):
+            x = torch.randn(4, 4, generator=torch.Generator().manual_seed(k))
+            assert torch.equal(f(x, torch.tensor(sel)), eager(x, torch.tensor(sel))), k
+    assert all(torch.equal(a, b) for a, b in zip(experts.parameters(), twin.parameters()))
+    assert f.stats.captures == 2 and f.stats.replays == 2
+
+
+def test_an_integer_tensor_printed_in_an_f_string_is_no_guard(capsys):
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x, y):
+        logits = model(x)
+        loss = F.cross_entropy(logits, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(f"correct {(logits.argmax(1) == y).sum()}")
+        return loss
+
+    with pytest.warns(UserWarning, match="replays print nothing"):
+        for k in range(5):
+            g = torch.Generator().manual_seed(k)
+            step(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g))
+    assert step.stats.captures == 1 and step.stats.replays == 3
+    assert capsys.readouterr().out.count("correct ") == 2   # (warm-up and capture, as before)

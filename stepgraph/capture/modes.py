@@ -22,7 +22,7 @@ from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
 from .hostreads import (ReadFloat, ReadLog, c_scalar_read, guard_lost, operands_as_tensors, read_scalar,
                         tensor_shape, tensor_values)
-from .sinks import _ELEMENTWISE
+from .sinks import _ELEMENTWISE, formatted_read
 from .arrays import ArrayUses
 from .constfold import Constants
 from .steparrays import StepArrays
@@ -153,6 +153,11 @@ class _HostReadMode(TorchFunctionMode):
                     return func(*args, **kwargs)
             if func in _SCALAR_READS and args[0].numel() == 1:
                 return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)
+            if func is _T.__format__ and args[0].numel() == 1 and not args[0].is_floating_point() \
+                    and not args[0].is_complex() and self.reads.uses is not None:
+                # (an index formatted into a name: guarded unless the text is printed)
+                n = read_scalar(get_proxy_mode().tracer, args[0], _T.item, self.reads)
+                return formatted_read(n, args[1] if len(args) > 1 else "", self.reads.printed)
             if func in _PRINTS:  # printing a tensor: logging, it runs only at capture
                 self.reads.printed.append(user_frame())
                 with _disable_current_modes():
