@@ -169,12 +169,14 @@ class GraphedModule(nn.Module):
         if refused:
             return self._keep_eager(sig, f"backward hooks inside it ({', '.join(refused[:4])}) would see traced gradients")
         before = _tensor_attributes(self.module)
+        objects = _object_states(sig.leaves)
         try:
             entry, box = _build(self, sig, state, backend, devs)
         except CaptureError as e:
             _restore_tensor_attributes(self.module, before)
+            _restore_objects(objects)
             children = _graphable_children(self.module)
-            if not isinstance(e.__cause__, _DATA_DEPENDENT) or not children:
+            if e.__cause__ is None or not children:   # (StepGraphError: the caller's misuse)
                 raise
             return self._descend(sig, e, children)
         stored = _restore_tensor_attributes(self.module, before)
@@ -202,21 +204,22 @@ class GraphedModule(nn.Module):
         return out if entry.hook_calls else entry(sig.leaves)
 
     def _descend(self, sig, err: CaptureError, children: list):
-        """A forward that reads a tensor's value on the host runs eagerly for this signature, and
-        the submodules it calls are graphed in its place (what the refusal's fix asked the user
-        to do): its Python and its read run as eager's, the children replay their own graphs."""
+        """A forward that cannot be traced (it reads a tensor's value on the host; it calls
+        ``.to()`` on a submodule, as SwitchTransformers' router does) runs eagerly for this
+        signature, and the submodules it calls are graphed in its place (what the refusal's fix
+        asked the user to do): its Python runs as eager's, the children replay their own graphs."""
         new = [name for name, child in children if name not in self.children_graphed]
         for name, child in children:
             self.children_graphed.setdefault(name, graph_module(child, backend=self.backend,
                                                                 max_captures=self.max_captures))
         names = ", ".join(self.children_graphed)
-        why = f"its forward reads a tensor value on the host at {err.where}; submodules graphed in its place: {names}"
-        self.eager_keys[sig.key] = why
+        cause = ("it reads a tensor value on the host" if isinstance(err.__cause__, _DATA_DEPENDENT) else
+                 f"it cannot be traced ({type(err.__cause__).__name__}: {(str(err.__cause__).splitlines() or [''])[0][:120]})")
+        self.eager_keys[sig.key] = f"{cause} at {err.where}; submodules graphed in its place: {names}"
         if new:
-            _warn(f"stepgraph.graph_module({self.name}) runs its own forward eagerly for this signature: it "
-                  f"reads a tensor value on the host ({err.where}), which a graph cannot hold; graphed the "
-                  f"submodules it calls instead ({', '.join(new)}). Graph a module below the read yourself "
-                  f"to silence this")
+            _warn(f"stepgraph.graph_module({self.name}) runs its own forward eagerly for this signature: "
+                  f"{cause} ({err.where}), which a graph cannot hold; graphed the submodules it calls "
+                  f"instead ({', '.join(new)}). Graph a module below that line yourself to silence this")
         self.stats.eager_calls += 1
         a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
         return self._orig(*a, **kw)
@@ -246,6 +249,39 @@ def _graphable_children(module) -> list:
         elif any(True for _ in child.parameters()):
             out.append((name, child))
     return out
+
+
+def _object_states(leaves, depth: int = 3) -> list:
+    """What a failed trace may have changed in the plain objects passed to the forward: their
+    attribute dicts and lists, ``depth`` levels down (transformers' ``DynamicCache``: its layers'
+    keys and values, appended to with the trace's fake tensors before the trace failed; the
+    forward run eagerly next saw twice the keys). Modules and tensors are not entered."""
+    out, seen, todo = [], set(), [(v, 0) for v in leaves]
+    while todo:
+        v, d = todo.pop()
+        if id(v) in seen or d > depth or isinstance(v, (torch.Tensor, nn.Module, type)):
+            continue
+        seen.add(id(v))
+        if type(v) is list:
+            out.append((v, list(v)))
+            todo += [(x, d + 1) for x in v]
+        elif type(v) is dict:
+            out.append((v, dict(v)))
+            todo += [(x, d + 1) for x in v.values()]
+        elif isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
+            out.append((v, dict(vars(v))))
+            todo += [(x, d + 1) for x in vars(v).values()]
+    return out
+
+
+def _restore_objects(states: list) -> None:
+    for obj, was in states:
+        if type(obj) is list:
+            obj[:] = was
+        else:
+            target = obj if type(obj) is dict else vars(obj)
+            target.clear()
+            target.update(was)
 
 
 def _tensor_attributes(module) -> dict:

@@ -410,3 +410,32 @@ def test_cuda_hooks_kwargs_and_input_grad():
         b["out"].sum().backward()
         torch.testing.assert_close(xa.grad, xb.grad)
     assert n["fwd"] == 4 and gm.stats.replays == 2
+
+
+def test_what_a_failed_trace_put_in_an_argument_object_is_taken_back():
+    """transformers' DynamicCache: a layer appends its keys to a cache object its caller passes;
+    the trace appended fake tensors, then failed at a host read; the forward run eagerly next saw
+    twice the keys. The argument objects' dicts and lists are put back after a failed trace."""
+    class Cache:
+        def __init__(self):
+            self.keys = []
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.k = nn.Linear(4, 4)
+
+        def forward(self, x, cache):
+            cache.keys.append(self.k(x))
+            keys = torch.cat(cache.keys)
+            return x * 2 if bool((keys.sum() > 0).all()) else x   # (a host read after the append)
+
+    torch.manual_seed(0)
+    layer = Layer()
+    stepgraph.graph_module(layer)
+    for k in range(3):
+        cache = Cache()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            layer(torch.randn(2, 4), cache)
+        assert len(cache.keys) == 1 and not isinstance(cache.keys[0], torch._subclasses.FakeTensor), k

@@ -122,6 +122,20 @@ def random_guards(gm) -> list:
                 "recomputes it at every replay where the step uses it (f-strings, set_postfix)",
                 plain=True))
             continue
+        if "depends on tensor values" in str(what):
+            # (SwitchTransformers' router jitter, NLLB-MoE's dropout before its router: the
+            # experts a batch reaches are sized by nonzero; no batch the user could build outside)
+            out.append(Problem(
+                f"the step reads a random value on the host ({what}, drawn by {draw}): a random draw "
+                "decides a data-dependent shape (a mixture-of-experts router with jitter noise or "
+                "dropout before it, a random mask selected with nonzero): it differs at every call, "
+                "so no graph captured for one value could be replayed", site,
+                "turn that randomness off in the model's config (e.g. router_jitter_noise=0.0); a "
+                "router's choices then still size its experts by the data, a graph per routing. Or "
+                "graph the parts that do not: stepgraph.graph_module(model) runs a forward that reads "
+                "values eagerly and graphs its submodules, and the rest of the step stays eager",
+                plain=True))
+            continue
         out.append(Problem(
             f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
             "every call, so no graph captured for one value could be replayed", site,
