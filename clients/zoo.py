@@ -53,7 +53,10 @@ def load(name: str, load_client):
         size = TIMM[model]
 
         def build(num_classes=10):
-            return timm.create_model(model, pretrained=False, num_classes=num_classes, drop_path_rate=0.1)
+            try:
+                return timm.create_model(model, pretrained=False, num_classes=num_classes, drop_path_rate=0.1)
+            except TypeError:   # (no stochastic depth in this model: GhostNet, DLA)
+                return timm.create_model(model, pretrained=False, num_classes=num_classes)
         program.SmallNet, program.image_size = build, size
     mod.SOURCE = f"{mod.SOURCE} with {lib}'s {model}"
     return mod
