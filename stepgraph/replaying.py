@@ -57,7 +57,14 @@ class ReplayPaths:
             chains[0].gave_up = True
             hint = ("Return the value from the step and decide outside it, or raise max_captures "
                     "if it takes few values")
-            if "int() of a" in str(miss) or "item() of a" in str(miss):
+            if "depends on tensor values" in str(miss):
+                # (ELECTRA's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a
+                # size per batch, in code the user may not own)
+                hint = ("A tensor sized by the data (a boolean-mask selection, nonzero, "
+                        "masked_select) is a graph per size: keep the shape with a mask "
+                        "(torch.where(mask, x, 0).sum() / mask.sum() for x[mask].mean()), or, in a "
+                        "model you do not own, graph its parts without it: stepgraph.graph_module(model)")
+            elif "int() of a" in str(miss) or "item() of a" in str(miss):
                 # (MoCo's ``ptr = int(self.queue_ptr)``, then ``queue[:, ptr:ptr + n] = keys.T``)
                 hint = ("If it only positions a write or a read (a ring buffer's pointer), keep it "
                         "a tensor: idx = (ptr_tensor + torch.arange(n)) % size; "
