@@ -4,7 +4,8 @@
 eager; call 2 traces forward+backward with ``make_fx`` on fake tensors (no RNG drawn, no buffer touched), splits
 the joint graph into forward (outputs + saved) and backward (saved + grad outputs -> grads of inputs and params)
 and replays both through one ``autograd.Function`` (parameter grads accumulate through autograd as usual).
-CPU: generated aten code (bitwise eager-equal); CUDA: two CUDA graphs per signature in one shared memory pool.
+CPU: generated aten code (eager's ops; a gradient summed across the module's boundary may group
+its terms otherwise: tests/test_footguns.py (zb)); CUDA: two CUDA graphs per signature in one shared memory pool.
 
 The pieces are the whole-step path's: the key is ``sigkey.PartialKey`` (partial_key.py), the runners are the
 backends' (partial_graphs.py), ``stats`` is ``captured.Stats`` with each call's ``Branch``, and ``explain()`` is in
