@@ -242,9 +242,11 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                 where, lib = user_frame(stack), library_frame(stack)
                 # (a library's own draw, e.g. Wav2Vec2's SpecAugment masks with numpy: the user
                 # cannot move it, only switch that feature off or call that code outside)
-                fix = ("switch that random feature off while training under stepgraph (a model "
-                       "option, e.g. Wav2Vec2's mask_time_prob=0.0 and mask_feature_prob=0.0) or call "
-                       "that code outside the step" if lib else
+                fix = (f"switch off the model option that draws there ({lib}) while training under "
+                       "stepgraph: e.g. Wav2Vec2/HuBERT's SpecAugment mask_time_prob=0.0 and "
+                       "mask_feature_prob=0.0, BigBird's block-sparse attention attention_type="
+                       "'original_full'; or graph the parts without it, stepgraph.graph_module(...), "
+                       "the step staying eager" if lib else
                        "draw them in the loop outside the step and pass the result (the batch, the "
                        "indices, the decision) as arguments; or draw with torch inside the step "
                        "(torch.randint / torch.rand / torch.randperm), which the graph replays; a "
