@@ -60,9 +60,9 @@ def names() -> list[str]:
 
 
 def load(name: str):
-    """A fresh copy of client ``name`` (its own module globals); ``zoo:...``: clients/zoo.py."""
+    """A fresh copy of client ``name`` (its own module globals); ``zoo:...``: clients/_zoo.py."""
     if name.startswith("zoo:"):
-        from clients import zoo
+        from clients import _zoo as zoo
         return zoo.load(name, load)
     path = os.path.join(HERE, name + ".py")
     spec = importlib.util.spec_from_file_location(f"clients.{name}", path)
@@ -504,8 +504,8 @@ def main(argv=None) -> int:
     p.add_argument("--result-json", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     chosen = a.names or names()
-    if "zoo" in chosen:   # (library models trained by the corpus's programs: clients/zoo.py)
-        from clients import zoo
+    if "zoo" in chosen:   # (library models trained by the corpus's programs: clients/_zoo.py)
+        from clients import _zoo as zoo
         chosen = [m for n in chosen for m in (zoo.names() if n == "zoo" else [n])]
     unknown = [n for n in chosen if n not in names() and not n.startswith("zoo:")]
     if unknown:

@@ -70,7 +70,7 @@ class SmallNet(nn.Module):
 
 
 batches_per_epoch = 4
-image_size = 16   # (clients/zoo.py sets it for the timm models it trains with this program)
+image_size = 16   # (clients/_zoo.py sets it for the timm models it trains with this program)
 
 
 def main(sg, steps=8, device="cpu", amp=None, mixup_in_step=True):

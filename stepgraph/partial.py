@@ -179,7 +179,7 @@ class GraphedModule(nn.Module):
             children = _graphable_children(self.module)
             if e.__cause__ is None or not children:   # (StepGraphError: the caller's misuse)
                 raise
-            return self._descend(sig, e, children)
+            return _descend(self, sig, e, children)
         stored = _restore_tensor_attributes(self.module, before)
         if stored:   # (neural style's ContentLoss: ``self.loss = F.mse_loss(...)`` in forward)
             return self._keep_eager(sig, f"its forward stores tensors on module attributes ({', '.join(stored[:4])}), "
@@ -204,27 +204,6 @@ class GraphedModule(nn.Module):
             log.info("stepgraph: recapture graph_module(%s): %s", self.name, reason)
         return out if entry.hook_calls else entry(sig.leaves)
 
-    def _descend(self, sig, err: CaptureError, children: list):
-        """A forward that cannot be traced (it reads a tensor's value on the host; it calls
-        ``.to()`` on a submodule, as SwitchTransformers' router does) runs eagerly for this
-        signature, and the submodules it calls are graphed in its place (what the refusal's fix
-        asked the user to do): its Python runs as eager's, the children replay their own graphs."""
-        new = [name for name, child in children if name not in self.children_graphed]
-        for name, child in children:
-            self.children_graphed.setdefault(name, graph_module(child, backend=self.backend,
-                                                                max_captures=self.max_captures))
-        names = ", ".join(self.children_graphed)
-        cause = ("it reads a tensor value on the host" if isinstance(err.__cause__, _DATA_DEPENDENT) else
-                 f"it cannot be traced ({type(err.__cause__).__name__}: {(str(err.__cause__).splitlines() or [''])[0][:120]})")
-        self.eager_keys[sig.key] = f"{cause} at {err.where}; submodules graphed in its place: {names}"
-        if new:
-            _warn(f"stepgraph.graph_module({self.name}) runs its own forward eagerly for this signature: "
-                  f"{cause} ({err.where}), which a graph cannot hold; graphed the submodules it calls "
-                  f"instead ({', '.join(new)}). Graph a module below that line yourself to silence this")
-        self.stats.eager_calls += 1
-        a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
-        return self._orig(*a, **kw)
-
     def _keep_eager(self, sig, why, out=_NO_OUTPUT, hooks=True):
         """Calls with this signature run the module eagerly (its hooks as usual), warned once."""
         self.eager_keys[sig.key] = why
@@ -238,6 +217,28 @@ class GraphedModule(nn.Module):
             a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
             out = self._orig(*a, **kw)
         return out
+
+
+def _descend(self: GraphedModule, sig, err: CaptureError, children: list):
+    """A forward that cannot be traced (it reads a tensor's value on the host; it calls
+    ``.to()`` on a submodule, as SwitchTransformers' router does) runs eagerly for this
+    signature, and the submodules it calls are graphed in its place (what the refusal's fix
+    asked the user to do): its Python runs as eager's, the children replay their own graphs."""
+    new = [name for name, child in children if name not in self.children_graphed]
+    for name, child in children:
+        self.children_graphed.setdefault(name, graph_module(child, backend=self.backend,
+                                                            max_captures=self.max_captures))
+    names = ", ".join(self.children_graphed)
+    cause = ("it reads a tensor value on the host" if isinstance(err.__cause__, _DATA_DEPENDENT) else
+             f"it cannot be traced ({type(err.__cause__).__name__}: {(str(err.__cause__).splitlines() or [''])[0][:120]})")
+    self.eager_keys[sig.key] = f"{cause} at {err.where}; submodules graphed in its place: {names}"
+    if new:
+        _warn(f"stepgraph.graph_module({self.name}) runs its own forward eagerly for this signature: "
+              f"{cause} ({err.where}), which a graph cannot hold; graphed the submodules it calls "
+              f"instead ({', '.join(new)}). Graph a module below that line yourself to silence this")
+    self.stats.eager_calls += 1
+    a, kw = pytree.tree_unflatten(sig.leaves, sig.spec)
+    return self._orig(*a, **kw)
 
 
 def _graphable_children(module) -> list:

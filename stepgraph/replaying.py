@@ -17,11 +17,34 @@ from .pipeline import capture
 log = logging.getLogger("stepgraph")
 
 
+_MISSED = object()   # (no quick replay: the full lookup follows)
+
+
 class ReplayPaths:
+    _quick_missed: tuple | None = None   # (graph, GuardMiss): this call's quick replay missed
     def _eager(self, args, kwargs, fetched=None):
         """The step run eagerly, the inputs taken before the call handed back (fetches.py)."""
         self.stats.eager_calls += 1
         return fetches.call(self.fn, fetched or self._fetch, args, kwargs, self.__name__)
+
+    def _quick_replay(self, args, kwargs):
+        """The graph the last call replayed, when this call's quick key equals that call's and its
+        checks hold; else ``_MISSED``. A guard miss here is undone, kept in ``_quick_missed``: the
+        full lookup does not try that graph again on this call."""
+        last, self._quick_missed = self._last, None
+        if last is None:
+            return _MISSED
+        try:
+            hit = self._guards.quick_key(args, kwargs) == self._last_quick
+        except Exception:  # a tensor compared by value: not the same object
+            hit = False
+        if not (hit and last.stale() is None and last.checks_hold(list(args), args)):
+            return _MISSED
+        out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
+        if miss is None:
+            return out
+        self._quick_missed = (last, miss)
+        return _MISSED
 
     def _replay_entry(self, entry, sig, args, kwargs, older=None):
         """Replay the graph for this key whose host reads hold (one per distinct value seen).

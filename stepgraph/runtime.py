@@ -27,7 +27,7 @@ from .captured import Branch, CapturedStep, Stats
 from .errors import StepGraphError
 from .livefloats import LiveFloats
 from .stepviews import StepViews
-from .replaying import ReplayPaths
+from .replaying import _MISSED, ReplayPaths
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -81,7 +81,6 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             self._replans = 0                   # times that plan grew (fetches.MAX_REPLANS)
             self._last: CapturedStep | None = None
             self._last_quick = None
-            self._quick_missed: tuple | None = None   # (graph, GuardMiss): this call's quick replay missed
             self._warned_cap = False
             self._eager_only = False
             self._prepared: list[str] = []
@@ -122,20 +121,9 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                     self.stats.took(Branch.EAGER)
                     plan, self._fetch = self._fetch, fetches.kept(self._fetch)   # (a data call ran the model)
                     return self._eager(args, kwargs, plan)
-            last = self._last
-            self._quick_missed = None
-            if last is not None:
-                try:
-                    quick = self._guards.quick_key(args, kwargs)
-                    hit = quick == self._last_quick
-                except Exception:  # a tensor compared by value: not the same object
-                    hit = False
-                if hit and last.stale() is None and last.checks_hold(list(args), args):
-                    out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
-                    if miss is None:
-                        return out
-                    # (a miss was undone: go on to the full lookup, which need not try it again)
-                    self._quick_missed = (last, miss)
+            out = self._quick_replay(args, kwargs)   # (the last graph again, on the quick key)
+            if out is not _MISSED:
+                return out
             # A model or optimizer passed as an argument that is new to this step is state too.
             adopted = adopt_arguments(self._reg, args, kwargs, self._guards.arg_names)
             if adopted:

@@ -19,7 +19,7 @@ from .pyvalues import _MISSING, PyValues, find_sources, guard_value
 from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, source_id, state_free,
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
-from .sigkey import Ident, Signature, SignatureKey, TensorMeta
+from .sigkey import GradsKey, Ident, Signature, SignatureKey, TensorMeta
 from .state import StateRegistry, stateless_config
 from .watch import registration_epoch
 from ..errors import user_class
@@ -44,28 +44,6 @@ def tensor_meta(t: torch.Tensor) -> TensorMeta:
     # replay hands back without autograd history) changes nothing the graph computes.
     return TensorMeta(type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad and t.is_leaf,
                       _grad_state(t))
-
-
-class _Grads:
-    """The parameters' ``.grad`` objects in a quick key: equal when each is the same object (or
-    None both times), else when their metadata is, as the full signature keys them. A step that
-    sets grads to None and computes them again makes new ones at every call, whose ``==`` raised
-    (a tensor's truth) and sent every other replay down the full signature (README's MLP on the
-    CPU: 416 us a call against eager's 321)."""
-    __slots__ = ("grads",)
-
-    def __init__(self, grads: tuple):
-        self.grads = grads
-
-    def __eq__(self, other) -> bool:
-        if type(other) is not _Grads or len(other.grads) != len(self.grads):
-            return False
-        for a, b in zip(self.grads, other.grads):
-            if a is not b and (a is None or b is None or tensor_meta(a) != tensor_meta(b)):
-                return False
-        return True
-
-    __hash__ = None   # (compared, never hashed)
 
 
 def _hyper_value(v):
@@ -327,7 +305,7 @@ class Guards(Reasons, LiveKeys):
             tuple((opt.state, len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(p.requires_grad for _, p in reg.params),
-            _Grads(tuple(map(self._grad, reg.grad_params))),
+            GradsKey(tuple(map(self._grad, reg.grad_params)), tensor_meta),
             reg.hook_key(),
             self._py_key(args),
             self.py.slots_key(args),

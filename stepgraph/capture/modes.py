@@ -22,7 +22,8 @@ from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
 from .hostreads import (ReadFloat, ReadLog, c_scalar_read, guard_lost, operands_as_tensors, read_scalar,
                         tensor_shape, tensor_values)
-from .sinks import _ELEMENTWISE, formatted_read
+from .sinks import _ELEMENTWISE
+from .tensorformat import percent_format, formatted_read
 from .arrays import ArrayUses
 from .constfold import Constants
 from .steparrays import StepArrays
@@ -42,19 +43,6 @@ _PRINTS = {_T.__repr__, _T.__str__, _T.__format__}
 
 
 _ONE_HOT = torch._C._nn.one_hot   # (torch.nn.functional.one_hot)
-
-
-def _percent_format() -> bool:
-    """Is the innermost user frame at a ``%`` operation (``str % tensor`` converts the tensor
-    with ``float()`` from C; ``number % tensor`` is a tensor op, never ``float()``)?"""
-    import sys
-    from ..errors import user_code_frame
-    f = user_code_frame(sys._getframe(2))
-    if f is None or f.f_lasti < 0:
-        return False
-    import dis
-    at = next((i for i in dis.get_instructions(f.f_code) if i.offset == f.f_lasti), None)
-    return at is not None and (at.opname == "BINARY_MODULO" or (at.opname == "BINARY_OP" and at.argrepr == "%"))
 
 
 def _one_hot(t, num_classes: int, reads: ReadLog):
@@ -145,7 +133,7 @@ class _HostReadMode(TorchFunctionMode):
             # the graph first, so the read is a node of it, guarded like any other.)
             args = (torch.ops.aten.alias.default(args[0]),) + tuple(args[1:])
         if self.reads is not None and args and _is_traced(args[0]):
-            if func is _T.__float__ and _percent_format():
+            if func is _T.__float__ and percent_format():
                 # ``'loss = %.3f' % loss`` (RealNVP's print): formatting, as f'{loss:.3f}' is --
                 # it was a value guard, a recapture at every printing call
                 self.reads.printed.append(user_frame())
@@ -154,8 +142,7 @@ class _HostReadMode(TorchFunctionMode):
             if func in _SCALAR_READS and args[0].numel() == 1:
                 return read_scalar(get_proxy_mode().tracer, args[0], func, self.reads)
             if func is _T.__format__ and args[0].numel() == 1 and not args[0].is_floating_point() \
-                    and not args[0].is_complex() and self.reads.uses is not None:
-                # (an index formatted into a name: guarded unless the text is printed)
+                    and not args[0].is_complex() and self.reads.uses is not None:   # (a name's index)
                 n = read_scalar(get_proxy_mode().tracer, args[0], _T.item, self.reads)
                 return formatted_read(n, args[1] if len(args) > 1 else "", self.reads.printed)
             if func in _PRINTS:  # printing a tensor: logging, it runs only at capture

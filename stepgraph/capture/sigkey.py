@@ -85,3 +85,26 @@ class Signature:
     key: SignatureKey
     leaves: list
     tensor_pos: list
+
+
+class GradsKey:
+    """The parameters' ``.grad`` objects in a quick key: equal when each is the same object (or
+    None both times), else when their metadata (``meta``, guards.tensor_meta) is, as the full
+    signature keys them. A step that sets grads to None and computes them again makes new ones
+    at every call, whose ``==`` raised (a tensor's truth) and sent every other replay down the
+    full signature (README's MLP on the CPU: 416 us a call against eager's 321)."""
+    __slots__ = ("grads", "meta")
+
+    def __init__(self, grads: tuple, meta):
+        self.grads, self.meta = grads, meta
+
+    def __eq__(self, other) -> bool:
+        if type(other) is not GradsKey or len(other.grads) != len(self.grads):
+            return False
+        meta = self.meta
+        for a, b in zip(self.grads, other.grads):
+            if a is not b and (a is None or b is None or meta(a) != meta(b)):
+                return False
+        return True
+
+    __hash__ = None   # (compared, never hashed)

@@ -20,7 +20,6 @@ import functools
 import gc
 import logging
 import operator
-import os
 import sys
 import threading
 import types
@@ -134,34 +133,6 @@ def format_target(code, lasti) -> int | None:
     return None
 
 
-def formatted_read(n, spec: str, printed: list) -> str:
-    """``f"expert_{idx[0]}"``: an integer tensor formatted into text (``Tensor.__format__``), its
-    value ``n`` read as a tracked number (hostreads.read_scalar). Text that goes to print or
-    logging (:func:`format_target`, confirmed by the sink) is a print, as before: no guard, its
-    line in ``printed`` (replays print nothing, warned). Text used anywhere else guards the
-    value: SwitchTransformers' ``self[f"expert_{expert_idx[0]}"]`` picks a module by it, and a
-    replay that routed elsewhere ran and updated the capture's experts (taken for a print)."""
-    text = format(plain(n), spec)
-    if type(n) not in _PROXIES or not n._log.active:
-        return text
-    f = sys._getframe(1)   # (the frame formatting: past torch's __format__ and this package)
-    while f is not None and f.f_code.co_filename.startswith(_INTERNAL):
-        f = f.f_back
-    from ..errors import user_frame
-    site = user_frame()
-    offset = None if f is None or in_sink() else format_target(f.f_code, f.f_lasti)
-    if in_sink():
-        printed.append(site)
-    elif offset is None:
-        n._log.used(n._e, n._v, site)
-    else:   # (unconfirmed by the end of the trace, it is used: UseLog.checks)
-        n._log.pending.append([f, offset, n._e, n._v, site, False])
-        printed.append(site)
-    return text
-
-
-_INTERNAL = (os.path.dirname(torch.__file__) + os.sep,
-             os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 _PRINT = builtins.print
 
 
