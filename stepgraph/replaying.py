@@ -17,7 +17,7 @@ from .pipeline import capture
 log = logging.getLogger("stepgraph")
 
 
-_MISSED = object()   # (no quick replay: the full lookup follows)
+NO_QUICK_REPLAY = object()   # (no quick replay: the full lookup follows)
 
 
 class ReplayPaths:
@@ -29,22 +29,22 @@ class ReplayPaths:
 
     def _quick_replay(self, args, kwargs):
         """The graph the last call replayed, when this call's quick key equals that call's and its
-        checks hold; else ``_MISSED``. A guard miss here is undone, kept in ``_quick_missed``: the
+        checks hold; else ``NO_QUICK_REPLAY``. A guard miss here is undone, kept in ``_quick_missed``: the
         full lookup does not try that graph again on this call."""
         last, self._quick_missed = self._last, None
         if last is None:
-            return _MISSED
+            return NO_QUICK_REPLAY
         try:
             hit = self._guards.quick_key(args, kwargs) == self._last_quick
         except Exception:  # a tensor compared by value: not the same object
             hit = False
         if not (hit and last.stale() is None and last.checks_hold(list(args), args)):
-            return _MISSED
+            return NO_QUICK_REPLAY
         out, miss = self._try_replay(last, lambda: last.replay_args(args, kwargs), args, kwargs)
         if miss is None:
             return out
         self._quick_missed = (last, miss)
-        return _MISSED
+        return NO_QUICK_REPLAY
 
     def _replay_entry(self, entry, sig, args, kwargs, older=None):
         """Replay the graph for this key whose host reads hold (one per distinct value seen).

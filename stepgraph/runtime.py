@@ -27,7 +27,7 @@ from .captured import Branch, CapturedStep, Stats
 from .errors import StepGraphError
 from .livefloats import LiveFloats
 from .stepviews import StepViews
-from .replaying import _MISSED, ReplayPaths
+from .replaying import NO_QUICK_REPLAY, ReplayPaths
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -122,7 +122,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                     plan, self._fetch = self._fetch, fetches.kept(self._fetch)   # (a data call ran the model)
                     return self._eager(args, kwargs, plan)
             out = self._quick_replay(args, kwargs)   # (the last graph again, on the quick key)
-            if out is not _MISSED:
+            if out is not NO_QUICK_REPLAY:
                 return out
             # A model or optimizer passed as an argument that is new to this step is state too.
             adopted = adopt_arguments(self._reg, args, kwargs, self._guards.arg_names)
