@@ -83,6 +83,7 @@ class GraphedModule(nn.Module):
         self._lock = threading.RLock()
         self._orig = module.forward
         self._own_forward = module.__dict__.get("forward")   # an instance-level forward, put back by remove()
+        self.children_graphed: dict = {}   # name -> GraphedModule: graphed in its place (_descend)
         self.reset()
         # In the module's __dict__ directly: nn.Module.__setattr__ would register this wrapper as its submodule.
         module.__dict__["_stepgraph_partial"] = self
@@ -113,8 +114,6 @@ class GraphedModule(nn.Module):
             self.warm_done = self.calls = 0
             self.warned_cap = False
             self.stats = Stats()
-            if not hasattr(self, "children_graphed"):
-                self.children_graphed: dict = {}   # name -> GraphedModule: graphed in its place (_descend)
 
     def explain(self) -> str:
         """What was captured: graphs, ops, saved activations, inputs, recapture reasons, guards."""

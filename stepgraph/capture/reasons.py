@@ -255,16 +255,20 @@ def recapture_hint(reason: str) -> str:
     return ""
 
 
+def _dims(shape: str) -> tuple:
+    return tuple(int(d) for d in shape.split(",") if d.strip())
+
+
 def _padded_length_changed(old: str, new: str) -> bool:
     """A batch of sequences (2+ dims) whose batch size stayed and whose length moved: a collator
     padding each batch to its longest (transformers' default ``DataCollatorWithPadding``)."""
-    a, b = [tuple(int(d) for d in s.split(",") if d.strip()) for s in (old, new)]
+    a, b = _dims(old), _dims(new)
     return len(a) == len(b) >= 2 and a[0] == b[0] and a[1] != b[1] and a[2:] == b[2:]
 
 
 def _batch_size_changed(old: str, new: str) -> bool:
     """A batch (2+ dims) of which only the first dimension moved."""
-    a, b = [tuple(int(d) for d in s.split(",") if d.strip()) for s in (old, new)]
+    a, b = _dims(old), _dims(new)
     return len(a) == len(b) >= 2 and a[0] != b[0] and a[1:] == b[1:]
 
 

@@ -26,10 +26,11 @@ def formatted_read(n, spec: str, printed: list) -> str:
         f = f.f_back
     from ..errors import user_frame
     site = user_frame()
-    offset = None if f is None or in_sink() else format_target(f.f_code, f.f_lasti)
     if in_sink():
         printed.append(site)
-    elif offset is None:
+        return text
+    offset = None if f is None else format_target(f.f_code, f.f_lasti)
+    if offset is None:
         n._log.used(n._e, n._v, site)
     else:   # (unconfirmed by the end of the trace, it is used: UseLog.checks)
         n._log.pending.append([f, offset, n._e, n._v, site, False])
@@ -44,7 +45,6 @@ _INTERNAL = (os.path.dirname(torch.__file__) + os.sep,
 def percent_format() -> bool:
     """Is the innermost user frame at a ``%`` operation (``str % tensor`` converts the tensor
     with ``float()`` from C; ``number % tensor`` is a tensor op, never ``float()``)?"""
-    import sys
     from ..errors import user_code_frame
     f = user_code_frame(sys._getframe(2))
     if f is None or f.f_lasti < 0:
