@@ -20,7 +20,7 @@ from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, 
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import GradsKey, Ident, Signature, SignatureKey, TensorMeta
-from .state import StateRegistry, stateless_config
+from .state import StateRegistry, group_counter, stateless_config
 from .watch import registration_epoch
 from ..errors import user_class
 from .reasons import Reasons, leaf_names
@@ -53,6 +53,8 @@ def _hyper_value(v):
         return ("tensor", id(v), v.dtype, v.device, tuple(v.shape))
     if isinstance(v, list):
         return tuple(_hyper_value(x) for x in v)
+    if group_counter(v):
+        return ("number",)   # (a counter: tracked, checked where a graph used it, state.group_counters)
     return v
 
 
@@ -266,7 +268,8 @@ class Guards(Reasons, LiveKeys):
         """The numbers a capture of this call tracks (trackplan.py)."""
         leaves = argtree.leaves(args, kwargs)
         labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
-        track = plan(self.py.sources, leaves, labels, args, self.live | self.keyed, self.reg.slots())
+        track = plan(self.py.sources, leaves, labels, args, self.live | self.keyed,
+                     self.reg.slots() + self.reg.group_counters(self.live))
         track.const_stores = self.py.const_stores
         return track
 
@@ -362,9 +365,12 @@ def _inputs(self: Guards, leaves, args) -> tuple:
 
 
 def _groups_quick(self: Guards) -> tuple:
+    # (a param-group int is a counter, as in the full signature: its type only)
     if not self.live:
-        return tuple(tuple(g.values()) for _, opt in self.reg.optimizers for g in opt.param_groups)
-    return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else v for k, v in g.items())
+        return tuple(tuple(int if group_counter(v) else v for v in g.values())
+                     for _, opt in self.reg.optimizers for g in opt.param_groups)
+    return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else int if group_counter(v) else v
+                       for k, v in g.items())
                  for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
 
 

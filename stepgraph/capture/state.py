@@ -22,7 +22,7 @@ from .stateholding import HookWatching, WeakHolding
 @dataclass
 class Slot:
     """A place in the user's objects that holds a tensor and may be rebound by the step."""
-    kind: str          # "grad" | "buffer" | "optstate"
+    kind: str          # "grad" | "buffer" | "optstate" | "group" (a param-group int: group_counters)
     source: str
     owner: object      # the Parameter (grad), the Module (buffer), the per-param state dict
     key: object = None
@@ -172,6 +172,21 @@ class StateRegistry(WeakHolding, HookWatching):
                     for k in list(st):
                         out.append(Slot("optstate", f"{oname}.state[{pn}]['{k}']", st, k))
         return out
+
+    def group_counters(self, live=frozenset()) -> list[Slot]:
+        """The param-group entries held as plain ints (``group['step'] += 1`` in Adan,
+        ``group['lookahead_step']`` in Lookahead): tracked numbers, as a per-parameter
+        ``state['step']`` is (trackplan.TrackPlan.counters); ``live``: (optimizer, group, key)
+        read live as hyper-parameters instead."""
+        return [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
+                for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
+                for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
+
+
+def group_counter(v) -> bool:
+    """A param-group value tracked as a number, not keyed by its value: a plain int (not a
+    bool; floats are hyper-parameters, read live or keyed: livefloats.py)."""
+    return type(v) is int
 
 
 def _walk_function(fn, found: dict, depth: int = 0) -> None:

@@ -170,7 +170,10 @@ def plan(sources, leaves, leaf_labels, args, exclude, slots=()) -> TrackPlan:
     # (``state['step'] += 1``: microsoft/LoRA's AdamW, transformers' Adafactor, torch's
     # SparseAdam): the count is tracked, so the arithmetic on it is read live at each replay and
     # the increment is written again after it (NumberEffect), as the optimizer's Python would.
-    p.counters = [Root("slot", (s, s.key), s.source) for s in slots if s.kind == "optstate" and number(s.get())]
+    # A param group's int is one too (Adan's ``group['step']``, Lookahead's ``lookahead_step``:
+    # keyed by value, each call recaptured).
+    p.counters = [Root("slot", (s, s.key), s.source) for s in slots
+                  if s.kind in ("optstate", "group") and number(s.get())]
     for i, x in enumerate(leaves):
         if number(x):
             p.leaves.append(Root("leaf", i, leaf_labels[i] if i < len(leaf_labels) else f"input {i}"))
