@@ -168,6 +168,8 @@ class CapturedStep:
             sched.step(*a, **k)
         for e in tr.source_effects:
             e.source.write(e.value(outs), args)   # total_loss = <this replay's tensor> (pyeffects.py)
+        for e in tr.slot_effects:
+            e.source.write(e.value(outs), args)   # state['exp_avg_lr_1'] = <this replay's float> (rebound.py)
         for e in tr.append_effects:
             e.source.read(()).append(e.value(outs))   # history.append(<this replay's value>)
         memo = dict(self.last_reads)

@@ -1,4 +1,4 @@
-"""Optimizers that keep their step count as a Python number in their per-parameter state and
+"""Optimizers that keep their step count as a Python number in their per-parameter state (or param group) and
 increment it each step: microsoft/LoRA examples/NLG/src/optimizer.py's AdamW (older Hugging Face
 AdamW), transformers' Adafactor, torch's SparseAdam (``state['step'] += 1``, ``bias_correction =
 1 - beta ** state['step']``). A replay runs no Python: it used to write back the captured call's
@@ -76,6 +76,62 @@ class ConstantFlag(torch.optim.Optimizer):
                 p.data.add_(p.grad, alpha=-group["lr"] * self.state[p]["scale"])
 
 
+class GroupStepAdam(torch.optim.Optimizer):
+    """The count in the param group (timm's Adan, ``group['step'] += 1``; Lookahead's
+    ``group['lookahead_step']``): keyed by value, it recaptured at every call."""
+    def __init__(self, params, lr=1e-2, beta=0.9):
+        super().__init__(params, dict(lr=lr, beta=beta))
+
+    def step(self):
+        for group in self.param_groups:
+            if "step" in group:
+                group["step"] += 1
+            else:
+                group["step"] = 1
+            bias_correction = 1.0 - group["beta"] ** group["step"]
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["m"] = torch.zeros_like(p)
+                state["m"].mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
+                p.data.add_(state["m"], alpha=-group["lr"] / bias_correction)
+
+
+class RebindingMomentum(torch.optim.Optimizer):
+    """State rebound to a new tensor each step, not updated in place (``state['m'] = beta * m +
+    g``: hand-written optimizers; timm LaProp's ``exp_avg_lr_2``). The graph read the captured
+    tensor at every replay: silently wrong."""
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, dict(lr=lr))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["m"] = torch.zeros_like(p)
+                state["m"] = 0.9 * state["m"] + p.grad
+                p.data.add_(state["m"], alpha=-group["lr"])
+
+
+class LrAverage(torch.optim.Optimizer):
+    """timm LaProp's float state computed from the lr (``state['exp_avg_lr_1'] =
+    state['exp_avg_lr_1'] * beta1 + (1 - beta1) * group['lr']``, a comparison on it): checked by
+    value, it recaptured at every call and then wrote the capture's value back."""
+    def __init__(self, params, lr=1e-2, beta=0.9):
+        super().__init__(params, dict(lr=lr, beta=beta))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["lr_avg"] = 0.
+                state["lr_avg"] = state["lr_avg"] * group["beta"] + (1 - group["beta"]) * group["lr"]
+                step_size = group["lr"] / state["lr_avg"] if state["lr_avg"] != 0. else 0.
+                p.data.add_(p.grad, alpha=-step_size)
+
+
 def _adafactor(params):
     transformers = pytest.importorskip("transformers")
     return transformers.optimization.Adafactor(params, lr=None, relative_step=True, scale_parameter=True,
@@ -87,6 +143,9 @@ OPTS = {
     "lora_adamw": lambda p: AdamW(p, lr=1e-2, weight_decay=0.01),
     "hf_adafactor": _adafactor,
     "constant_flag": ConstantFlag,
+    "group_step": GroupStepAdam,
+    "rebinding": RebindingMomentum,
+    "lr_average": LrAverage,
 }
 
 
@@ -122,7 +181,7 @@ def _assert_equal(got_model, got_opt, got, want_model, want_opt, want):
 def test_a_python_step_count_in_optimizer_state_replays_equal_to_eager(opt_name, device):
     want_model, want_opt, want, _ = _run(opt_name, False, device=device)
     got_model, got_opt, got, fn = _run(opt_name, True, device=device)
-    if device == "cpu" or opt_name != "hf_adafactor":
+    if device == "cpu" or opt_name not in ("hf_adafactor", "lr_average"):
         # (on the GPU the numbers computed from the count reach the graph as one device tensor
         # (passes/device_scalars.py); Adafactor's also meet a value read from a tensor (its RMS):
         # those run between graph segments)
@@ -173,4 +232,32 @@ def test_torch_optimizers_step_counters_are_not_stored_reads(name):
     assert not [str(x.message) for x in w if str(x.message).startswith("stepgraph")]
     if name != "Adafactor":   # (its max(1.0, rms / d) of a read value is a guarded decision)
         assert fn.stats.captures == 1 and fn.stats.replays == 6, (fn.stats, fn.explain())
+    _assert_equal(got_model, got_opt, got, want_model, want_opt, want)
+
+
+class GrowingHistory(torch.optim.Optimizer):
+    """State rebound to a tensor of another shape while it grows (the last 3 grads), then of the
+    same shape: the graph captured while it grew read the old tensor as its constant."""
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, dict(lr=lr))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["h"] = p.grad.reshape(1, -1).clone()
+                state["h"] = torch.cat([state["h"], p.grad.reshape(1, -1)])[-3:]
+                p.data.sub_(group["lr"] * state["h"].mean(0).reshape(p.shape))
+
+
+def test_state_rebound_to_another_shape_is_captured_again_once_it_keeps_its_shape():
+    OPTS["growing"] = GrowingHistory
+    try:
+        want_model, want_opt, want, _ = _run("growing", False)
+        got_model, got_opt, got, fn = _run("growing", True)
+    finally:
+        del OPTS["growing"]
+    assert fn.stats.captures == 2 and fn.stats.replays == 5, (fn.stats, fn.explain())
+    assert "same tensor as captured(opt.state[model.0.weight]['h'])" in fn.stats.recaptures[0]
     _assert_equal(got_model, got_opt, got, want_model, want_opt, want)

@@ -60,4 +60,6 @@ def _users(holders: list) -> list:
 
 
 def _ours(o) -> bool:
-    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx"))
+    # (a state.Slot only names a place in the user's objects: the optimizer's per-parameter
+    # dict it points at is the user's -- timm LaProp's ``state['exp_avg_lr_1']`` kept a HyperFloat)
+    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx")) and type(o).__name__ != "Slot"

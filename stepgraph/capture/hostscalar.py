@@ -96,6 +96,8 @@ def node_arg(x, tracer):
 
 
 def _binary(op, swap=False):
+    from .numchecks import roots_of
+
     def method(self, other):
         if not _tracked(other) and (not isinstance(other, (int, float)) or isinstance(other, bool)):
             if type(other).__module__ == "numpy" and getattr(other, "shape", None) == () \
@@ -126,7 +128,11 @@ def _binary(op, swap=False):
                 x._log.node_use(x, [node]) if by_node else x._use()
         out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
         out.numbers = _carried(a, b) + tuple(x for x, n in zip((a, b), lifted) if n is not None and not by_node)
-        out.counter = any(x.counter for x in live)   # (RAdam's beta2 ** step: a hyper and a counter)
+        # (RAdam's beta2 ** step: a hyper and a counter; so is a Python number of an optimizer's
+        # state read live into it, timm LaProp's ``state['exp_avg_lr_1'] * beta1 + (1 - beta1) * lr``:
+        # a comparison on it is a decision guarded at each replay, not its value)
+        out.counter = any(x.counter for x in live) or any(
+            n is not None and any(r.kind == "slot" for r in roots_of(x._e)) for x, n in zip((a, b), lifted))
         return out
     return method
 

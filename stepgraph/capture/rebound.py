@@ -1,5 +1,7 @@
-"""Buffers the step rebinds (DINO's ``self.center = self.center * m + c * (1 - m)``, a custom
-BatchNorm's ``self.running_mean = ...``): written into the old buffer in place by the graph.
+"""Buffers and optimizer state the step rebinds (DINO's ``self.center = self.center * m + c * (1 -
+m)``, a custom BatchNorm's ``self.running_mean = ...``, an optimizer's ``state['m'] = beta *
+state['m'] + g`` or timm LaProp's ``state['exp_avg_lr_2'] = state['exp_avg_lr_2'] * beta2 + ...``):
+written into the old tensor in place by the graph.
 
 As a rebinding, each replay would bind a new tensor while the graph kept reading the old one,
 its constant (a stale center), and the step's own code, reading ``self.center``, keyed it by
@@ -14,21 +16,50 @@ import torch
 from .rollback import before_write
 
 
-def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: int) -> list:
-    """For each buffer ``escapes[i]`` (its tensor before the step ``olds[i]``, its new value the
+class SlotTarget:
+    """An optimizer state entry the step sets to a float its graph computes (timm LaProp's
+    ``state['exp_avg_lr_1'] = state['exp_avg_lr_1'] * beta1 + (1 - beta1) * group['lr']``, the
+    lr read live): a pyeffects.SourceEffect's target, written as a plain float after each replay.
+    Before, the capture's value was written back at every replay."""
+
+    def __init__(self, slot):
+        self.slot = slot
+
+    def write(self, value, args) -> None:
+        self.slot.set(float(value))
+
+    def describe(self) -> str:
+        return self.slot.source
+
+
+def float_effect(slot, new, tracer):
+    """The effect writing ``new`` into ``slot`` after each replay when it is a float the graph
+    computes (hostscalar.current), else None."""
+    from .hostscalar import current
+    from .pyeffects import SourceEffect
+    if slot.kind == "optstate" and isinstance(new, float) and current(new, tracer):
+        return SourceEffect(SlotTarget(slot), "read", node=new.node)
+    return None
+
+
+def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: int) -> tuple[list, list]:
+    """For each buffer or optimizer state entry ``escapes[i]`` (its tensor before the step ``olds[i]``, its new value the
     graph's output ``first + i``) of the same shape, dtype, device and strides: the graph copies
     the new value into the old tensor instead of returning it, and the buffer is bound back to the
-    old tensor, now holding the new values. Returns the escapes still rebound after each replay."""
+    old tensor, now holding the new values. Returns the escapes still rebound after each replay and,
+    for those, ``(slot, tensor before)``: what stale_read_checks looks for in the graph."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(out.args[0])
     consts = {id(getattr(gm, n.target, None)): n for n in gm.graph.nodes if n.op == "get_attr"}
-    kept, drop = [], set()
+    kept, kept_olds, drop = [], [], set()
     for i, (s, old) in enumerate(zip(escapes, olds)):
         new = s.get()
-        if not (s.kind == "buffer" and isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
+        if not (s.kind in ("buffer", "optstate") and isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
                 and type(old) is torch.Tensor and not old.requires_grad
                 and (old.shape, old.dtype, old.device, old.stride()) == (new.shape, new.dtype, new.device, new.stride())):
             kept.append(s)
+            if s.kind != "grad" and isinstance(old, torch.Tensor):   # (a grad before is a graph input)
+                kept_olds.append((s, old))
             continue
         with gm.graph.inserting_before(out):
             ref = consts.get(id(old))
@@ -45,4 +76,29 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
     if drop:
         out.args = ([o for k, o in enumerate(outs) if k not in drop],)
         gm.recompile()
-    return kept
+    return kept, kept_olds
+
+
+class _HoldsCaptured:
+    """``slot.get() is old`` as a check's function (numchecks.Op): the tensor a graph reads as its
+    constant is still the one bound there."""
+    __name__ = "same tensor as captured"
+
+    def __init__(self, old):
+        self.old = old   # (the graph holds it too, as its constant)
+
+    def __call__(self, now) -> bool:
+        return now is self.old
+
+
+def stale_read_checks(gm: torch.fx.GraphModule, kept_olds: list) -> list:
+    """A buffer or state entry the step rebinds to a tensor of another shape, dtype or layout
+    (an optimizer's history ``state['h'] = torch.cat([state['h'], g])[-3:]`` while it grows),
+    whose old tensor the graph reads as a constant: after a replay binds the new one there, that
+    graph would read the stale one. A check that the slot still holds the tensor the graph reads:
+    the next call captures again, once the rebinding keeps its shape it is done in place."""
+    from .numchecks import Check, Op, Root
+    read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+    return [Check(Op(_HoldsCaptured(old), (Root("slot", (s, s.key), s.source),)), True,
+                  decided=True)
+            for s, old in kept_olds if id(old) in read]

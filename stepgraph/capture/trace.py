@@ -51,7 +51,7 @@ from .watch import paused_registration_epoch
 from .modes import _DispatchCheckMode, _HostReadMode
 from .steparrays import is_step_array
 from .tohost import to_host_outputs
-from .rebound import rebind_in_place
+from .rebound import float_effect, rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
 
@@ -87,6 +87,8 @@ class TraceResult:
     array_reads: list = field(default_factory=list)     # leaf positions of input arrays read in Python (arrays.py)
     to_host: frozenset = frozenset()   # user outputs copied to the host after each run (tohost.py)
     fetches: list = field(default_factory=list)   # fetches.SeenNext: batches the step took with next()
+    kept_olds: list = field(default_factory=list)  # (Slot, tensor before) of escapes not rebound in place
+    slot_effects: list = field(default_factory=list)  # SourceEffect to a rebound.SlotTarget: state floats
 
 
 def _step_counter_ids(reg: StateRegistry) -> set[int]:
@@ -268,6 +270,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 escapes.append(s)
                 olds.append(old)
                 graph_outs.append(new)
+            elif (e := float_effect(s, new, get_proxy_mode().tracer)) is not None:
+                box.setdefault("slot_effects", []).append(e)
             else:
                 counter = state_counter(s, old, new, reg)
                 if counter is not None and all(p.where != counter.where for p in problems):
@@ -311,12 +315,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                           for i in array_pos})
         array_reads += [(tensor_pos[phs.index(ph)], "a view of another dtype") for ph in odd]
     with saving_writes(rollback):   # (a buffer the step rebinds: copied into its old one, rebound.py)
-        box["escapes"] = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
+        box["escapes"], kept_olds = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
     calls, call_notes = box.get("call_effects", ([], []))
-    pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"] + pycalls.reads_of(calls))
+    pyeffects.place_reads(gm, read_effects + [e for e in appends if e.kind == "read"] + pycalls.reads_of(calls)
+                          + box.get("slot_effects", []))
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     to_host, refused = to_host_outputs(gm, box["hm"].to_host, box["escape_at"])   # (return x.cpu())
     problems += refused + random_guards(gm) + nextlr.used(gm)
@@ -326,7 +331,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                        number_effects=box.get("number_effects", []), source_inputs=list(live_tensors),
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
                        append_effects=appends, call_effects=calls, call_notes=call_notes,
-                       array_reads=sorted({i for i, _ in array_reads}), to_host=to_host, fetches=box["fetches"])
+                       array_reads=sorted({i for i, _ in array_reads}), to_host=to_host, fetches=box["fetches"],
+                       kept_olds=kept_olds, slot_effects=box.get("slot_effects", []))
 
 
 def _output_reads(gm, out_leaves: list) -> list:
