@@ -192,6 +192,16 @@ def log(data, step=None):   # wandb.log(...), as a module function
     EVENTS.append((dict(data), step))
 
 
+def dispatch_clip_grad(parameters, value, mode="norm"):   # timm.utils.dispatch_clip_grad, shortened
+    if mode == "norm":
+        torch.nn.utils.clip_grad_norm_(parameters, value)
+    else:   # timm.utils.agc.adaptive_clip_grad
+        for p in parameters:
+            g = p.grad.detach()
+            max_norm = p.detach().norm().clamp_(min=1e-3).mul_(value)
+            p.grad.detach().copy_(torch.where(g.norm() < max_norm, g, g * (max_norm / g.norm().clamp(min=1e-6))))
+
+
 class MetricLogger:   # torchvision references' utils.MetricLogger: it reads the tensors itself
     def __init__(self):
         self.meters = collections.defaultdict(AverageMeter)
@@ -422,3 +432,27 @@ def test_tensorboard_add_scalar_in_the_step_is_redone_not_recaptured():
         assert torch.equal(sg(*_batch(k)), eager(*_batch(k)))
     assert writers[0].scalars == writers[1].scalars
     assert sg.stats.captures == 1 and sg.stats.replays == 4, (sg.stats, sg.stats.recaptures[:2])
+
+
+@pytest.mark.parametrize("mode", ["norm", "agc"])
+def test_a_library_function_that_updates_grads_in_place_is_traced(library, mode):
+    """timm's train.py: ``timm.utils.dispatch_clip_grad(model_parameters(model), value=clip_grad,
+    mode=clip_mode)`` as a statement. A module function whose result the step drops looked like a
+    logger (``wandb.log``) and, computing on tensors, was refused; one that writes tensors in place
+    is the graph's own work: traced, not redone."""
+    (m1, o1), (m2, o2) = _pair()
+
+    def make(m, o):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            library.dispatch_clip_grad(list(m.parameters()), value=0.05, mode=mode)
+            o.step()
+            o.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1)), make(m2, o2)
+    for k in range(5):
+        assert torch.equal(sg(*_batch(k)), eager(*_batch(k))), k
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

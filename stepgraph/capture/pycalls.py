@@ -144,6 +144,7 @@ class _Record:
     literal: frozenset = frozenset()   # leaf indices its source passes as string literals (percent.py)
     plain: frozenset = frozenset()     # ... or as names, attributes: none formatted on its line
     target: tuple = (None, None)       # (frame, offset) of the call: a number's text is rebuilt only here
+    writes: bool = False   # heavy by a tensor op writing in place (``timm.utils.dispatch_clip_grad``)
 
 
 @dataclass
@@ -174,16 +175,19 @@ def _plain_leaf(v):
     return v._v if type(v) in _PROXIES else _plain(v) if isinstance(v, HostFloat) else v
 
 
-def _tensor_ops_after(last, graph) -> bool:
-    """Did the graph get a tensor op after node ``last``? (Arithmetic on read values, a library
-    meter's ``self.sum += val * n``, adds Python nodes only: a side effect a replay redoes.)"""
-    n = last.next
+def _tensor_ops_after(last, graph) -> str | None:
+    """Did the graph get a tensor op after node ``last``: "write" (one writes in place), "op",
+    or None? (Arithmetic on read values, a library meter's ``self.sum += val * n``, adds Python
+    nodes only: a side effect a replay redoes.)"""
+    n, found = last.next, None
     while n is not graph._root:
         if n.op == "call_function" and isinstance(n.target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) \
                 and n.target is not _READ:   # (``v.item()`` inside: redone on the replay's output)
-            return True
+            if isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable:
+                return "write"
+            found = "op"
         n = n.next
-    return False
+    return found
 
 
 _READ = torch.ops.aten._local_scalar_dense.default
@@ -227,11 +231,12 @@ def recording(sources, log: CallLog, tracer, sched_steps: list, reads=None):
             numbers, lines, f0 = _formats_numbers(), _call_lines(), len(reads.formats) if reads is not None else 0
             percent = percent_texts(leaves, reads, tracer, (a, kw), lines)
             out = fn(*pa, **pkw)
-            heavy = len(sched_steps) != k0 or _tensor_ops_after(last, tracer.graph)
+            ops = _tensor_ops_after(last, tracer.graph)
+            heavy = len(sched_steps) != k0 or ops is not None
             p1 = len(reads.printed) if reads is not None else 0
             q1 = len(reads.reads) if reads is not None else 0
             log.records.append(_Record(s, name, a, kw, user_frame(), heavy, numbers, (p0, p1), (q0, q1), lines,
-                                       formats=f0, **percent))
+                                       formats=f0, writes=ops == "write", **percent))
             return out
         call.__wrapped__ = orig
         return call
@@ -283,6 +288,8 @@ def collect_calls(log: CallLog, graph_outs: list, tracer, reg, reads, problems: 
         if r.heavy and r.source.read_or(()) is builtins:
             skipped.append(r)   # (a print that computed on tensors: printed at capture only, warned)
             continue
+        if r.heavy and r.writes and isinstance(r.source.read_or(()), types.ModuleType):
+            continue   # (a library function updating tensors in place -- timm's clip_grad: the graph's own work)
         if r.heavy:
             problems.append(Problem(
                 f"the step calls {r.source.describe()}.{r.method}(), a library method that computes "
