@@ -396,36 +396,39 @@ def test_next_over_the_steps_own_outputs_is_no_data_loader():
     same(m, m2)
 
 
-def test_a_recurrent_state_rebound_in_the_step_is_refused_with_the_fix_that_works():
+def test_a_recurrent_state_rebound_in_the_step_replays_equal_to_eager():
     """Transformer-XL: ``loss, mems = ret[0], ret[1:]`` rebinds the memory to tensors the forward
-    returns. The refusal said "the Python value mems (<object ...> of length 3)" and offered
-    "update mems outside the step", which no loop can do; passing it in and returning it works."""
-    from stepgraph import CaptureError
-    torch.manual_seed(0)
-    m = nn.Linear(4, 4)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    state = {"mems": [torch.zeros(2, 4), torch.zeros(2, 4)]}
+    returns. It was refused ("rebinds state['mems'] to a list of 2 tensors"); the element the step
+    reads is now a live input of the graph, read where it is at each call, and the list is
+    written back after each replay (pyeffects.collect): equal to eager. Passing it in and
+    returning it, the fix the refusal named, works too."""
+    def make(compiled):
+        torch.manual_seed(0)
+        m = nn.Linear(4, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        state = {"mems": [torch.zeros(2, 4), torch.zeros(2, 4)]}
 
-    def step(x):
-        h = m(x + state["mems"][0])
-        loss = h.square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        state["mems"] = [h.detach(), h.detach() * 2]
-        return loss.detach()
-    f = stepgraph.compile(step)
-    f(torch.randn(2, 4))
-    with pytest.raises(CaptureError, match=r"rebinds state\['mems'\] to a list of 2 tensors") as e:
-        f(torch.randn(2, 4))
-    assert "pass state['mems'] to the step as an argument and return the new one" in e.value.fix
+        def step(x):
+            h = m(x + state["mems"][0])
+            loss = h.square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            state["mems"] = [h.detach(), h.detach() * 2]
+            return loss.detach()
+        return (stepgraph.compile(step) if compiled else step), state, m
+    (f, s1, m1), (e, s2, m2) = make(True), make(False)
+    for k in range(5):
+        x = torch.randn(2, 4, generator=torch.Generator().manual_seed(k))
+        assert torch.equal(f(x), e(x)), k
+        assert all(torch.equal(a, b) for a, b in zip(s1["mems"], s2["mems"])), k
+    same(m1, m2)
+    assert f.stats.captures == 1 and f.stats.replays == 3, f.stats
 
     def step2(x, mems):   # the fix
-        h = m(x + mems[0])
+        h = m1(x + mems[0])
         loss = h.square().mean()
-        opt.zero_grad()
         loss.backward()
-        opt.step()
         return loss.detach(), [h.detach(), h.detach() * 2]
     g, mems = stepgraph.compile(step2), [torch.zeros(2, 4), torch.zeros(2, 4)]
     for _ in range(4):

@@ -125,3 +125,52 @@ def test_a_trainer_keeping_its_latest_tensors_replays():
     _, want = _trainer(False)
     assert all(torch.equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))
     assert sg.stats.captures == 1 and sg.stats.replays == 5, sg.stats
+
+
+class Pyramid(nn.Module):
+    """torchvision RAFT's CorrBlock: ``build_pyramid`` rebinds ``self.corr_pyramid`` to a list it
+    fills, ``index_pyramid`` reads it in the same forward. It was refused ("rebinds
+    self.corr_pyramid to a list of 4 tensors it computes"), then keyed by identity: a list the
+    forward writes before any read is scratch, written back after each replay."""
+    def __init__(self, reads_old=False):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.reads_old = reads_old
+
+    def build_pyramid(self, x):
+        old = getattr(self, "corr_pyramid", None)
+        self.corr_pyramid = [x if not (self.reads_old and old) else x + old[0].detach()]
+        for _ in range(2):
+            self.corr_pyramid.append(self.corr_pyramid[-1] * 0.5)
+
+    def forward(self, x):
+        self.build_pyramid(self.lin(x))
+        return sum(p.sum() for p in self.corr_pyramid)
+
+
+@pytest.mark.parametrize("reads_old", [False, True])
+def test_a_list_of_tensors_the_forward_rebuilds_replays(reads_old):
+    def run(compiled):
+        torch.manual_seed(0)
+        m = Pyramid(reads_old)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = m(x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        out = [fn(torch.randn(4, 8, generator=torch.Generator().manual_seed(i))) for i in range(5)]
+        return fn, out, m
+    if reads_old:   # (the old list is read: a recurrent state, refused as before)
+        with pytest.raises(stepgraph.CaptureError, match="corr_pyramid"):
+            run(True)
+        return
+    sg, got, m1 = run(True)
+    _, want, m2 = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert type(m1.corr_pyramid) is list and len(m1.corr_pyramid) == 3
+    assert all(torch.equal(a, b) for a, b in zip(m1.corr_pyramid, m2.corr_pyramid))
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

@@ -1,6 +1,7 @@
 """Python values before the traced call, checked after it: a defaultdict the step fills (a
 fresh ``MetricLogger``'s meters: the call is a warm-up) and a tensor the step replaces before any
-read (a forward's ``self.attn = p_attn``: keyed by metadata, not identity)."""
+read (a forward's ``self.attn = p_attn``, RAFT's ``self.corr_pyramid = [...]``: keyed by metadata,
+not identity)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ def py_before_call(py, args) -> PyBefore:
             v = d.read_or(args, None)
             if isinstance(v, dict) and hasattr(type(v), "__missing__"):
                 out[id(v)] = (d, v, frozenset(v))
-            elif n == len(s.path) and s.path and s.from_step and (v is None or type(v) is torch.Tensor):
+            elif n == len(s.path) and s.path and s.from_step and (v is None or type(v) is torch.Tensor
+                                                                  or tensor_list(v)):
                 tensors[i] = v
     return PyBefore(list(out.values()), tensors)
 
@@ -39,7 +41,7 @@ def overwritten(py, tr, before: PyBefore, args) -> list:
     the one held before the call is no input -- keyed by identity it missed at every call (a
     capture per call, never replayed); from now on by None-ness, dtype and shape (Source.key_for).
     Not one the graph reads (an input, a baked constant: that identity is its guard)."""
-    written = {_place(e.source, args) for e in tr.source_effects if e.kind == "tensor" and e.source is not None}
+    written = {_place(e.source, args) for e in tr.source_effects if e.kind in ("tensor", "tensors") and e.source is not None}
     if not written:
         return []
     read = {_place(s, args) for s in tr.source_inputs}
@@ -51,11 +53,17 @@ def overwritten(py, tr, before: PyBefore, args) -> list:
         if i not in before.tensors or _place(s, args) not in written - read:
             continue
         old = before.tensors[i]
-        if old is not None and (old.device.type == "meta" or old.untyped_storage().data_ptr() in consts):
+        if any(t.device.type == "meta" or t.untyped_storage().data_ptr() in consts
+               for t in (old if tensor_list(old) else () if old is None else (old,))):
             continue
         s.overwritten = True
         out.append(i)
     return out
+
+
+def tensor_list(v) -> bool:
+    """A list or tuple of plain tensors (torchvision RAFT's ``self.corr_pyramid``)."""
+    return type(v) in (list, tuple) and bool(v) and all(type(t) is torch.Tensor or isinstance(t, torch.nn.Parameter) for t in v)
 
 
 def filled_defaults(before: PyBefore, seen: list) -> str | None:

@@ -24,6 +24,7 @@ import torch
 from . import nextlr
 from .effects import Problem, _is_traced
 from .hostscalar import _plain, current
+from .pyvalues import _MISSING
 
 
 @dataclass(eq=False)
@@ -244,7 +245,9 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
             continue
         kind = _graph_kind(new, tracer)
         if type(new) in (tuple, list) and new and all(_graph_kind(t, tracer) == "tensor" for t in new) \
-                and rec is None and len(new) <= _MAX_TUPLE and _rebound(s, rebound):   # (mems = ret[1:])
+                and rec is None and len(new) <= _MAX_TUPLE and (_rebound(s, rebound) or _unread(old, tracer)):
+            # (mems = ret[1:]; or scratch no graph reads before it is rebound: torchvision RAFT's
+            # ``self.corr_pyramid = [corr_volume, ...]``, built and read within each forward)
             graph_outs.extend(new)
             tensors.append(SourceEffect(s, "tensors", len(graph_outs) - len(new), n=len(new), seq=type(new)))
         elif kind == "tensor":
@@ -269,6 +272,17 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
     for src, t in attrstores.collect(graph_outs, _is_traced, done):
         tensors.append(_effect(src, t, "tensor", graph_outs))
     return tensors, reads
+
+
+def _unread(old, tracer) -> bool:
+    """``old`` (a value before the step) is nothing, or a list or tuple of tensors none of which
+    the graph reads as a constant."""
+    if old is None or old is _MISSING:
+        return True
+    if type(old) not in (tuple, list) or not all(isinstance(t, torch.Tensor) for t in old):
+        return False
+    ids = {id(t) for t in old}
+    return not any(n.op == "get_attr" and id(getattr(tracer.root, n.target, None)) in ids for n in tracer.graph.nodes)
 
 
 def group_reads(reg, tracer) -> list:

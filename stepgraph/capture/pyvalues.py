@@ -119,6 +119,8 @@ class Source:
         """The key of the value ``v`` read here (untracked sources)."""
         if self.overwritten and (v is None or isinstance(v, torch.Tensor)):
             return ("overwritten",) if v is None else ("overwritten", v.dtype, tuple(v.shape), v.device.type)
+        if self.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
+            return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
         if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
             return ("fetched from", type(v))
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)
