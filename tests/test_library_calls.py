@@ -202,6 +202,16 @@ def dispatch_clip_grad(parameters, value, mode="norm"):   # timm.utils.dispatch_
             p.grad.detach().copy_(torch.where(g.norm() < max_norm, g, g * (max_norm / g.norm().clamp(min=1e-6))))
 
 
+class Scheduler:   # timm.scheduler.Scheduler.step_update, shortened
+    def __init__(self, optimizer, base_lr):
+        self.optimizer, self.base_lr, self.metric = optimizer, base_lr, None
+
+    def step_update(self, num_updates, metric=None):
+        self.metric = metric
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.base_lr / (1 + num_updates)
+
+
 class MetricLogger:   # torchvision references' utils.MetricLogger: it reads the tensors itself
     def __init__(self):
         self.meters = collections.defaultdict(AverageMeter)
@@ -455,4 +465,31 @@ def test_a_library_function_that_updates_grads_in_place_is_traced(library, mode)
     for k in range(5):
         assert torch.equal(sg(*_batch(k)), eager(*_batch(k))), k
     assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats
+
+
+def test_a_library_scheduler_storing_the_loss_average_is_written_after_each_replay(library):
+    """timm's train.py: ``lr_scheduler.step_update(num_updates=num_updates, metric=losses_m.avg)``.
+    The scheduler keeps ``self.metric``, a value read from the loss: refused ("the step changes
+    sched.metric inside timm's code"); now written after each replay with that replay's value
+    (libstate.library_effects), the lr set from the tracked count as before."""
+    (m1, o1), (m2, o2) = _pair()
+    objs = [(library.AverageMeter(), library.Scheduler(o, 0.05), {"n": 0}) for o in (o1, o2)]
+
+    def make(m, o, meter, sched, state):
+        def step(x, y):
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            meter.update(loss.item(), x.size(0))
+            state["n"] += 1
+            sched.step_update(num_updates=state["n"], metric=meter.avg)
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(m1, o1, *objs[0])), make(m2, o2, *objs[1])
+    for k in range(5):
+        assert torch.equal(sg(*_batch(k)), eager(*_batch(k))), k
+        assert objs[0][1].metric == objs[1][1].metric and type(objs[0][1].metric) is float, k
+        assert o1.param_groups[0]["lr"] == o2.param_groups[0]["lr"], k
     assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

@@ -78,6 +78,34 @@ def library_scalars(py, args, redone=()) -> list:
     return out
 
 
+def library_effects(before: list, tracer, number_effects: list) -> list:
+    """Inside the trace, after the step: a library object's number the step set to a value the
+    graph computes (timm's ``lr_scheduler.step_update(num_updates, metric=losses_m.avg)`` stores
+    ``self.metric``, a value read from the loss) or to tracked arithmetic: written again after
+    each replay, as eager's Python would -- a pyeffects.SourceEffect (returned) or a
+    trackplan.NumberEffect (appended to ``number_effects``); its attribute holds the plain value
+    now. It was refused by refuse_library_changes."""
+    from .hostscalar import _plain, current
+    from .numchecks import Root
+    from .pyeffects import SourceEffect
+    from .pyvalues import Source
+    from .trackplan import NumberEffect
+    from .tracked import _PROXIES
+    out = []
+    for label, owner, name, value, _ in before:
+        now = vars(owner).get(name, value) if isinstance(getattr(owner, "__dict__", None), dict) else value
+        if now is value:
+            continue
+        src = Source("object", owner, label.rsplit(".", 1)[0], (("attr", name),))
+        if isinstance(now, float) and current(now, tracer):
+            out.append(SourceEffect(src, "read", node=now.node))
+            vars(owner)[name] = _plain(now)
+        elif type(now) in _PROXIES and getattr(now, "_e", None) is not None:
+            number_effects.append(NumberEffect(Root("source", src, label), None, now._e))
+            vars(owner)[name] = now._v
+    return out
+
+
 def refuse_library_changes(before: list, redone=(), replayed=()) -> None:
     """After the call: raise for the first attribute of ``library_scalars`` that changed, but not
     of an object whose calls a replay redoes (``redone``: pycalls.CallEffect sources, found while

@@ -36,7 +36,7 @@ from .effects import (Problem, _is_traced, _host_read_patches, _opaque_outputs, 
                       _RngStateRecorder, discover_stepping_optimizers, record_grad_bindings)
 from .compiled import inline_compiled
 from .libraries import record_scheduler_steps, torch_fast_paths, tracing_hints
-from .libstate import state_counter
+from .libstate import library_effects, state_counter
 from .rnns import RnnDecomposition
 from .fnbackward import backward_under_modes
 from . import nextlr, pycalls, pyeffects
@@ -113,7 +113,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
                append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None,
-               call_sources=(), rebound=frozenset()) -> TraceResult:
+               call_sources=(), rebound=frozenset(), library_state=()) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
@@ -254,6 +254,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                            taken)
         argchanges.check(argw, [e.source for e in box["number_effects"] + box["effects"][0] + box["effects"][1] if e.source is not None],
                          a, problems, user_frame(), rollback.keep_container if rollback is not None else None)
+        box["effects"][1].extend(library_effects(library_state, get_proxy_mode().tracer, box["number_effects"]))
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
