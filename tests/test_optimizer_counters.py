@@ -261,3 +261,31 @@ def test_state_rebound_to_another_shape_is_captured_again_once_it_keeps_its_shap
     assert fn.stats.captures == 2 and fn.stats.replays == 5, (fn.stats, fn.explain())
     assert "same tensor as captured(opt.state[model.0.weight]['h'])" in fn.stats.recaptures[0]
     _assert_equal(got_model, got_opt, got, want_model, want_opt, want)
+
+
+class ListHistory(torch.optim.Optimizer):
+    """A history rebuilt as a new list each step (``state['h'] = [state['h'][1], grad]``): the
+    graph read the old list's tensors as constants and each replay wrote back the capture's list,
+    silently wrong. Refused, naming the optimizer's line."""
+    def __init__(self, params, lr=1e-2):
+        super().__init__(params, dict(lr=lr))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["h"] = [torch.zeros_like(p), torch.zeros_like(p)]
+                state["h"] = [state["h"][1], p.grad.clone()]
+                p.data.sub_(group["lr"] * (state["h"][0] + state["h"][1]) / 2)
+
+
+def test_state_rebound_to_a_new_list_of_tensors_is_refused_at_its_line():
+    OPTS["list_history"] = ListHistory
+    try:
+        want_model, want_opt, _, _ = _run("list_history", False, calls=2)
+        with pytest.raises(stepgraph.CaptureError, match=r"rebinds opt.state\[model.0.weight\]\['h'\] to a new list") as e:
+            _run("list_history", True, calls=2)
+    finally:
+        del OPTS["list_history"]
+    assert 'state["h"] = [state["h"][1], p.grad.clone()]' in e.value.where

@@ -140,11 +140,25 @@ def state_counter(slot, old, new, reg) -> Problem | None:
     the step sets to a constant is equal here and passes.)"""
     def plain(v):
         return type(v) in (int, float)
-    if slot.kind != "optstate" or not (plain(old) and plain(new)) or old == new:
+    if slot.kind != "optstate" or new is old:
         return None
     opt = next((o for _, o in reg.optimizers if any(st is slot.owner for st in o.state.values())), None)
     where = _writer_line(type(opt), slot.key) if opt is not None else user_frame()
     cls = type(opt).__name__ if opt is not None else "the optimizer"
+    if isinstance(new, (list, tuple, dict)) and any(isinstance(t, torch.Tensor) for t in
+                                                    (new.values() if isinstance(new, dict) else new)):
+        # (a history the optimizer rebuilds, ``state['h'] = [state['h'][1], grad.clone()]``: the
+        # graph read the old list's tensors as its constants and each replay wrote back this
+        # call's list -- silently wrong)
+        return Problem(
+            f"{cls} rebinds {slot.source} to a new {type(new).__name__} of tensors at each step: a replay runs "
+            "no Python, so it would read this call's tensors and write back this call's "
+            f"{type(new).__name__} at every step", where,
+            f"keep them in one tensor updated in place (state[{slot.key!r}] = torch.zeros(n, *p.shape) when the "
+            f"state is made; state[{slot.key!r}][i].copy_(...) or .roll(...) then copy_), which the graph repeats",
+            plain=True)
+    if not (plain(old) and plain(new)) or old == new:
+        return None
     if opt is not None and type(opt).__module__.startswith("torch.optim."):
         # torch's own (SparseAdam's int ``state['step']``): the user cannot change its code, but
         # can step it after the graph, which still replays forward and backward (sparse grads too).
