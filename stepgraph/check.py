@@ -32,7 +32,7 @@ def _state(reg) -> list[tuple[str, torch.Tensor]]:
             out.append((f"{mname}.{bname}", b))
     for oname, opt in reg.optimizers:
         for p, st in opt.state.items():
-            for k, v in st.items():
+            for k, v in (st.items() if isinstance(st, dict) else ()):
                 if isinstance(v, torch.Tensor):
                     out.append((f"{oname}.state[{reg.name_of(p) or '?'}]['{k}']", v))
     return out

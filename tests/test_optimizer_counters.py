@@ -132,6 +132,39 @@ class LrAverage(torch.optim.Optimizer):
                 p.data.add_(p.grad, alpha=-step_size)
 
 
+class AttrCounter(torch.optim.Optimizer):
+    """The count as the optimizer's own attribute (pytorch_optimizer AdaLOMO's ``self.num_steps
+    += 1``), the bias correction with ``math.pow`` (pytorch_optimizer's ``debias``), a global
+    entry of ``opt.state`` that is no parameter's (MADGRAD's ``state['k']`` tensor, SPAM's
+    ``state['total_step']`` int: a crash at the first call) and a dict in the param group (SCION's
+    ``norm_kwargs``: a crash). Installed, the attribute was seen by no guard: silently wrong."""
+    def __init__(self, params, lr=1e-2, beta=0.9):
+        super().__init__(params, dict(lr=lr, beta=beta, norm_kwargs={}))
+        self.num_steps = 0
+        self.state["k"] = torch.zeros(())
+        self.state["total_step"] = 0
+
+    def step(self):
+        self.num_steps += 1
+        self.state["total_step"] += 1
+        self.state["k"].add_(1)
+        for group in self.param_groups:
+            bias_correction = 1.0 - math.pow(group["beta"], self.num_steps)
+            for p in group["params"]:
+                scale = self.state["total_step"] / self.state["k"]
+                p.data.add_(p.grad * scale, alpha=-group["lr"] / bias_correction)
+
+
+def _library_attr_counter(params):
+    """AttrCounter compiled as installed code (a site-packages file name): pyvalues reads no
+    library code, so only the optimizer's registry sees its number."""
+    import inspect
+    import sysconfig
+    ns = {"torch": torch, "math": math}
+    exec(compile(inspect.getsource(AttrCounter), sysconfig.get_paths()["purelib"] + "/_sg_attr_counter.py", "exec"), ns)
+    return ns["AttrCounter"](params)
+
+
 def _adafactor(params):
     transformers = pytest.importorskip("transformers")
     return transformers.optimization.Adafactor(params, lr=None, relative_step=True, scale_parameter=True,
@@ -146,6 +179,8 @@ OPTS = {
     "group_step": GroupStepAdam,
     "rebinding": RebindingMomentum,
     "lr_average": LrAverage,
+    "attr_counter": AttrCounter,
+    "library_attr_counter": _library_attr_counter,
 }
 
 

@@ -20,7 +20,8 @@ from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, 
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import GradsKey, Ident, Signature, SignatureKey, TensorMeta
-from .state import StateRegistry, group_counter, stateless_config
+from .optkeys import groups_quick, hyper_value, state_ids
+from .state import StateRegistry, stateless_config
 from .watch import registration_epoch
 from ..errors import user_class
 from .reasons import Reasons, leaf_names
@@ -44,18 +45,6 @@ def tensor_meta(t: torch.Tensor) -> TensorMeta:
     # replay hands back without autograd history) changes nothing the graph computes.
     return TensorMeta(type(t), t.dtype, t.device, tuple(t.shape), t.stride(), t.requires_grad and t.is_leaf,
                       _grad_state(t))
-
-
-def _hyper_value(v):
-    if isinstance(v, torch.Tensor):
-        # A tensor hyper-parameter (lr=torch.tensor(...)) is read by the graph at replay time:
-        # only its identity and metadata are baked.
-        return ("tensor", id(v), v.dtype, v.device, tuple(v.shape))
-    if isinstance(v, list):
-        return tuple(_hyper_value(x) for x in v)
-    if group_counter(v):
-        return ("number",)   # (a counter: tracked, checked where a graph used it, state.group_counters)
-    return v
 
 
 def _leaf_value(v, covered=frozenset()):
@@ -269,7 +258,7 @@ class Guards(Reasons, LiveKeys):
         leaves = argtree.leaves(args, kwargs)
         labels = [re.sub(r"^arg \d+ \((\w+)\)", r"\1", n) for n in leaf_names(self.arg_names, args, kwargs)]
         track = plan(self.py.sources, leaves, labels, args, self.live | self.keyed,
-                     self.reg.slots() + self.reg.group_counters(self.live))
+                     self.reg.slots() + self.reg.number_slots(self.live))
         track.const_stores = self.py.const_stores
         return track
 
@@ -304,8 +293,8 @@ class Guards(Reasons, LiveKeys):
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(map(self._training, reg.all_modules)),
-            _groups_quick(self),
-            tuple((opt.state, len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
+            groups_quick(self),
+            tuple((opt.state, len(opt.state), state_ids(opt)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(p.requires_grad for _, p in reg.params),
             GradsKey(tuple(map(self._grad, reg.grad_params)), tensor_meta),
@@ -334,13 +323,13 @@ class Guards(Reasons, LiveKeys):
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(m.training for m in reg.all_modules),
-            tuple(tuple(tuple((k, self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else _hyper_value(v))
+            tuple(tuple(tuple((k, self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else hyper_value(v))
                               for k, v in g.items() if k != "params")
                         + (("#params", len(g["params"])),) for gi, g in enumerate(opt.param_groups))
                   for oi, (_, opt) in enumerate(reg.optimizers)),
             # (the per-parameter dicts too: ``opt.state.clear()`` refilled by the next step has the
             # same dict and length, and replayed the first graph on the dropped tensors)
-            tuple((id(opt.state), len(opt.state), tuple(map(id, opt.state.values()))) for _, opt in reg.optimizers),
+            tuple((id(opt.state), len(opt.state), state_ids(opt)) for _, opt in reg.optimizers),
             registration_epoch(),
             requires,
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),
@@ -362,16 +351,6 @@ def _inputs(self: Guards, leaves, args) -> tuple:
     covered = _covered(self.py.sources, args)
     return tuple(array_key(x, i in self.arrays_read) if input_array(x) else
                  _leaf_value(x, covered.get(id(x), frozenset())) for i, x in enumerate(leaves))
-
-
-def _groups_quick(self: Guards) -> tuple:
-    # (a param-group int is a counter, as in the full signature: its type only)
-    if not self.live:
-        return tuple(tuple(int if group_counter(v) else v for v in g.values())
-                     for _, opt in self.reg.optimizers for g in opt.param_groups)
-    return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else int if group_counter(v) else v
-                       for k, v in g.items())
-                 for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
 
 
 def _slots_now(self: Guards, args) -> tuple:

@@ -275,7 +275,7 @@ def _math_guarded(orig):
 
 def _math_live(orig):
     def fn(*args):
-        from .numchecks import Op
+        from .numchecks import Op, slot_rooted
         from .tracked import _PROXIES, plain
         tracer = _tracer()
         live = [x for x in args if current(x, tracer)]
@@ -287,12 +287,19 @@ def _math_live(orig):
                 return proxies[0]._log.derive(value, Op(orig, tuple(x._e if type(x) in _PROXIES else x
                                                                     for x in args)))
             return value
-        node = tracer.create_node("call_function", orig, tuple(node_arg(x, tracer) for x in args), {})
         by_node = all(x.number_use_by_node for x in live)
-        for x in proxies:
-            x._log.node_use(x, [node]) if by_node else x._use()
+        # (as hostscalar._binary: a moving number -- an optimizer's Python step count in
+        # ``math.pow(beta, step)``, pytorch_optimizer's debias -- is read live, not checked by value)
+        lifted = [x._log.lift(x, typed=False) if type(x) in _PROXIES and x._log.active
+                  and (by_node or x._log.moving(x)) else None for x in args]
+        node = tracer.create_node("call_function", orig, tuple(n if n is not None else node_arg(x, tracer)
+                                                              for x, n in zip(args, lifted)), {})
+        for x, n in zip(args, lifted):
+            if type(x) in _PROXIES and n is None:
+                x._log.node_use(x, [node]) if by_node else x._use()
         out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
-        out.numbers = _carried(*args)
+        out.numbers = _carried(*args) + tuple(x for x, n in zip(args, lifted) if n is not None and not by_node)
+        out.counter = any(x.counter for x in live) or any(n is not None and slot_rooted(x) for x, n in zip(args, lifted))
         return out
     fn.__name__ = orig.__name__
     fn.__wrapped__ = orig

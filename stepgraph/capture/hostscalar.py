@@ -96,7 +96,7 @@ def node_arg(x, tracer):
 
 
 def _binary(op, swap=False):
-    from .numchecks import roots_of
+    from .numchecks import slot_rooted
 
     def method(self, other):
         if not _tracked(other) and (not isinstance(other, (int, float)) or isinstance(other, bool)):
@@ -131,8 +131,7 @@ def _binary(op, swap=False):
         # (RAdam's beta2 ** step: a hyper and a counter; so is a Python number of an optimizer's
         # state read live into it, timm LaProp's ``state['exp_avg_lr_1'] * beta1 + (1 - beta1) * lr``:
         # a comparison on it is a decision guarded at each replay, not its value)
-        out.counter = any(x.counter for x in live) or any(
-            n is not None and any(r.kind == "slot" for r in roots_of(x._e)) for x, n in zip((a, b), lifted))
+        out.counter = any(x.counter for x in live) or any(n is not None and slot_rooted(x) for x, n in zip((a, b), lifted))
         return out
     return method
 

@@ -82,7 +82,7 @@ class _HostReadMode(TorchFunctionMode):
             return False
         for _, opt in self.reg.optimizers:
             for st in opt.state.values():
-                if st.get("step") is t:
+                if isinstance(st, dict) and st.get("step") is t:
                     self.step_ids.add(id(t))
                     return True
         return False

@@ -120,6 +120,11 @@ class Check:
         return f"{d} {self.expected!r} -> {now}" + (f" (at {self.where})" if self.where else "")
 
 
+def slot_rooted(x) -> bool:
+    """A tracked number computed from an optimizer's Python state (a Root of kind "slot")."""
+    return any(r.kind == "slot" for r in roots_of(x._e))
+
+
 def roots_of(e) -> list:
     if isinstance(e, Root):
         return [e]

@@ -97,7 +97,8 @@ class Rollback:
 
     @classmethod
     def take(cls, reg, leaves) -> "Rollback":
-        opt_state = [(opt, p, st, dict(st)) for _, opt in reg.optimizers for p, st in opt.state.items()]
+        opt_state = [(opt, p, st, dict(st)) for _, opt in reg.optimizers for p, st in opt.state.items()
+                     if isinstance(st, dict)]   # (MADGRAD's ``state['k']``: a slot, below)
         groups = [(g, dict(g)) for _, opt in reg.optimizers for g in opt.param_groups]
         inputs = [(t, t.grad) for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad and t.is_leaf]
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None

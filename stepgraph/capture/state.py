@@ -123,6 +123,10 @@ class StateRegistry(WeakHolding, HookWatching):
                     if isinstance(v, torch.Tensor):
                         self.names.setdefault(id(v), f"{oname}.param_groups[{gi}]['{k}']")
             for p, st in opt.state.items():
+                if not isinstance(st, dict):   # (MADGRAD's ``self.state['k'] = torch.tensor([0])``)
+                    if isinstance(st, torch.Tensor):
+                        self.names.setdefault(id(st), f"{oname}.state[{p!r}]")
+                    continue
                 pn = self.names.get(id(p), "?")
                 for k, v in st.items():
                     if isinstance(v, torch.Tensor):
@@ -163,6 +167,10 @@ class StateRegistry(WeakHolding, HookWatching):
                     pre = f"{mname}.{sname}." if sname else f"{mname}."
                     out.append(Slot("buffer", pre + bname, sub, bname))
         for oname, opt in self.optimizers:
+            # (an entry of the optimizer's own, not a parameter's: MADGRAD's ``state['k']``, SPAM's
+            # ``state['total_step']``; a number there is a counter, trackplan.TrackPlan.counters)
+            out += [Slot("optstate", f"{oname}.state[{k!r}]", opt.state, k) for k, v in list(opt.state.items())
+                    if not isinstance(v, dict) and not isinstance(k, torch.Tensor)]
             for gi, group in enumerate(opt.param_groups):
                 for p in group["params"]:
                     st = opt.state.get(p)
@@ -173,14 +181,18 @@ class StateRegistry(WeakHolding, HookWatching):
                         out.append(Slot("optstate", f"{oname}.state[{pn}]['{k}']", st, k))
         return out
 
-    def group_counters(self, live=frozenset()) -> list[Slot]:
+    def number_slots(self, live=frozenset()) -> list[Slot]:
         """The param-group entries held as plain ints (``group['step'] += 1`` in Adan,
-        ``group['lookahead_step']`` in Lookahead): tracked numbers, as a per-parameter
-        ``state['step']`` is (trackplan.TrackPlan.counters); ``live``: (optimizer, group, key)
-        read live as hyper-parameters instead."""
-        return [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
-                for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
-                for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
+        ``group['lookahead_step']`` in Lookahead) and the optimizers' own number attributes
+        (pytorch_optimizer AdaLOMO's ``self.num_steps += 1``: no guard saw it, replays kept the
+        capture's count -- silently wrong): tracked numbers, as a per-parameter ``state['step']``
+        is (trackplan.TrackPlan.counters); ``live``: (optimizer, group, key) read live as
+        hyper-parameters instead."""
+        out = [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
+               for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
+               for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
+        return out + [Slot("group", f"{oname}.{k}", vars(opt), k) for oname, opt in self.optimizers
+                      for k, v in list(vars(opt).items()) if type(v) in (int, float)]
 
 
 def group_counter(v) -> bool:

@@ -95,7 +95,7 @@ def _step_counter_ids(reg: StateRegistry) -> set[int]:
     ids = set()
     for _, opt in reg.optimizers:
         for st in opt.state.values():
-            s = st.get("step")
+            s = st.get("step") if isinstance(st, dict) else None
             if isinstance(s, torch.Tensor) and s.numel() == 1 and s.device.type == "cpu":
                 ids.add(id(s))
     return ids

@@ -111,7 +111,8 @@ def writable(s, args) -> bool:
     if isinstance(parent, type):
         return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
     # (a module's plain attribute, ``self.model.num_updates``: in its __dict__, no __setattr__)
-    return (plain_object(parent) or isinstance(parent, nn.Module)) and k in vars(parent)
+    # (an optimizer's own, ``self.t += 1`` in its step: state.StateRegistry.number_slots too)
+    return (plain_object(parent) or isinstance(parent, (nn.Module, torch.optim.Optimizer))) and k in vars(parent)
 
 
 def slot_of(s, args):
