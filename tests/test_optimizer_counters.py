@@ -265,8 +265,9 @@ def test_torch_optimizers_step_counters_are_not_stored_reads(name):
     finally:
         del OPTS[name]
     assert not [str(x.message) for x in w if str(x.message).startswith("stepgraph")]
-    if name != "Adafactor":   # (its max(1.0, rms / d) of a read value is a guarded decision)
-        assert fn.stats.captures == 1 and fn.stats.replays == 6, (fn.stats, fn.explain())
+    # (Adafactor's ``max(1.0, update.norm(2).item() / d)``: a value of the graph, not a branch on
+    # the comparison -- it flipped as the norm crossed 1.0, a capture per call: hostreads._pick_live)
+    assert fn.stats.captures == 1 and fn.stats.replays == 6, (fn.stats, fn.explain())
     _assert_equal(got_model, got_opt, got, want_model, want_opt, want)
 
 

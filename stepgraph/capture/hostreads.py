@@ -17,6 +17,7 @@ Uses the trace cannot follow are guarded by value (``float(x)`` of a ReadFloat, 
 """
 from __future__ import annotations
 
+import builtins
 import gc
 import json
 import math
@@ -252,11 +253,16 @@ class math_patches:
         # serializable", an internal failure, eager for good): handed its value, used as Python uses it.
         self.json_default = json.JSONEncoder.default
         json.JSONEncoder.default = lambda enc, o: (o._use(), o._v)[1] if _tracked(o) else self.json_default(enc, o)
+        self.picks = [(name, getattr(builtins, name)) for name in ("min", "max")]
+        for name, orig in self.picks:
+            setattr(builtins, name, _pick_live(orig))
         return self
 
     def __exit__(self, *exc):
         for name, orig in self.saved:
             setattr(math, name, orig)
+        for name, orig in self.picks:
+            setattr(builtins, name, orig)
         json.JSONEncoder.default = self.json_default
 
 
@@ -271,6 +277,32 @@ def _math_guarded(orig):
         return result
     pred.__name__ = orig.__name__
     return pred
+
+
+def _pick_live(orig):
+    """``max(1.0, update.norm().item() / d)`` (torch.optim.Adafactor's update clipping, DAdapt's
+    ``max(d, d_hat)``) on floats, a traced one among them: a value the graph computes at each
+    replay, not a branch guarded on the comparison inside (it flipped as the norm crossed 1.0:
+    a capture per call)."""
+    def fn(*args, **kw):
+        tracer = _tracer()
+        if kw or len(args) < 2 or tracer is None or not all(type(x) is float or isinstance(x, HostFloat) for x in args):
+            return orig(*args, **kw)
+        live = [x for x in args if current(x, tracer)]
+        if not live:
+            return orig(*args, **kw)
+        value = orig(*(_plain(x) for x in args))
+        node = tracer.create_node("call_function", orig, tuple(node_arg(x, tracer) for x in args), {})
+        top = live[0]
+        for x in live[1:]:   # (the operand of higher rank decides what the result tracks, as in ``a + b``)
+            top = x if x.derive_rank > top.derive_rank else top
+        out = top._derive(value, node)
+        out.numbers = _carried(*args)
+        out.counter = any(x.counter for x in live)
+        return out
+    fn.__name__ = orig.__name__
+    fn.__wrapped__ = orig
+    return fn
 
 
 def _math_live(orig):
