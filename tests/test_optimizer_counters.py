@@ -155,6 +155,34 @@ class AttrCounter(torch.optim.Optimizer):
                 p.data.add_(p.grad * scale, alpha=-group["lr"] / bias_correction)
 
 
+class ScheduleFreeSGD(torch.optim.Optimizer):
+    """schedulefree.SGDScheduleFree's step, reduced: running sums its step writes back into the
+    param group (``group['weight_sum']``, ``group['lr_max']``, ``group['k']``), the lerp weight
+    ``weight / weight_sum``. The floats were keyed by value, not being LIVE_HYPERS names: a
+    capture per call."""
+    def __init__(self, params, lr=1e-2, momentum=0.9):
+        super().__init__(params, dict(lr=lr, k=0, weight_sum=0.0, lr_max=-1.0, momentum=momentum))
+
+    def step(self):
+        for group in self.param_groups:
+            lr, k, momentum = group["lr"], group["k"], group["momentum"]
+            lr_max = group["lr_max"] = max(lr, group["lr_max"])
+            weight = lr_max ** 2
+            weight_sum = group["weight_sum"] = group["weight_sum"] + weight
+            try:
+                ckp1 = weight / weight_sum
+            except ZeroDivisionError:
+                ckp1 = 0
+            for p in group["params"]:
+                state = self.state[p]
+                if "z" not in state:
+                    state["z"] = torch.clone(p.data)
+                p.data.lerp_(end=state["z"], weight=ckp1)
+                p.data.add_(p.grad, alpha=lr * (momentum * (1 - ckp1) - 1))
+                state["z"].sub_(p.grad, alpha=lr)
+            group["k"] = k + 1
+
+
 def _library_attr_counter(params):
     """AttrCounter compiled as installed code (a site-packages file name): pyvalues reads no
     library code, so only the optimizer's registry sees its number."""
@@ -181,6 +209,7 @@ OPTS = {
     "lr_average": LrAverage,
     "attr_counter": AttrCounter,
     "library_attr_counter": _library_attr_counter,
+    "schedule_free": ScheduleFreeSGD,
 }
 
 

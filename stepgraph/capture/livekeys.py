@@ -3,7 +3,6 @@ read live (not keyed by value), the comparisons they branched on (guarded as pre
 re-keying a capture once the trace has shown what it used. A mixin of ``guards.Guards``."""
 from __future__ import annotations
 
-from ..optimizers import LIVE_HYPERS
 from .sigkey import Signature, SignatureKey
 
 
@@ -29,16 +28,18 @@ class LiveKeys:
                         out.append((oi, gi, k))
         return out
 
-    def live_candidates(self, args, keys=LIVE_HYPERS) -> list:
-        """What a replay graph can read live from its first capture: the float hyper-parameters
-        ``keys`` of every group, and the float globals/cells/attributes the step's own code
-        reads (not arguments: those come with each call). Reading them live costs a dict or
-        attribute read per replay; baking them cost one recapture at the first schedule change
-        (every corpus client with a scheduler recaptured once)."""
+    def live_candidates(self, args, keys=None) -> list:
+        """What a replay graph can read live from its first capture: the float entries ``keys``
+        of every group (None: all, not only LIVE_HYPERS -- schedulefree's ``weight_sum`` and
+        ``lr_max``, sums its step writes back, were keyed by value: a capture per call), and the
+        float globals/cells/attributes the step's own code reads (not arguments: those come with
+        each call). Reading them live costs a dict or attribute read per replay; baking them
+        cost one recapture at the first schedule change (every corpus client with a scheduler
+        recaptured once)."""
         out = []
         for oi, (_, opt) in enumerate(self.reg.optimizers):
             for gi, g in enumerate(opt.param_groups):
-                for k in keys:
+                for k in (keys if keys is not None else [k for k in g if k != "params"]):
                     v = g.get(k)
                     vs = v if isinstance(v, tuple) else (v,)
                     if vs and all(isinstance(x, float) for x in vs):
@@ -146,7 +147,7 @@ class LiveKeys:
         return {s: v for s in self.py.sources if not s.from_step and s.kind == "object"
                 for v in [s.read_or(args)] if type(v) is float}
 
-    def candidate_values(self, args, keys=LIVE_HYPERS) -> dict:
+    def candidate_values(self, args, keys=None) -> dict:
         """``live_candidates`` and ``forward_floats`` with their values now (a float, or a tuple
         of floats)."""
         out = dict(self.forward_floats(args))
