@@ -82,7 +82,10 @@ class LiveFloats:
         if backend_name == "replay":
             return reason, False
         g = self.guards
-        now = g.candidate_values(args)
+        # (LIVE_HYPERS only: a group float the step itself sums, schedulefree's ``weight_sum``,
+        # read live into a CUDA graph replayed wrong on the H200 -- keyed by value there, a
+        # capture per call, until that is understood)
+        now = g.candidate_values(args, keys=LIVE_HYPERS)
         new = [h for h, v in now.items() if h not in g.live and h not in self.baked
                and (h in self.seen and self.seen[h] != v or self._scheduled(h))]
         self.seen = now

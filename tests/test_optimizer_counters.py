@@ -245,8 +245,10 @@ def _assert_equal(got_model, got_opt, got, want_model, want_opt, want):
 def test_a_python_step_count_in_optimizer_state_replays_equal_to_eager(opt_name, device):
     want_model, want_opt, want, _ = _run(opt_name, False, device=device)
     got_model, got_opt, got, fn = _run(opt_name, True, device=device)
-    if device == "cpu" or opt_name not in ("hf_adafactor", "lr_average"):
-        # (on the GPU the numbers computed from the count reach the graph as one device tensor
+    if device == "cpu" or opt_name not in ("hf_adafactor", "lr_average", "schedule_free"):
+        # (schedule_free on the GPU: its group sums are keyed by value there, a capture per call --
+    # read live into the CUDA graph, it replayed wrong: livefloats.after_prepare)
+    # (on the GPU the numbers computed from the count reach the graph as one device tensor
         # (passes/device_scalars.py); Adafactor's also meet a value read from a tensor (its RMS):
         # those run between graph segments)
         assert fn.stats.captures == 1 and fn.stats.replays == 6, (fn.stats, fn.explain())
