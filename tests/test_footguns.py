@@ -72,10 +72,11 @@
 (s) An optimizer state tensor rebound between calls (``opt.state[p]['exp_avg'] =
     torch.zeros_like(p)``) is not seen: replays go on updating the tensor the graph holds.
     Reset it in place (``.zero_()``) or clear the state (``opt.state.clear()`` recaptures).
-(t) A buffer the step rebinds to a tensor of the same shape (``self.center = self.center * m +
-    c * (1 - m)``) keeps its tensor object: the graph copies the new values into it (eager binds
-    a new tensor each call; the values are eager's). A reference taken before the call sees the
-    new values (test_rebound_buffers.py, capture/rebound.py).
+(t) A buffer or optimizer state entry the step rebinds to a tensor of the same shape
+    (``self.center = self.center * m + c * (1 - m)``, ``state['m'] = beta * state['m'] + g``)
+    keeps its tensor object: the graph copies the new values into it (eager binds a new tensor
+    each call; the values are eager's). A reference taken before the call sees the new values
+    (test_rebound_buffers.py, test_optimizer_counters.py, capture/rebound.py).
 (u) An object the signature keys by identity (an unhashable argument such as a 0-dim numpy
     array, an object the step reads through a global) is kept alive by the key of each graph
     captured with it, as long as the step function lives: a freed object's id is reused by the
@@ -529,6 +530,33 @@ def test_t_a_rebound_buffer_keeps_its_tensor_object():
         sg(*batch(k)), train(twin, topt, tc(batch(k)[0]), batch(k)[1])
         assert torch.equal(c.center, tc.center)
     assert c.center is held and tc.center is not theirs   # (k = 3: a replay)
+    assert counts(sg) == (1, 1, 2)
+
+
+def test_t_a_rebound_optimizer_state_tensor_keeps_its_tensor_object():
+    class Momentum(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(lr=0.1))
+
+        def step(self):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    st = self.state[p]
+                    if "m" not in st:
+                        st["m"] = torch.zeros_like(p)
+                    st["m"] = 0.9 * st["m"] + p.grad
+                    p.data.add_(st["m"], alpha=-g["lr"])
+    model, _, twin, _ = setup()
+    opt, topt = Momentum(model.parameters()), Momentum(twin.parameters())
+    sg = stepgraph.compile(lambda x, y: train(model, opt, x, y))
+    for k in range(4):
+        sg(*batch(k)), train(twin, topt, *batch(k))
+        p, q = next(model.parameters()), next(twin.parameters())
+        if k == 2:
+            held, theirs = opt.state[p]["m"], topt.state[q]["m"]
+    assert torch.equal(opt.state[p]["m"], topt.state[q]["m"])
+    assert opt.state[p]["m"] is held and topt.state[q]["m"] is not theirs   # (k = 3: a replay)
+    assert_models_equal(model, twin)
     assert counts(sg) == (1, 1, 2)
 
 
