@@ -51,11 +51,16 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
     out = next(n for n in gm.graph.nodes if n.op == "output")
     outs = list(out.args[0])
     consts = {id(getattr(gm, n.target, None)): n for n in gm.graph.nodes if n.op == "get_attr"}
+    # (a new value sharing memory with state -- ``state['prev'] = p.detach()`` -- is an alias in
+    # eager, which a copy is not: left rebound, checked by stale_read_checks)
+    shared = {t.untyped_storage().data_ptr() for n in gm.graph.nodes if n.op == "get_attr"
+              for t in [getattr(gm, n.target, None)] if isinstance(t, torch.Tensor) and t.device.type != "meta"}
     kept, kept_olds, drop = [], [], set()
     for i, (s, old) in enumerate(zip(escapes, olds)):
         new = s.get()
         if not (s.kind in ("buffer", "optstate") and isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
                 and type(old) is torch.Tensor and not old.requires_grad
+                and new.untyped_storage().data_ptr() not in shared
                 and (old.shape, old.dtype, old.device, old.stride()) == (new.shape, new.dtype, new.device, new.stride())):
             kept.append(s)
             if s.kind != "grad" and isinstance(old, torch.Tensor):   # (a grad before is a graph input)
