@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import warnings
 
@@ -205,6 +206,9 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.notes += read_side_effects(tr, step.__name__) + warn_notes(tr.call_notes, step.__name__)
     collectives.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
+    if tr.baked_hypers and plan.reason is not None:   # (made live for this capture, then baked by an op)
+        plan.reason = re.sub(r"\(now read live at each (replay|call): no further recaptures for it\)",
+                             "(an op bakes it: keyed by its value, each change captures again)", plan.reason)
     if tr.array_reads:   # (numpy arrays the step read in Python: keyed by value, arrays.py)
         plan.sig = guards.arrays_were_read(tr.array_reads, plan.sig)
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)

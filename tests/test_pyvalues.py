@@ -983,3 +983,26 @@ def test_a_module_float_the_loop_anneals_is_read_live_not_recaptured_per_value()
         assert torch.equal(sg(x, y), eager(x, y)), k
         same_params(m1, m2)
     assert (sg.stats.captures, sg.stats.replays) == (1, 5), sg.stats
+
+
+def test_a_module_float_an_op_bakes_says_so_when_it_recaptures():
+    """``model[1].negative_slope`` changed between calls: made live for the next capture, then
+    baked by leaky_relu (no tensor form of its slope). The recapture said "now read live at each
+    replay: no further recaptures for it", and each change captured again; it says what happens."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LeakyReLU(0.1), torch.nn.Linear(4, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def step(x):
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    for k in range(5):
+        model[1].negative_slope = 0.1 + 0.1 * max(0, k - 1)
+        sg(torch.randn(3, 4))
+    assert sg.stats.recaptures, sg.stats
+    assert not any("no further recaptures" in r for r in sg.stats.recaptures), sg.stats.recaptures
+    assert any("an op bakes it: keyed by its value" in r for r in sg.stats.recaptures), sg.stats.recaptures
