@@ -356,3 +356,31 @@ def test_state_rebound_to_a_new_list_of_tensors_is_refused_at_its_line():
     finally:
         del OPTS["list_history"]
     assert 'state["h"] = [state["h"][1], p.grad.clone()]' in e.value.where
+
+
+class MSchedule(torch.optim.Optimizer):
+    """timm's NAdamLegacy, reduced: a Python step count and a float recurrence on a live
+    hyper-parameter in the same per-parameter state. The count's replayed effect refers to that
+    dict, so the capture took it for stepgraph's own and left its traced float in it."""
+    def __init__(self, params, lr=1e-2, beta=0.9):
+        super().__init__(params, dict(lr=lr, beta=beta))
+
+    def step(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if len(state) == 0:
+                    state["step"], state["m_schedule"] = 0, 1.0
+                state["step"] += 1
+                state["m_schedule"] = state["m_schedule"] * group["beta"]
+                p.data.add_(p.grad, alpha=-group["lr"] * state["m_schedule"] / state["step"])
+
+
+def test_a_state_float_next_to_a_python_count_is_a_plain_float_after_the_capture():
+    OPTS["m_schedule"] = MSchedule
+    try:
+        _, got_opt, _, fn = _run("m_schedule", True, calls=2)
+    finally:
+        del OPTS["m_schedule"]
+    assert fn.stats.captures == 1
+    assert all(type(st["m_schedule"]) is float and type(st["step"]) is int for st in got_opt.state.values())

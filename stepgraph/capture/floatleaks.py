@@ -34,14 +34,15 @@ def plain_after():
 
 
 def _users(holders: list) -> list:
-    """The holders not stepgraph's or a graph's (a trace's records, fx nodes), held neither
-    directly by one nor as an attribute in one's ``__dict__`` (a user's module dict is no such
-    thing, even where a stepgraph source refers to it). Two heap scans, whatever their number."""
+    """The holders not stepgraph's or a graph's (a trace's records, fx nodes): held by something
+    that is neither stepgraph's nor an attribute dict of stepgraph's, or by nothing of stepgraph's
+    (a user's module dict, an optimizer's per-parameter state that a stepgraph effect refers to
+    too: both are the user's). Two heap scans, whatever their number."""
     holders = [h for h in holders if not isinstance(h, types.FrameType)]
     if not holders:
         return []
     by_id = {id(h): h for h in holders}
-    internal, dicts = set(), []
+    internal, user, dicts = set(), set(), []
     for r in gc.get_referrers(*holders):
         if isinstance(r, types.FrameType) or r is holders:
             continue
@@ -50,16 +51,15 @@ def _users(holders: list) -> list:
             internal.update(held)
         elif type(r) is dict:
             dicts.append((r, held))
+        else:
+            user.update(held)
     if dicts:
         ours = {id(vars(o)) for o in gc.get_referrers(*[d for d, _ in dicts])
                 if _ours(o) and isinstance(getattr(o, "__dict__", None), dict)}
         for d, held in dicts:
-            if id(d) in ours:
-                internal.update(held)
-    return [h for h in holders if id(h) not in internal]
+            (internal if id(d) in ours else user).update(held)
+    return [h for h in holders if id(h) not in internal or id(h) in user]
 
 
 def _ours(o) -> bool:
-    # (a state.Slot only names a place in the user's objects: the optimizer's per-parameter
-    # dict it points at is the user's -- timm LaProp's ``state['exp_avg_lr_1']`` kept a HyperFloat)
-    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx")) and type(o).__name__ != "Slot"
+    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx"))
