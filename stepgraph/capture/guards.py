@@ -294,7 +294,7 @@ class Guards(Reasons, LiveKeys):
             _autocast_state(),
             tuple(map(self._training, reg.all_modules)),
             groups_quick(self),
-            tuple((opt.state, len(opt.state), state_ids(opt)) for _, opt in reg.optimizers),
+            tuple((opt.state, len(opt.state), state_ids(opt, reg.numeric_state)) for _, opt in reg.optimizers),
             registration_epoch(),
             tuple(p.requires_grad for _, p in reg.params),
             GradsKey(tuple(map(self._grad, reg.grad_params)), tensor_meta),
@@ -329,7 +329,7 @@ class Guards(Reasons, LiveKeys):
                   for oi, (_, opt) in enumerate(reg.optimizers)),
             # (the per-parameter dicts too: ``opt.state.clear()`` refilled by the next step has the
             # same dict and length, and replayed the first graph on the dropped tensors)
-            tuple((id(opt.state), len(opt.state), state_ids(opt)) for _, opt in reg.optimizers),
+            tuple((id(opt.state), len(opt.state), state_ids(opt, reg.numeric_state)) for _, opt in reg.optimizers),
             registration_epoch(),
             requires,
             tuple(None if p.grad is None else tensor_meta(p.grad) for p in reg.grad_params),

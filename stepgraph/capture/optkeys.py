@@ -21,9 +21,13 @@ def hyper_value(v):
     return v
 
 
-def state_ids(opt) -> tuple:
+def state_ids(opt, numeric=frozenset()) -> tuple:
     """The per-parameter dicts' identities (and a global entry's: MADGRAD's ``state['k']``; a
-    number there, SPAM's ``state['total_step']``, by its type: a counter, state.number_slots)."""
+    number there, SPAM's ``state['total_step']``, by its type: a counter, state.number_slots).
+    ``numeric``: ids of the optimizers holding such a number (StateRegistry.numeric_state, read
+    at each capture); the others take the fast path (9.6 against 21.6 us for 150 entries)."""
+    if id(opt) not in numeric:
+        return tuple(map(id, opt.state.values()))
     return tuple(type(v) if type(v) is int or type(v) is float else id(v) for v in opt.state.values())
 
 

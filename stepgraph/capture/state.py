@@ -57,6 +57,7 @@ class StateRegistry(WeakHolding, HookWatching):
     _seen: set = field(default_factory=set)
     pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
     device_hypers: list = field(default_factory=list)  # (group, key, tensors) held on the GPU
+    numeric_state: frozenset = frozenset()   # ids of optimizers with a number in opt.state (optkeys.state_ids)
     # Models and optimizers found only through the call's arguments are held weakly: when the
     # user drops them, ``on_death`` lets the step free its graphs (which hold their tensors).
     weak_ids: set = field(default_factory=set)
@@ -136,6 +137,8 @@ class StateRegistry(WeakHolding, HookWatching):
                 self.names[id(t)] = tname
                 self.params.append((tname, t))
         self.grad_params = [p for _, p in self.params if p.requires_grad]
+        self.numeric_state = frozenset(id(opt) for _, opt in self.optimizers
+                                       if any(type(v) is int or type(v) is float for v in opt.state.values()))
         self.requires_grad = tuple(p.requires_grad for _, p in self.params)
         self._all = [(None, self._hold(m)) for m in subs]
         self.module_ids = frozenset(map(id, subs))
@@ -191,8 +194,9 @@ class StateRegistry(WeakHolding, HookWatching):
         out = [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
                for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
                for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
-        return out + [Slot("group", f"{oname}.{k}", vars(opt), k) for oname, opt in self.optimizers
-                      for k, v in list(vars(opt).items()) if type(v) in (int, float)]
+        return out + [Slot("group", f"{oname}.{k}", d, k) for oname, opt in self.optimizers
+                      for d in [getattr(opt, "__dict__", None)] if isinstance(d, dict)
+                      for k, v in list(d.items()) if type(v) in (int, float)]
 
 
 def group_counter(v) -> bool:
