@@ -164,3 +164,37 @@ def test_numbers_given_to_a_tensor_op_are_folded():
     (sl, sp, f), (el, ep, _) = out
     assert all(torch.equal(a, b) for a, b in zip(sl + sp, el + ep))
     assert (f.stats.captures, f.stats.replays) == (1, 2), f.stats
+
+
+def test_a_constant_a_traced_op_wrote_into_is_not_folded_after():
+    """pytorch_optimizer's DAdaptSGD: ``sk_sq = torch.tensor([0.0])``, ``sk_sq.add_(s.pow(2).sum())``,
+    then ``d_hat = numerator / sk_sq.sqrt()``. The sqrt was folded with the capture's sum: every
+    replay divided by it (d grew where eager's stayed). A constant a traced op wrote into is a step
+    value from then on."""
+    def make():
+        torch.manual_seed(0)
+        m = nn.Linear(4, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        state = {"scale": []}
+
+        def step(x):
+            loss = m(x).square().mean()
+            loss.backward()
+            acc = torch.tensor([0.0])
+            for p in m.parameters():
+                acc.add_(p.grad.pow(2).sum())
+            norm = acc.sqrt()
+            for p in m.parameters():
+                p.grad.div_(norm + 1.0)
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), norm
+        return step, m
+    (f, m1), (g, m2) = make(), make()
+    f = stepgraph.compile(f)
+    for k in range(5):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(k))
+        (a, na), (b, nb) = f(x), g(x)
+        assert torch.equal(a, b) and torch.equal(na, nb), k
+    assert all(torch.equal(p, q) for p, q in zip(m1.parameters(), m2.parameters()))
+    assert f.stats.replays == 3, f.stats

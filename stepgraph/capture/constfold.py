@@ -36,11 +36,22 @@ class Constants:
     def _is(self, t) -> bool:
         return self.known.get(id(t)) is t
 
-    def note(self, func, args, out) -> None:
-        """After a traced op: a ``torch.tensor(...)`` constant on the CPU is a known constant."""
+    def note(self, func, args, out, kwargs=None) -> None:
+        """After a traced op: a ``torch.tensor(...)`` constant on the CPU is a known constant; one
+        a traced op wrote into is no longer (pytorch_optimizer DAdaptSGD's ``sk_sq =
+        torch.tensor([0.0])``, then ``sk_sq.add_(s.pow(2).sum())``: its ``sqrt()`` was folded
+        with the capture's sum, and every replay divided by it -- silently wrong)."""
         if func in _LIFT and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
                 and not self.arrays.over(args[0]):
             self.known[id(out)] = out
+        elif self.known and isinstance(func, torch._ops.OpOverload) and func._schema.is_mutable:
+            for i, a in enumerate(func._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    v = args[i] if i < len(args) else (kwargs or {}).get(a.name)
+                    for t in pytree.tree_leaves(v):
+                        if isinstance(t, torch.Tensor):
+                            self.known.pop(id(t), None)
+                            self.known.pop(id(t._base), None)
 
     def fold(self, func, args, kwargs):
         """The op's result computed outside the trace, or NotImplemented to trace it."""

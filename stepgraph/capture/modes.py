@@ -357,7 +357,7 @@ class _DispatchCheckMode(TorchDispatchMode):
         direct_collective(func, self.problems)   # (a collective not remapped: collectives.py)
         out = func(*args, **kwargs)
         self.arrays.note(func, args, out)
-        self.constants.note(func, args, out)
+        self.constants.note(func, args, out, kwargs)
         if func is torch.ops.aten.mkldnn_rnn_layer.default: note_grad_mode(out)   # (replayed in the step's grad mode)
         if func is torch.ops.aten._pack_padded_sequence.default:
             if self.cuda_step:
