@@ -34,15 +34,14 @@ def plain_after():
 
 
 def _users(holders: list) -> list:
-    """The holders not stepgraph's or a graph's (a trace's records, fx nodes): held by something
-    that is neither stepgraph's nor an attribute dict of stepgraph's, or by nothing of stepgraph's
-    (a user's module dict, an optimizer's per-parameter state that a stepgraph effect refers to
-    too: both are the user's). Two heap scans, whatever their number."""
+    """The holders not stepgraph's or a graph's (a trace's records, fx nodes), held neither
+    directly by one nor as an attribute in one's ``__dict__`` (a user's module dict is no such
+    thing, even where a stepgraph source refers to it). Two heap scans, whatever their number."""
     holders = [h for h in holders if not isinstance(h, types.FrameType)]
     if not holders:
         return []
     by_id = {id(h): h for h in holders}
-    internal, user, dicts = set(), set(), []
+    internal, dicts = set(), []
     for r in gc.get_referrers(*holders):
         if isinstance(r, types.FrameType) or r is holders:
             continue
@@ -51,15 +50,21 @@ def _users(holders: list) -> list:
             internal.update(held)
         elif type(r) is dict:
             dicts.append((r, held))
-        else:
-            user.update(held)
     if dicts:
         ours = {id(vars(o)) for o in gc.get_referrers(*[d for d, _ in dicts])
                 if _ours(o) and isinstance(getattr(o, "__dict__", None), dict)}
         for d, held in dicts:
-            (internal if id(d) in ours else user).update(held)
-    return [h for h in holders if id(h) not in internal or id(h) in user]
+            if id(d) in ours:
+                internal.update(held)
+    return [h for h in holders if id(h) not in internal]
+
+
+# stepgraph objects that only point at a place in the user's objects (a state slot, a replayed
+# number's container, a source's root): what they point at stays the user's -- timm LaProp's and
+# NAdamLegacy's per-parameter state kept a HyperFloat after the capture
+_POINTERS = frozenset(("Slot", "NumberEffect", "SlotTarget", "Source", "Root"))
 
 
 def _ours(o) -> bool:
-    return (type(o).__module__ or "").startswith(("stepgraph", "torch.fx"))
+    t = type(o)
+    return (t.__module__ or "").startswith(("stepgraph", "torch.fx")) and t.__name__ not in _POINTERS
