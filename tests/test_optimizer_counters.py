@@ -384,3 +384,52 @@ def test_a_state_float_next_to_a_python_count_is_a_plain_float_after_the_capture
         del OPTS["m_schedule"]
     assert fn.stats.captures == 1
     assert all(type(st["m_schedule"]) is float and type(st["step"]) is int for st in got_opt.state.values())
+
+
+_PROJECTOR = '''
+import torch
+class Projector:   # pytorch_optimizer's GaLoreProjector, reduced: a matrix remade every ``gap`` steps
+    def __init__(self, gap):
+        self.gap, self.matrix = gap, None
+
+    def project(self, grad, step):
+        if self.matrix is None or step % self.gap == 0:
+            self.matrix = grad.sign().clone()
+        return grad * self.matrix
+'''
+
+
+class Projected(torch.optim.Optimizer):
+    """An installed class's object in the per-parameter state whose tensor the step rebinds
+    every few steps: graphs captured between two remakings read the captured matrix after a
+    replay had made a new one (and the replay did not rebind it) -- silently wrong."""
+    def __init__(self, params, lr=1e-2):
+        import sysconfig
+        super().__init__(params, dict(lr=lr))
+        ns = {}
+        exec(compile(_PROJECTOR, sysconfig.get_paths()["purelib"] + "/_sg_projector.py", "exec"), ns)
+        self.projector_cls = ns["Projector"]
+        self.count = 0
+
+    def step(self):
+        self.count += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "projector" not in state:
+                    state["projector"] = self.projector_cls(3)
+                p.data.add_(state["projector"].project(p.grad, self.count), alpha=-group["lr"])
+
+
+def test_an_installed_object_in_optimizer_state_rebinding_its_tensor_is_replayed_equal_to_eager():
+    OPTS["projected"] = Projected
+    try:
+        want_model, want_opt, want, _ = _run("projected", False, calls=10)
+        got_model, got_opt, got, fn = _run("projected", True, calls=10)
+    finally:
+        del OPTS["projected"]
+    assert all(torch.equal(a, b) for a, b in zip(got, want)), [float((a - b).abs().max()) for a, b in zip(got, want)]
+    for p, q in zip(got_model.parameters(), want_model.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(got_opt.state[p]["projector"].matrix, want_opt.state[q]["projector"].matrix)
+    assert fn.stats.replays >= 3, fn.stats

@@ -96,6 +96,25 @@ class _HoldsCaptured:
         return now is self.old
 
 
+def object_tensors(reg) -> list:
+    """``(slot, tensor)`` of each tensor attribute of a Python object an optimizer keeps in its
+    per-parameter state (pytorch_optimizer GaLore's ``state['projector']``, whose ``ortho_matrix``
+    it rebinds every ``update_proj_gap`` steps): no slot of stepgraph's names it, so a graph read
+    the captured matrix after the projector had made a new one -- silently wrong. With
+    stale_read_checks, a rebinding captures again."""
+    from .state import Slot
+    out = []
+    for oname, opt in reg.optimizers:
+        for st in list(opt.state.values()):
+            for k, v in (list(st.items()) if isinstance(st, dict) else ()):
+                d = getattr(v, "__dict__", None)
+                if isinstance(v, torch.Tensor) or not isinstance(d, dict) or isinstance(v, type):
+                    continue
+                out += [(Slot("optstate", f"{oname}.state[...]['{k}'].{a}", d, a), t)
+                        for a, t in list(d.items()) if isinstance(t, torch.Tensor)]
+    return out
+
+
 def stale_read_checks(gm: torch.fx.GraphModule, kept_olds: list) -> list:
     """A buffer or state entry the step rebinds to a tensor of another shape, dtype or layout
     (an optimizer's history ``state['h'] = torch.cat([state['h'], g])[-3:]`` while it grows),

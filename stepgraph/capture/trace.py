@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
 from ..optimizers import absorb_floats
-from . import argchanges, argtree
+from . import argchanges, argtree, attrstores
 from .bindings import binding
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, group_reader, live_hyper, live_source
@@ -139,6 +139,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     box: dict = {}
 
     def traced(user_tensors, grad_tensors, source_tensors):
+        attrstores.own_state_objects(reg)
         olds = pyeffects.before(effect_sources)
         flat = list(leaves)
         for i, t in zip(tensor_pos, user_tensors):
