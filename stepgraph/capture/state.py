@@ -185,12 +185,11 @@ class StateRegistry(WeakHolding, HookWatching):
         return out
 
     def number_slots(self, live=frozenset()) -> list[Slot]:
-        """The param-group entries held as plain ints (``group['step'] += 1`` in Adan,
-        ``group['lookahead_step']`` in Lookahead) and the optimizers' own number attributes
-        (pytorch_optimizer AdaLOMO's ``self.num_steps += 1``: no guard saw it, replays kept the
-        capture's count -- silently wrong): tracked numbers, as a per-parameter ``state['step']``
-        is (trackplan.TrackPlan.counters); ``live``: (optimizer, group, key) read live as
-        hyper-parameters instead."""
+        """The param-group entries held as plain ints (Adan's ``group['step'] += 1``, Lookahead's
+        ``lookahead_step``) and the optimizers' own number attributes (AdaLOMO's ``self.num_steps
+        += 1``: no guard saw it, replays kept the capture's count -- silently wrong): tracked
+        numbers, as a per-parameter ``state['step']`` is (trackplan.TrackPlan.counters); ``live``:
+        (optimizer, group, key) read live as hyper-parameters instead."""
         out = [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
                for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
                for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
