@@ -31,8 +31,8 @@ import torch
 from ..errors import user_frame
 from ..markers import host_guard
 from .formats import note
-from .hostscalar import (HostFloat, _carried, _plain, _tracked, _tracer, current, node_arg, record_item,
-                         substitute)
+from .hostscalar import (HostFloat, _plain, _tracked, _tracer, current, live_op, node_arg,
+                         record_item, substitute)
 
 
 @dataclass
@@ -291,15 +291,7 @@ def _pick_live(orig):
         live = [x for x in args if current(x, tracer)]
         if not live:
             return orig(*args, **kw)
-        value = orig(*(_plain(x) for x in args))
-        node = tracer.create_node("call_function", orig, tuple(node_arg(x, tracer) for x in args), {})
-        top = live[0]
-        for x in live[1:]:   # (the operand of higher rank decides what the result tracks, as in ``a + b``)
-            top = x if x.derive_rank > top.derive_rank else top
-        out = top._derive(value, node)
-        out.numbers = _carried(*args)
-        out.counter = any(x.counter for x in live)
-        return out
+        return live_op(orig, args, live, orig(*(_plain(x) for x in args)), tracer)
     fn.__name__ = orig.__name__
     fn.__wrapped__ = orig
     return fn
@@ -307,7 +299,7 @@ def _pick_live(orig):
 
 def _math_live(orig):
     def fn(*args):
-        from .numchecks import Op, slot_rooted
+        from .numchecks import Op
         from .tracked import _PROXIES, plain
         tracer = _tracer()
         live = [x for x in args if current(x, tracer)]
@@ -319,20 +311,9 @@ def _math_live(orig):
                 return proxies[0]._log.derive(value, Op(orig, tuple(x._e if type(x) in _PROXIES else x
                                                                     for x in args)))
             return value
-        by_node = all(x.number_use_by_node for x in live)
-        # (as hostscalar._binary: a moving number -- an optimizer's Python step count in
-        # ``math.pow(beta, step)``, pytorch_optimizer's debias -- is read live, not checked by value)
-        lifted = [x._log.lift(x, typed=False) if type(x) in _PROXIES and x._log.active
-                  and (by_node or x._log.moving(x)) else None for x in args]
-        node = tracer.create_node("call_function", orig, tuple(n if n is not None else node_arg(x, tracer)
-                                                              for x, n in zip(args, lifted)), {})
-        for x, n in zip(args, lifted):
-            if type(x) in _PROXIES and n is None:
-                x._log.node_use(x, [node]) if by_node else x._use()
-        out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
-        out.numbers = _carried(*args) + tuple(x for x, n in zip(args, lifted) if n is not None and not by_node)
-        out.counter = any(x.counter for x in live) or any(n is not None and slot_rooted(x) for x, n in zip(args, lifted))
-        return out
+        # (a moving number -- an optimizer's Python step count in ``math.pow(beta, step)``,
+        # pytorch_optimizer's debias -- is read live, not checked by value: live_op)
+        return live_op(orig, args, live, value, tracer)
     fn.__name__ = orig.__name__
     fn.__wrapped__ = orig
     return fn

@@ -95,9 +95,33 @@ def node_arg(x, tracer):
     return _plain(x) if isinstance(x, HostFloat) else x
 
 
-def _binary(op, swap=False):
+def live_op(op, args, live, value, tracer):
+    """``op(*args)`` with ``live`` among them (floats of this trace): its graph node and the live
+    float it gives, ``value``. Shared by arithmetic (``_binary``), math's functions and
+    ``min``/``max`` (hostreads.py). ``meter.sum + loss.item()``: a tracked number is read at each
+    replay where it can be (lifted), else baked and used only if the node survives. A number whose
+    value check missed before (``lr = get_lr(it)`` meeting a live weight decay) is read live too:
+    the result carries it, so it is used by value wherever that result is baked."""
     from .numchecks import slot_rooted
+    by_node = all(x.number_use_by_node for x in live)
+    lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (by_node or x._log.moving(x))
+              else None for x in args]
+    node = tracer.create_node("call_function", op, tuple(
+        n if n is not None else node_arg(x, tracer) for x, n in zip(args, lifted)), {})
+    for x, n in zip(args, lifted):
+        if _tracked(x) and n is None:
+            x._log.node_use(x, [node]) if by_node else x._use()
+    out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
+    out.numbers = _carried(*args) + tuple(x for x, n in zip(args, lifted) if n is not None and not by_node)
+    # (RAdam's beta2 ** step: a hyper and a counter; so is a Python number of an optimizer's
+    # state read live into it, timm LaProp's ``state['exp_avg_lr_1'] * beta1 + (1 - beta1) * lr``,
+    # pytorch_optimizer's ``math.pow(beta, step)``: a comparison on it is a decision guarded at
+    # each replay, not its value)
+    out.counter = any(x.counter for x in live) or any(n is not None and slot_rooted(x) for x, n in zip(args, lifted))
+    return out
 
+
+def _binary(op, swap=False):
     def method(self, other):
         if not _tracked(other) and (not isinstance(other, (int, float)) or isinstance(other, bool)):
             if type(other).__module__ == "numpy" and getattr(other, "shape", None) == () \
@@ -114,25 +138,7 @@ def _binary(op, swap=False):
         if not live:  # used after the trace (plain float semantics) or left by an older one
             return op(_plain(a), _plain(b))
         value = op(*(_plain(x._v) if _tracked(x) else _plain(x) for x in (a, b)))
-        by_node = all(x.number_use_by_node for x in live)
-        # ``meter.sum + loss.item()``: the number read at each replay where it can be (lifted),
-        # else baked and used only if the node survives. A number whose value check missed
-        # before (``lr = get_lr(it)`` meeting a live weight decay) is read live too: the result
-        # carries it, so it is used by value wherever that result is baked.
-        lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (by_node or x._log.moving(x))
-                  else None for x in (a, b)]
-        node = tracer.create_node("call_function", op, tuple(
-            n if n is not None else node_arg(x, tracer) for x, n in zip((a, b), lifted)), {})
-        for x, n in zip((a, b), lifted):
-            if _tracked(x) and n is None:
-                x._log.node_use(x, [node]) if by_node else x._use()
-        out = max(live, key=lambda x: x.derive_rank)._derive(value, node)
-        out.numbers = _carried(a, b) + tuple(x for x, n in zip((a, b), lifted) if n is not None and not by_node)
-        # (RAdam's beta2 ** step: a hyper and a counter; so is a Python number of an optimizer's
-        # state read live into it, timm LaProp's ``state['exp_avg_lr_1'] * beta1 + (1 - beta1) * lr``:
-        # a comparison on it is a decision guarded at each replay, not its value)
-        out.counter = any(x.counter for x in live) or any(n is not None and slot_rooted(x) for x, n in zip((a, b), lifted))
-        return out
+        return live_op(op, (a, b), live, value, tracer)
     return method
 
 
