@@ -23,6 +23,21 @@ from .passes.device_scalars import Unsupported, is_number_reader, to_device_scal
 
 log = logging.getLogger("stepgraph")
 
+# What a recapture's reason says of a float made live for it; if the trace then baked it (an op
+# with no tensor form of it: LeakyReLU's negative_slope, Dropout's p), reason_after_trace
+# says that instead: the promise was not kept
+_LIVE_NOTES = (" (now read live at each replay: no further recaptures for it)",
+               " (now read live at each call: no further recaptures for it)")
+_BAKED_NOTE = " (an op bakes it: keyed by its value, each change captures again)"
+
+
+def reason_after_trace(reason, tr):
+    """The recapture's reason, its live note replaced when the trace baked a live float."""
+    if tr.baked_hypers and reason is not None:
+        for note in _LIVE_NOTES:
+            reason = reason.replace(note, _BAKED_NOTE)
+    return reason
+
 
 class LiveFloats:
     def __init__(self, guards, reg, name: str):
@@ -65,7 +80,7 @@ class LiveFloats:
             if new:
                 g.live.update(self.with_aliases(new, args))
                 if reason is not None:
-                    reason += " (now read live at each replay: no further recaptures for it)"
+                    reason += _LIVE_NOTES[0]
             return reason, bool(new)
         if last_key is not None and device == "cuda":
             notes = [n for h in g.changed_hypers(last_key, key) if h[2] in LIVE_HYPERS
@@ -92,7 +107,7 @@ class LiveFloats:
         if new:
             g.live.update(self.with_aliases(new, args))
             if reason is not None:
-                reason += " (now read live at each call: no further recaptures for it)"
+                reason += _LIVE_NOTES[1]
         return reason, bool(new)
 
     def after_trace(self, tr, sig, frozen, entries: dict):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import re
 import time
 import warnings
 
@@ -41,6 +40,7 @@ from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
 from .capture.rebound import object_tensors, stale_read_checks
+from .livefloats import reason_after_trace
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture import argtree
 from .capture.pyeffects import append_sources, effect_sources, lengths, tensor_sources, truncate
@@ -206,9 +206,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     traced.notes += read_side_effects(tr, step.__name__) + warn_notes(tr.call_notes, step.__name__)
     collectives.refuse_direct_collectives(tr.graph_module)
     plan.sig = step._live.after_trace(tr, plan.sig, traced.frozen, step._entries)
-    if tr.baked_hypers and plan.reason is not None:   # (made live for this capture, then baked by an op)
-        plan.reason = re.sub(r"\(now read live at each (replay|call): no further recaptures for it\)",
-                             "(an op bakes it: keyed by its value, each change captures again)", plan.reason)
+    plan.reason = reason_after_trace(plan.reason, tr)
     if tr.array_reads:   # (numpy arrays the step read in Python: keyed by value, arrays.py)
         plan.sig = guards.arrays_were_read(tr.array_reads, plan.sig)
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)

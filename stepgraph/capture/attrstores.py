@@ -60,12 +60,9 @@ def own_state_objects(reg) -> None:
     """Objects an optimizer keeps in its per-parameter state (pytorch_optimizer GaLore's
     ``state['projector']``, a library class whose ``ortho_matrix`` the step rebinds to a tensor
     it computes): their attributes are written back as a user class's are."""
-    for _, opt in reg.optimizers:
-        for st in list(opt.state.values()):
-            for v in (list(st.values()) if isinstance(st, dict) else ()):
-                if not isinstance(v, (torch.Tensor, int, float, bool, str, type(None), list, tuple, dict)) \
-                        and isinstance(getattr(v, "__dict__", None), dict) and not isinstance(v, type):
-                    _KINDS[type(v)] = True
+    from .rebound import state_objects
+    for _, _, v in state_objects(reg):
+        _KINDS[type(v)] = True
 
 
 _TRACER_CONSTANT = re.compile(r"_(tensor|param)_constant\d+")   # make_fx's names on its scratch module

@@ -96,6 +96,16 @@ class _HoldsCaptured:
         return now is self.old
 
 
+def state_objects(reg):
+    """``(optimizer name, key, object)`` of each Python object (not a tensor, a number or a
+    container) an optimizer keeps in its per-parameter state: GaLore's ``state['projector']``."""
+    for oname, opt in reg.optimizers:
+        for st in list(opt.state.values()):
+            for k, v in (list(st.items()) if isinstance(st, dict) else ()):
+                if not isinstance(v, (torch.Tensor, type)) and isinstance(getattr(v, "__dict__", None), dict):
+                    yield oname, k, v
+
+
 def object_tensors(reg) -> list:
     """``(slot, tensor)`` of each tensor attribute of a Python object an optimizer keeps in its
     per-parameter state (pytorch_optimizer GaLore's ``state['projector']``, whose ``ortho_matrix``
@@ -103,16 +113,8 @@ def object_tensors(reg) -> list:
     the captured matrix after the projector had made a new one -- silently wrong. With
     stale_read_checks, a rebinding captures again."""
     from .state import Slot
-    out = []
-    for oname, opt in reg.optimizers:
-        for st in list(opt.state.values()):
-            for k, v in (list(st.items()) if isinstance(st, dict) else ()):
-                d = getattr(v, "__dict__", None)
-                if isinstance(v, torch.Tensor) or not isinstance(d, dict) or isinstance(v, type):
-                    continue
-                out += [(Slot("optstate", f"{oname}.state[...]['{k}'].{a}", d, a), t)
-                        for a, t in list(d.items()) if isinstance(t, torch.Tensor)]
-    return out
+    return [(Slot("optstate", f"{oname}.state[...]['{k}'].{a}", vars(v), a), t)
+            for oname, k, v in state_objects(reg) for a, t in list(vars(v).items()) if isinstance(t, torch.Tensor)]
 
 
 def stale_read_checks(gm: torch.fx.GraphModule, kept_olds: list) -> list:

@@ -22,7 +22,7 @@ from .stateholding import HookWatching, WeakHolding
 @dataclass
 class Slot:
     """A place in the user's objects that holds a tensor and may be rebound by the step."""
-    kind: str          # "grad" | "buffer" | "optstate" | "group" (a param-group int: group_counters)
+    kind: str          # "grad" | "buffer" | "optstate" | "group" (a group's int, an optimizer attribute: number_slots)
     source: str
     owner: object      # the Parameter (grad), the Module (buffer), the per-param state dict
     key: object = None
