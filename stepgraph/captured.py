@@ -151,6 +151,8 @@ class CapturedStep:
             outs = [o.cpu() if i in tr.to_host else o for i, o in enumerate(outs)]
         for obj, attr, value in self.python_effects:
             setattr(obj, attr, value)  # e.g. DDP's "sync buffers at the next forward" flag
+        for e in tr.attr_sets:   # (torchmetrics' ``self._computed = None``: modstate.py)
+            e.write()
         n = self.n_user_outputs
         for slot, value in zip(tr.escapes, outs[n:]):
             slot.set(value)

@@ -17,7 +17,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
-from .capture import collectives, distributed, fetches
+from .capture import collectives, distributed, fetches, modstate
 from .capture.valuekeys import calling
 from .capture.state import StateRegistry, adopt_arguments, discover
 from .capture.watch import install_registration_hooks
@@ -147,8 +147,10 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                     _prestart(self._reg)  # compile processes start up while warm-up and tracing run
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
+                counters = modstate.counters_before(self._reg.all_modules)
                 with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
                     out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
+                self._reg.module_counters = modstate.counters_after(counters)   # (torchmetrics' _update_count)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
                 self._rescan |= self._guards.py.partial   # (``self.last_loss = ...`` its first call made)
                 return out

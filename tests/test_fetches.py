@@ -213,6 +213,18 @@ def test_a_teacher_forcing_coin_picks_one_of_two_graphs():
     assert "random.random() at" in f.explain()
 
 
+def test_a_coin_imported_with_from_random_import_random_is_drawn_like_random_random():
+    """x-transformers' layer dropout and denoising-diffusion-pytorch's self-conditioning draw with
+    ``from random import random``: the name bound in the library's module, where the patch on
+    ``random`` never reached -- the capture's coin was baked into every replay, silently (helper-77)."""
+    from random import random as coin
+
+    def body(net, x):
+        return net(x) if coin() < 0.5 else net(torch.tanh(net(x)))
+    f = _same_as_eager(body)
+    assert f.stats.captures == 2 and f.stats.replays == 8, f.stats
+
+
 def test_a_mixing_weight_drawn_with_numpy_is_read_live():
     """mixup's ``lam = np.random.beta(alpha, alpha)`` mixing the batch with its reverse: the value
     enters the graph (live from its first change), one graph for every call."""

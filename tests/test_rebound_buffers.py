@@ -88,3 +88,27 @@ def test_a_buffer_rebound_to_another_shape_is_still_correct():
     for a, b in zip(got + gp, want + wp):
         assert torch.equal(a, b)
     assert torch.equal(gb["seen"], wb["seen"])
+
+
+def test_a_buffer_counted_in_place_outside_the_step_is_no_new_registration():
+    """ema_pytorch's ``EMA.update()``, called after the step: ``self.step += 1`` on a registered
+    buffer adds in place and assigns the same tensor back. That fired the buffer-registration hook,
+    read as "a module parameter, buffer or submodule was assigned": a capture at every call, none
+    replayed (helper-77)."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    m.register_buffer("count", torch.zeros((), dtype=torch.long))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    for i in range(6):
+        f(torch.randn(3, 4))
+        m.count += 1
+    assert (f.stats.captures, f.stats.replays) == (1, 4), f.stats
+    assert int(m.count) == 6

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import library_file
+from . import modstate
 
 
 def _users_class(cls) -> bool:
@@ -67,12 +68,15 @@ def own_state_objects(reg) -> None:
 
 _TRACER_CONSTANT = re.compile(r"_(tensor|param)_constant\d+")   # make_fx's names on its scratch module
 _BEFORE: dict = {}   # (id(owner), name) -> the tensor it held when the trace began
+_OWNERS: dict = {}   # id(owner) -> owner, for _BEFORE's keys (during a trace only)
+_HELD: list = []     # _Synced of the last collect: taken by trace.py (take_held)
 
 
 def snapshot() -> None:
     """At the start of a trace: the tensors attributes of user objects and modules hold (a
     rebound one the graph read, ``self.running_mean``, is then known: see ``collect``)."""
     _BEFORE.clear()
+    _OWNERS.clear()
     for o in gc.get_objects():
         if _owner_kind(o):
             d = getattr(o, "__dict__", None)
@@ -80,6 +84,9 @@ def snapshot() -> None:
                 for k, v in d.items():
                     if isinstance(v, torch.Tensor) and not isinstance(v, nn.Parameter):
                         _BEFORE[(id(o), k)] = v
+                        _OWNERS[id(o)] = o
+                if modstate.library_module(o):
+                    modstate.note(o, d)   # (its lists: appended to by a library's code)
 
 
 class AttrStore:
@@ -95,6 +102,7 @@ class AttrStore:
             self._ref = lambda owner=owner: owner
         self.name, self.grad = name, grad
         self.const = const   # the tensor the graph reads for it (its value before the step)
+        self.last = None     # the tensor the last call bound there (_Synced)
         self.root = owner if not grad else self   # (trackplan.slot_of: (id(root), name))
 
     def describe(self) -> str:
@@ -117,7 +125,7 @@ class AttrStore:
             if isinstance(t, torch.Tensor) and (value is None or value.shape == t.shape):
                 t.grad = value
             return
-        vars(o)[self.name] = value
+        vars(o)[self.name] = self.last = value
         if self.const is not None:   # (the next replay reads what this one left, as eager)
             with torch.no_grad():
                 self.const.copy_(value)
@@ -148,7 +156,7 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
 
     from .rollback import before_write
     consts = {id(getattr(mode.tracer.root, n.target, None)) for n in mode.tracer.graph.nodes if n.op == "get_attr"}
-    out, seen = [], set()
+    out, seen, stores = [], set(), {}
     root = getattr(mode.tracer, "root", None)   # (make_fx's scratch module: its constants)
     for o in owners:
         if id(o) in seen or o is root:
@@ -163,14 +171,96 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
                 continue   # (the last: an earlier trace's scratch module, garbage gc has not collected yet)
             old = _BEFORE.get((id(o), name))
             read = old is not None and old is not v and id(old) in consts and old.shape == v.shape \
-                and old.dtype == v.dtype and old.device == v.device and not old.requires_grad
+                and old.dtype == v.dtype and old.device == v.device and not old.requires_grad \
+                and not _held_elsewhere(old, (id(o), name))
             if read:   # (self.running_mean = 0.9 * self.running_mean + ...: a graph constant)
                 before_write(old)   # (undone with the rest if the capture fails after this)
                 with _disable_current_modes(), torch.no_grad():
                     old.copy_(v)   # (replays read what this call left)
-            out.append((AttrStore(o, name, const=old if read else None), v))
+            store = AttrStore(o, name, const=old if read else None)
+            store.last = v
+            stores[(id(o), name)] = store
+            out.append((store, v))
             g = v.grad if v.is_leaf or v.retains_grad else None
             if g is not None and is_traced(g):   # (layer.out.retain_grad())
                 out.append((AttrStore(o, name, grad=True), g))
+    # (a rebinding whose old tensor the graph reads and another holder keeps -- torchmetrics'
+    # Running, whose window slots hold the base metric's states: the next replay would read it
+    # stale -- is checked by identity, a capture per call; one rebound with its old tensor kept
+    # current, or left in place, is synced)
+    _HELD[:] = [_Synced(o, name, old, None, copy=not _held_elsewhere(old, key)) if same else
+                _Synced(o, name, old, st if st.const is old else None, copy=st.const is old)
+                for key, old in _BEFORE.items() if id(old) in consts
+                for o in [_OWNERS[key[0]]] for name in [key[1]] for st in [stores.get(key)]
+                for same in [vars(o).get(name) is old] if (same or st is not None) and o is not root
+                and not isinstance(o, torch.fx.GraphModule) and not _TRACER_CONSTANT.fullmatch(name)]
     _BEFORE.clear()
+    _OWNERS.clear()
     return out
+
+
+def _held_elsewhere(old, key) -> bool:
+    """Another attribute, or a dict or list an attribute holds, keeps ``old`` (torchmetrics'
+    ``_defaults``, the tensor ``reset()`` clones, is the state ``add_state`` bound): copying
+    the step's new value into it, for the next replay to read, would change what it sees."""
+    if any(t is old and k != key for k, t in _BEFORE.items()):
+        return True
+    return any(v is old and (oid, k) != key or type(v) in (dict, list)
+               and any(x is old for x in (v.values() if type(v) is dict else v))
+               for oid, o in _OWNERS.items() for k, v in list(vars(o).items()))   # (before and after the step)
+
+
+def take_held() -> list:
+    """The attributes the last collect found holding a tensor the graph reads as its constant."""
+    out = list(_HELD)
+    _HELD.clear()
+    return out
+
+
+class _Current:
+    """``owner.name`` now: a numchecks.Root's slot."""
+
+    def __init__(self, ref, name: str):
+        self.ref, self.name = ref, name
+
+    def get(self):
+        o = self.ref()
+        return None if o is None else vars(o).get(self.name)
+
+
+class _Synced:
+    """Before a replay: ``owner.name`` still holds the tensor the graph reads as its constant (or
+    the one the last replay bound there). torchmetrics' ``Metric.reset()`` at an epoch's end, or
+    a loop's ``meter.total = torch.zeros(())``, binds a fresh tensor there, outside the step;
+    the graph kept updating the old one, the reset silently undone. A fresh tensor of the same
+    layout is copied into the constant and the attribute bound to it: the replay reads and updates
+    what eager would (only the tensor object differs: footgun (t)). Another layout, no tensor,
+    or a constant another holder keeps (``copy`` False): a miss, captured again."""
+    __name__ = "holds the captured tensor or one of its layout"
+
+    def __init__(self, owner, name: str, const, store, copy: bool):
+        self.slot = _Current(AttrStore(owner, name)._ref, name)
+        self.label = f"{type(owner).__name__}.{name}"
+        self.const, self.store, self.copy = const, store, copy
+
+    def __call__(self, now) -> bool:
+        c = self.const
+        if now is c or (self.store is not None and now is self.store.last):
+            return True
+        if not self.copy or type(now) is not torch.Tensor or now.requires_grad or \
+                (now.shape, now.dtype, now.device, now.stride()) != (c.shape, c.dtype, c.device, c.stride()):
+            return False
+        with torch.no_grad():
+            c.copy_(now)
+        o = self.slot.ref()
+        if o is not None:
+            vars(o)[self.slot.name] = c
+        return True
+
+
+def attribute_checks(gm: torch.fx.GraphModule, held: list) -> list:
+    """numchecks.Checks of the attributes in ``held`` whose constant ``gm`` still reads."""
+    from .numchecks import Check, Op, Root
+    read = {id(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"}
+    return [Check(Op(h, (Root("slot", (h.slot, h.slot.name), h.label),)), True, decided=True)
+            for h in held if id(h.const) in read]

@@ -99,7 +99,7 @@ def _binding(src, args):
         return Binding(owner, k, True) if _on_class(owner, v) else None
     t = type(parent)
     if t is not types.SimpleNamespace and (t.__getattribute__ is not object.__getattribute__
-                                           or t.__setattr__ not in _SETATTRS):
+                                           or getattr(t.__setattr__, "__wrapped__", t.__setattr__) not in _SETATTRS):
         return None   # (a frozen dataclass's __setattr__ refuses; a proxy's reads are its own)
     owner, v = _class_slot(t, k)
     if owner is not None and hasattr(type(v), "__set__"):

@@ -306,13 +306,9 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
             return orig(*a, **k)
         return seed
     builtins.next = handed
-    from .hostrandom import SEEDING, _modules
-    for label, mod, names in _modules() if draws else ():   # (every draw function: one not planned rewinds too)
-        for attr in names + SEEDING:
-            orig = getattr(mod, attr, None)
-            if callable(orig):
-                saved.append((mod, attr, orig))
-                setattr(mod, attr, seeding(orig) if attr in SEEDING else drawing((label, attr), orig))
+    from .hostrandom import _put_back, patch_draws   # (every draw function: one not planned rewinds too)
+    saved += patch_draws(lambda label, attr, orig: drawing((label, attr), orig), lambda _l, _a, orig: seeding(orig)) \
+        if draws else []
     n = len(draws)
 
     def called_otherwise(state):   # (a data call made otherwise than taken: from where eager draws)
@@ -324,7 +320,7 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
             yield
     finally:
         for mod, attr, orig in reversed(saved):
-            setattr(mod, attr, orig)
+            _put_back(mod, attr, orig)
         _TAKEN.consumed = len(calls) + n - len(draws)   # (how many this path made: a replay makes as many)
         rewind()   # (draws the step did not make this call: not made)
     left = [(f, len(q)) for f, q in queues.values() if q]

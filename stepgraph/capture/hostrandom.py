@@ -263,24 +263,70 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                 inside[0] = False
         draw.__wrapped__ = orig
         return draw
-    for label, mod, names in _modules():
-        for name in names:
-            orig = getattr(mod, name, None)
-            if orig is None or not callable(orig):
-                continue
-            saved.append((mod, name, orig))
-            setattr(mod, name, wrap(label, name, orig))
-        for name in SEEDING if seen is not None else ():
-            orig = getattr(mod, name, None)
-            if callable(orig):   # (seeded in the step: its draws cannot be taken before it, fetches.py)
-                saved.append((mod, name, orig))
-                setattr(mod, name, _seeding(seen, label, name, orig))
+    saved += patch_draws(wrap, (lambda label, name, orig: _seeding(seen, label, name, orig)) if seen is not None else None)
     try:
         with watching(seen, problems):   # (reads and torch draws of data calls: dataorder.py)
             yield
     finally:
         for mod, name, orig in reversed(saved):
-            setattr(mod, name, orig)
+            _put_back(mod, name, orig)
+
+
+def patch_draws(make, seeding=None) -> list:
+    """Each draw function of ``random`` / ``numpy.random`` replaced by ``make(label, name, orig)``
+    (the seeding ones by ``seeding(...)``, when given), in its module and wherever it was
+    imported; returns what to put back (``_put_back``)."""
+    saved, wrapped = [], {}
+    for label, mod, names in _modules():
+        for name in names + (SEEDING if seeding is not None else ()):
+            orig = getattr(mod, name, None)
+            if orig is None or not callable(orig):
+                continue
+            saved.append((mod, name, orig))
+            new = wrapped.setdefault(id(orig), (orig, (seeding if name in SEEDING else make)(label, name, orig)))[1]
+            setattr(mod, name, new)
+    return saved + _imported_draws(wrapped)
+
+
+def _imported_draws(wrapped: dict) -> list:
+    """``from random import random`` (x-transformers' layer dropout, denoising-diffusion-pytorch's
+    self-conditioning coin) binds the module's function in the importer's namespace (or a closure
+    cell), where the patch on ``random`` never reaches: its draw was baked, silently. Each dict
+    (a module's globals) and cell holding one of the patched functions gets the patch too;
+    returns what to put back, as ``(holder, name, original)``."""
+    import gc
+    import types
+    out = []
+    own = {id(c) for _, w in wrapped.values() for c in (w.__closure__ or ())}   # (a wrapper's own original)
+    for r in gc.get_referrers(*[orig for orig, _ in wrapped.values()]):
+        if type(r) is dict:
+            for k, v in list(r.items()):
+                w = wrapped.get(id(v))
+                if w is not None and w[0] is v:
+                    out.append((_Item(r), k, v))
+                    r[k] = w[1]
+        elif type(r) is types.CellType and id(r) not in own:
+            w = wrapped.get(id(r.cell_contents))
+            if w is not None and w[0] is r.cell_contents:
+                out.append((_Item(r), None, w[0]))
+                r.cell_contents = w[1]
+    return out
+
+
+class _Item:
+    """A dict or a cell as ``setattr``'s target (_imported_draws' put-back)."""
+
+    def __init__(self, holder):
+        self.holder = holder
+
+
+def _put_back(target, name, orig) -> None:
+    if type(target) is not _Item:
+        setattr(target, name, orig)
+    elif name is None:
+        target.holder.cell_contents = orig
+    else:
+        target.holder[name] = orig
 
 
 def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:

@@ -73,6 +73,7 @@ class StateRegistry(WeakHolding, HookWatching):
     # (makemore's ``parameters = [C, W1, b1, W2, b2]``): parameters too, their .grad a slot.
     loose: list = field(default_factory=list)          # (source, tensor)
     module_ids: frozenset = frozenset()                # id of every module held (guards._module_key)
+    module_counters: list = field(default_factory=list)  # (weakref, name): library modules' ints (modstate.py)
 
     @classmethod
     def of_optimizers(cls, optimizers) -> "StateRegistry":
@@ -185,17 +186,22 @@ class StateRegistry(WeakHolding, HookWatching):
         return out
 
     def number_slots(self, live=frozenset()) -> list[Slot]:
-        """The param-group entries held as plain ints (Adan's ``group['step'] += 1``, Lookahead's
-        ``lookahead_step``) and the optimizers' own number attributes (AdaLOMO's ``self.num_steps
-        += 1``: no guard saw it, replays kept the capture's count -- silently wrong): tracked
-        numbers, as a per-parameter ``state['step']`` is (trackplan.TrackPlan.counters); ``live``:
-        (optimizer, group, key) read live as hyper-parameters instead."""
-        out = [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
-               for oi, (oname, opt) in enumerate(self.optimizers) for gi, group in enumerate(opt.param_groups)
-               for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
-        return out + [Slot("group", f"{oname}.{k}", d, k) for oname, opt in self.optimizers
-                      for d in [getattr(opt, "__dict__", None)] if isinstance(d, dict)
-                      for k, v in list(d.items()) if type(v) in (int, float)]
+        return number_slots(self, live)
+
+
+def number_slots(reg, live=frozenset()) -> list[Slot]:
+    """The param-group entries held as plain ints (Adan's ``group['step'] += 1``), the optimizers' own
+    number attributes (AdaLOMO's ``reg.num_steps += 1``: no guard saw it, replays kept the capture's
+    count -- silently wrong) and library modules' counters (modstate.py): tracked numbers, as a
+    per-parameter ``state['step']`` is (trackplan.TrackPlan.counters); ``live``: read live instead."""
+    out = [Slot("group", f"{oname}.param_groups[{gi}]['{k}']", group, k)
+           for oi, (oname, opt) in enumerate(reg.optimizers) for gi, group in enumerate(opt.param_groups)
+           for k, v in list(group.items()) if group_counter(v) and (oi, gi, k) not in live]
+    return out + [Slot("group", f"{oname}.{k}", d, k) for oname, opt in reg.optimizers
+                  for d in [getattr(opt, "__dict__", None)] if isinstance(d, dict)
+                  for k, v in list(d.items()) if type(v) in (int, float)] \
+        + [Slot("group", f"{type(m).__name__}.{k}", vars(m), k) for r, k in reg.module_counters
+           for m in [r()] if m is not None and type(vars(m).get(k)) is int]
 
 
 def group_counter(v) -> bool:

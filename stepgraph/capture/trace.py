@@ -25,7 +25,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
 from ..optimizers import absorb_floats
-from . import argchanges, argtree, attrstores
+from . import argchanges, argtree, attrstores, modstate
 from .bindings import binding
 from .hostrandom import host_random_watch
 from .hostscalar import HyperLog, current, _DataDependentBranch, group_reader, live_hyper, live_source
@@ -88,6 +88,8 @@ class TraceResult:
     to_host: frozenset = frozenset()   # user outputs copied to the host after each run (tohost.py)
     fetches: list = field(default_factory=list)   # fetches.SeenNext: batches the step took with next()
     kept_olds: list = field(default_factory=list)  # (Slot, tensor before) of escapes not rebound in place
+    held_attrs: list = field(default_factory=list)  # attributes holding a graph constant (attrstores._Synced)
+    attr_sets: list = field(default_factory=list)   # modstate.SetEffect: a library module's attributes set
     slot_effects: list = field(default_factory=list)  # SourceEffect to a rebound.SlotTarget: state floats
 
 
@@ -259,6 +261,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
+        lib_appends, box["attr_sets"] = modstate.collect(graph_outs, get_proxy_mode().tracer, problems, user_frame(), {
+            (id(e.root.ref[0].owner), e.root.ref[1]) for e in box.get("number_effects", ()) if e.root.kind == "slot"})
+        box["appends"] += lib_appends   # (torchmetrics' list states: modstate.py)
         box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer, reg,
                                                     hm.reads, problems)
         escapes, clears, olds = [], [], []
@@ -304,7 +309,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
     saved_limit, _pt.CONSTANT_NUMEL_LIMIT = _pt.CONSTANT_NUMEL_LIMIT, 0
     try:
         with paused_registration_epoch(), record_grad_bindings(reg, box.setdefault("bindings", [])), \
-                _one_fake_mode(), inline_compiled(), saving_writes(rollback):
+                _one_fake_mode(), inline_compiled(), saving_writes(rollback), modstate.logging_sets():
             gm = make_fx(traced, tracing_mode="real", _allow_non_fake_inputs=True)(user_tensors, grad_tensors,
                                                                                     source_tensors)
     finally:
@@ -334,7 +339,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                        source_effects=tensor_effects + read_effects, read_roots=read_roots,
                        append_effects=appends, call_effects=calls, call_notes=call_notes,
                        array_reads=sorted({i for i, _ in array_reads}), to_host=to_host, fetches=box["fetches"],
-                       kept_olds=kept_olds, slot_effects=box.get("slot_effects", []))
+                       kept_olds=kept_olds, slot_effects=box.get("slot_effects", []), held_attrs=attrstores.take_held(),
+                       attr_sets=box.get("attr_sets", []))
 
 
 def _output_reads(gm, out_leaves: list) -> list:

@@ -60,10 +60,13 @@ def _counting(register):
     return wrapper
 
 
-def _bump(module, *_a):
+def _bump(module, name=None, value=None, *_a):
     # While stepgraph traces, make_fx's scratch root module registers every constant it
     # meets: that is not user state, and would otherwise invalidate the graph just made.
-    if not _PAUSED[0] and module in _WATCHED:
+    # (``self.step += 1`` on a buffer -- ema_pytorch's EMA.update -- adds in place and
+    # assigns the same tensor back: no new registration, no new graph at every call)
+    if not _PAUSED[0] and module in _WATCHED and not (
+            value is not None and any(d.get(name) is value for d in (module._buffers, module._parameters, module._modules))):
         _EPOCH[0] += 1
 
 

@@ -1,0 +1,96 @@
+"""torchmetrics metrics updated inside the step (Lightning's ``self.train_acc(preds, y)`` idiom; a
+loop's ``acc.update(preds, y)``), read, computed and reset outside it at an epoch's end.
+
+Found by helper-76 (session 32), silently wrong before:
+- ``reset()`` outside the step binds fresh state tensors; the graph kept updating the old ones
+  (attrstores._Synced now copies a fresh tensor of the same layout into the graph's constant);
+- ``update`` sets ``self._computed = None`` and counts ``self._update_count += 1``, Python a replay
+  did not redo: ``compute()`` returned the value cached at the capture (modstate.py);
+- list states (``BinaryAUROC``'s ``preds``/``target``) stopped growing at the capture;
+- ``RunningMean``'s window slots share its default tensor: the capture copied the step's value
+  into the default ``reset()`` restores from.
+"""
+import pytest
+import torch
+
+import stepgraph
+
+torchmetrics = pytest.importorskip("torchmetrics")
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _twin(make_metrics, compiled):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    metrics = make_metrics()
+
+    def step(x, y):
+        logits = model(x).squeeze(-1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        for name, m in metrics.items():
+            m.update(loss.detach()) if name.startswith("mean") else m.update(logits.detach().sigmoid(), y.long())
+        return loss.detach()
+    return (stepgraph.compile(step) if compiled else step), metrics, model
+
+
+def _run(make_metrics, n=9, reset_every=3, compute_every=1):
+    got = []
+    for compiled in (False, True):
+        fn, metrics, model = _twin(make_metrics, compiled)
+        g = torch.Generator().manual_seed(1)
+        seen = []
+        for i in range(n):
+            x, y = torch.randn(6, 4, generator=g), (torch.rand(6, generator=g) > 0.5).float()
+            loss = fn(x, y)
+            row = [loss] + [t.clone() for m in metrics.values() for t in _states(m)]
+            if (i + 1) % compute_every == 0:
+                row += [m.compute().clone() for m in metrics.values()]
+            row += [m._update_count for m in metrics.values()]
+            seen.append(row)
+            if (i + 1) % reset_every == 0:
+                for m in metrics.values():
+                    m.reset()
+        got.append((fn, seen, [p.detach().clone() for p in model.parameters()]))
+    (_, want, want_p), (fn, seen, params) = got
+    for i, (a, b) in enumerate(zip(seen, want)):
+        assert len(a) == len(b), i
+        for x, y in zip(a, b):
+            assert (torch.equal(x, y) if isinstance(x, torch.Tensor) else x == y), (i, a, b)
+    assert all(torch.equal(p, q) for p, q in zip(params, want_p))
+    return fn
+
+
+def _states(m):
+    for name in m._defaults:
+        v = getattr(m, name)
+        yield from (v if isinstance(v, list) else [v])
+
+
+def test_a_reset_outside_the_step_is_what_the_next_replay_updates():
+    fn = _run(lambda: {"mean": torchmetrics.MeanMetric(), "acc": torchmetrics.classification.BinaryAccuracy(),
+                       "f1": torchmetrics.classification.BinaryF1Score()}, compute_every=3)
+    # (the classification metrics validate their targets by default: ``torch.unique(target)``'s
+    # size, one label or both in a batch, is a shape a graph is keyed by)
+    assert fn.stats.captures <= 2 and fn.stats.replays >= 6, fn.stats
+
+
+def test_compute_after_every_call_sees_each_replays_update():
+    fn = _run(lambda: {"mean": torchmetrics.MeanMetric(),
+                       "acc": torchmetrics.classification.BinaryAccuracy(validate_args=False)}, reset_every=100)
+    assert fn.stats.captures == 1 and fn.stats.replays == 7, fn.stats
+
+
+def test_list_states_grow_at_every_replay():
+    fn = _run(lambda: {"auroc": torchmetrics.classification.BinaryAUROC(validate_args=False),
+                       "ap": torchmetrics.classification.BinaryAveragePrecision(validate_args=False)},
+              n=8, reset_every=4, compute_every=2)
+    assert fn.stats.captures == 1 and fn.stats.replays == 6, fn.stats
+
+
+def test_running_mean_keeps_its_window_and_its_default():
+    fn = _run(lambda: {"mean": torchmetrics.aggregation.RunningMean(window=3)}, n=7, reset_every=100)
+    assert fn.stats.captures >= 1   # (its window slot is a decision on a count: a graph per slot)
