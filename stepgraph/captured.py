@@ -158,6 +158,8 @@ class CapturedStep:
             slot.set(value)
         n += len(tr.escapes)
         for i, value in zip(tr.input_grads, outs[n:]):
+            if not leaves[i].requires_grad:   # (FGSM's ``x.requires_grad_()`` in the step: eager leaves it on)
+                leaves[i].requires_grad_(True)
             leaves[i].grad = value
         for slot, value in tr.clear_slots:
             slot.set(value)

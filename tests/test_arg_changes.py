@@ -135,3 +135,27 @@ def test_a_batch_dict_the_step_edits_is_warned_not_refused(recwarn):
         step({"x": torch.randn(4, 3), "id": torch.tensor(i)})
     assert step.stats.replays == 3, step.stats
     assert [w for w in recwarn if "a dict of tensors passed to it" in str(w.message)]
+
+
+def test_a_batch_encoding_the_step_edits_is_warned_as_a_dict_is(recwarn):
+    """The same on a Hugging Face ``BatchEncoding`` (a UserDict): the trace ran on a copy whose
+    ``.data`` is a new dict, and the watch looked into plain dicts only -- the caller's batch
+    silently kept its keys (helper-78)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(batch):
+        labels = batch.pop("labels")
+        loss = torch.nn.functional.cross_entropy(model(batch["input_ids"]).flatten(0, 1), labels.flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    for _ in range(4):
+        ids = torch.randint(0, 8, (2, 5))
+        step(transformers.BatchEncoding({"input_ids": ids, "labels": ids}))
+    assert step.stats.replays == 2, step.stats
+    assert [w for w in recwarn if "of tensors passed to it" in str(w.message)]

@@ -409,6 +409,28 @@ def test_inputs_that_require_grad_get_eager_grads(which):
     assert p.counts() == (1, 1, 3), p.step.stats
 
 
+def test_an_input_the_step_makes_require_grad_keeps_the_flag_after_replays():
+    """FGSM adversarial training: ``x.requires_grad_()`` inside the step, then ``x.grad.sign()``.
+    The replays wrote ``x.grad`` but left ``x.requires_grad`` False, unlike eager (helper-78)."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x, y):
+        x.requires_grad_()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return (x + 0.1 * x.grad.sign()).detach()
+    for k in range(5):
+        x = torch.randn(3, 4, generator=gen(k))
+        step(x, torch.tensor([0, 1, 0]))
+        assert x.requires_grad and x.grad is not None, k
+    assert step.stats.replays == 3, step.stats
+
+
 def test_reused_input_holding_grad_is_refused_leaving_eager_state():
     """Passing the same requires-grad leaf again (its .grad from the last call still set): replays
     could not accumulate into it, so the capture is refused with a CaptureError -- after the call
