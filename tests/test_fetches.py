@@ -12,6 +12,8 @@ from torch import nn
 import stepgraph
 from stepgraph import CaptureError
 
+from random import random as coin   # noqa: E402  (as a library imports it: test_a_coin_imported_...)
+
 pytestmark = pytest.mark.usefixtures("one_thread")  # (conftest.py)
 
 
@@ -217,8 +219,6 @@ def test_a_coin_imported_with_from_random_import_random_is_drawn_like_random_ran
     """x-transformers' layer dropout and denoising-diffusion-pytorch's self-conditioning draw with
     ``from random import random``: the name bound in the library's module, where the patch on
     ``random`` never reached -- the capture's coin was baked into every replay, silently (helper-77)."""
-    from random import random as coin
-
     def body(net, x):
         return net(x) if coin() < 0.5 else net(torch.tanh(net(x)))
     f = _same_as_eager(body)

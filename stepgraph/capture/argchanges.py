@@ -56,8 +56,8 @@ def watch(trace_args, user_args) -> ArgWatch:
         elif type(t) is tuple and type(u) is tuple:
             for k, (x, y) in enumerate(zip(t, u)):
                 walk(x, y, path + (k,))
-        elif isinstance(t, collections.abc.Mapping) and type(t) is type(u) and t is not u \
-                and type(getattr(t, "data", None)) is dict and type(getattr(u, "data", None)) is dict:
+        elif type(t) is type(u) and issubclass(type(t), collections.abc.Mapping) and t is not u \
+                and type(getattr(t, "__dict__", {}).get("data")) is dict and type(getattr(u, "__dict__", {}).get("data")) is dict:
             walk(t.data, u.data, path)   # (a BatchEncoding / UserDict, opened as a copy: its dict is a batch dict's)
         else:
             if t is not u and type(t) is type(u) and not isinstance(t, collections.abc.Mapping) \
