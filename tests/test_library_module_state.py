@@ -17,13 +17,14 @@ import stepgraph
 
 torchmetrics = pytest.importorskip("torchmetrics")
 pytestmark = pytest.mark.usefixtures("one_thread")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
 
 
-def _twin(make_metrics, compiled):
+def _twin(make_metrics, compiled, device):
     torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
+    model = torch.nn.Linear(4, 1).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    metrics = make_metrics()
+    metrics = {k: m.to(device) for k, m in make_metrics().items()}
 
     def step(x, y):
         logits = model(x).squeeze(-1)
@@ -37,14 +38,14 @@ def _twin(make_metrics, compiled):
     return (stepgraph.compile(step) if compiled else step), metrics, model
 
 
-def _run(make_metrics, n=9, reset_every=3, compute_every=1):
+def _run(make_metrics, n=9, reset_every=3, compute_every=1, device="cpu"):
     got = []
     for compiled in (False, True):
-        fn, metrics, model = _twin(make_metrics, compiled)
+        fn, metrics, model = _twin(make_metrics, compiled, device)
         g = torch.Generator().manual_seed(1)
         seen = []
         for i in range(n):
-            x, y = torch.randn(6, 4, generator=g), (torch.rand(6, generator=g) > 0.5).float()
+            x, y = torch.randn(6, 4, generator=g).to(device), (torch.rand(6, generator=g) > 0.5).float().to(device)
             loss = fn(x, y)
             row = [loss] + [t.clone() for m in metrics.values() for t in _states(m)]
             if (i + 1) % compute_every == 0:
@@ -70,27 +71,31 @@ def _states(m):
         yield from (v if isinstance(v, list) else [v])
 
 
-def test_a_reset_outside_the_step_is_what_the_next_replay_updates():
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_reset_outside_the_step_is_what_the_next_replay_updates(device):
     fn = _run(lambda: {"mean": torchmetrics.MeanMetric(), "acc": torchmetrics.classification.BinaryAccuracy(),
-                       "f1": torchmetrics.classification.BinaryF1Score()}, compute_every=3)
+                       "f1": torchmetrics.classification.BinaryF1Score()}, compute_every=3, device=device)
     # (the classification metrics validate their targets by default: ``torch.unique(target)``'s
     # size, one label or both in a batch, is a shape a graph is keyed by)
     assert fn.stats.captures <= 2 and fn.stats.replays >= 6, fn.stats
 
 
-def test_compute_after_every_call_sees_each_replays_update():
+@pytest.mark.parametrize("device", DEVICES)
+def test_compute_after_every_call_sees_each_replays_update(device):
     fn = _run(lambda: {"mean": torchmetrics.MeanMetric(),
-                       "acc": torchmetrics.classification.BinaryAccuracy(validate_args=False)}, reset_every=100)
+                       "acc": torchmetrics.classification.BinaryAccuracy(validate_args=False)}, reset_every=100, device=device)
     assert fn.stats.captures == 1 and fn.stats.replays == 7, fn.stats
 
 
-def test_list_states_grow_at_every_replay():
+@pytest.mark.parametrize("device", DEVICES)
+def test_list_states_grow_at_every_replay(device):
     fn = _run(lambda: {"auroc": torchmetrics.classification.BinaryAUROC(validate_args=False),
                        "ap": torchmetrics.classification.BinaryAveragePrecision(validate_args=False)},
-              n=8, reset_every=4, compute_every=2)
+              n=8, reset_every=4, compute_every=2, device=device)
     assert fn.stats.captures == 1 and fn.stats.replays == 6, fn.stats
 
 
-def test_running_mean_keeps_its_window_and_its_default():
-    fn = _run(lambda: {"mean": torchmetrics.aggregation.RunningMean(window=3)}, n=7, reset_every=100)
+@pytest.mark.parametrize("device", DEVICES)
+def test_running_mean_keeps_its_window_and_its_default(device):
+    fn = _run(lambda: {"mean": torchmetrics.aggregation.RunningMean(window=3)}, n=7, reset_every=100, device=device)
     assert fn.stats.captures >= 1   # (its window slot is a decision on a count: a graph per slot)
