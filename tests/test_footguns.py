@@ -76,7 +76,10 @@
     (``self.center = self.center * m + c * (1 - m)``, ``state['m'] = beta * state['m'] + g``)
     keeps its tensor object: the graph copies the new values into it (eager binds a new tensor
     each call; the values are eager's). A reference taken before the call sees the new values
-    (test_rebound_buffers.py, test_optimizer_counters.py, capture/rebound.py).
+    (test_rebound_buffers.py, test_optimizer_counters.py, capture/rebound.py). Likewise an
+    attribute whose tensor the graph reads, rebound outside the step to a tensor of the same
+    layout (torchmetrics' ``reset()``): its values are copied into the graph's tensor, which the
+    attribute then holds (test_library_module_state.py, capture/attrstores.py).
 (u) An object the signature keys by identity (an unhashable argument such as a 0-dim numpy
     array, an object the step reads through a global) is kept alive by the key of each graph
     captured with it, as long as the step function lives: a freed object's id is reused by the
@@ -115,6 +118,11 @@
     added inside its backward graph first): equal within rounding, not bitwise (1 ulp in a probe;
     SwitchTransformers' relative position bias, used by every layer, 2e-7 after 6 AdamW steps).
     The whole-step capture has no such boundary (test_zb below).
+(zc) On CUDA, a Hugging Face model given an all-ones ``attention_mask`` (an unpadded batch) runs
+    SDPA with the explicit all-visible mask where eager skips the mask for ``is_causal=True``
+    (reading ``mask.all()`` on the host would sync every call): the same attention by another
+    kernel, within fp tolerance, not bitwise. On the CPU that read is a guarded host read, bitwise
+    (test_hf_architectures.py::test_an_unpadded_batch_with_its_all_ones_mask_is_bitwise_on_the_cpu).
 """
 import copy
 import time

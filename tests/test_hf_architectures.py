@@ -90,3 +90,36 @@ def test_longformer_global_attention_captures_and_replays():
         return b
     f = compare_with_eager(build, batch)
     assert (f.stats.captures, f.stats.replays) == (1, 4), f.stats
+
+
+def test_an_unpadded_batch_with_its_all_ones_mask_is_bitwise_on_the_cpu():
+    """peft's and run_clm's grouped texts: ``attention_mask`` all ones. Eager transformers skips the
+    mask (``padding_mask.all()``) and runs SDPA with ``is_causal=True``; the trace was told it was
+    tracing and built the explicit mask: another kernel, grads ~1e-8 apart at every replay, said
+    nowhere (helper-77). On the CPU that read is now a guarded host read: a graph for unpadded
+    batches, one for padded, each bitwise."""
+    def build():
+        torch.manual_seed(0)
+        m = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+            num_attention_heads=4, num_key_value_heads=2))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(ids, mask):
+            loss = m(input_ids=ids, attention_mask=mask, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return m, step
+    (me, eager), (ms, sg) = build(), build()
+    sg = stepgraph.compile(sg)
+    g = torch.Generator().manual_seed(1)
+    for k in range(7):
+        ids = torch.randint(0, V, (2, 16), generator=g)
+        mask = torch.ones_like(ids)
+        if k % 3 == 2:
+            mask[0, 12:] = 0   # (a padded batch now and then)
+        assert torch.equal(eager(ids, mask), sg(ids, mask)), k
+        assert all(torch.equal(a, b) for a, b in zip(me.parameters(), ms.parameters())), k
+    assert sg.stats.captures <= 2 and sg.stats.replays >= 4, sg.stats

@@ -9,7 +9,9 @@ the read would be a host sync. While stepgraph traces, ``is_tracing(t)`` is also
 tensor the step computed (one with a proxy), in every loaded ``transformers`` module that
 imported it. The mask is then always built: the same values eager computes with padding; on
 an unpadded batch the explicit all-visible mask replaces ``is_causal`` (same attention, other
-kernel: fp tolerance, not bitwise).
+kernel: fp tolerance, not bitwise). CUDA steps only: on the CPU the read is a guarded host read
+(a graph for unpadded batches, one for padded; bitwise), where before grads were ~1e-8 off at
+every replay of an unpadded batch, said nowhere (footgun (u)).
 
 PyTorch's transformer fast paths (eval mode without grad) are skipped when ``has_torch_function``
 says a mode is active, and stepgraph's own modes are: the trace ran the slow path while eager
@@ -25,10 +27,10 @@ import torch
 
 
 @contextlib.contextmanager
-def tracing_hints(is_traced):
+def tracing_hints(is_traced, device: str = "cuda"):
     iu = sys.modules.get("transformers.utils.import_utils")
     orig = getattr(iu, "is_tracing", None) if iu is not None else None
-    if orig is None:
+    if orig is None or device != "cuda":   # (on the CPU the read is a guarded host read: bitwise)
         yield
         return
 

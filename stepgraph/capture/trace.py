@@ -178,7 +178,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         hm = box.setdefault("hm", _HostReadMode(step_ids, problems, reg, ReadLog(uses=uses) if host_reads else None))
         get_proxy_mode().tracer.sg_reads = hm.reads   # (decisions on step counters: hostscalar.guard_decision)
         with discover_stepping_optimizers(reg, hm), _host_read_patches(problems, (lambda t: tolist(t, hm.reads)) if hm.reads is not None else None,
-                                                                         hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced), \
+                                                                         hm.step_arrays if hm.reads is not None else None), tracing_hints(_is_traced, device), \
                 math_patches(), torch_fast_paths(user_frame), host_random_watch(problems, lambda t: id(t) in known or reg.name_of(t) is not None, box.setdefault("fetches", rollback.taken if rollback else [])), \
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
                                        box.setdefault("sched_set", [])), \
