@@ -118,7 +118,7 @@ class Source:
     def key_for(self, v):
         """The key of the value ``v`` read here (untracked sources)."""
         if self.overwritten and (v is None or isinstance(v, torch.Tensor)):
-            return ("overwritten",) if v is None else ("overwritten", v.dtype, tuple(v.shape), v.device.type)
+            return ("overwritten",)   # (no input of the graph: None or any tensor, torchmetrics' reset() sets None)
         if self.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
             return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
         if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
