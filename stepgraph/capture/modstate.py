@@ -7,7 +7,7 @@ AUROC, AveragePrecision). No Source names them (stepgraph reads the step's own c
 library's), so a replay did none of it: ``compute()`` kept returning the value cached at the
 capture, the lists stopped growing -- silently wrong. Here:
 
-- **counters**: an int attribute of a library module that the warm-up call changed is a
+- **counters**: a number attribute of a library module that the warm-up call changed is a
   tracked number during the trace (state.StateRegistry.number_slots), so its arithmetic is
   redone after each replay, as an optimizer's ``self.num_steps += 1`` is;
 - **assignments** (``nn.Module.__setattr__`` logged while tracing, library classes only): the
@@ -73,9 +73,10 @@ def logging_sets():
 
 
 def counters_before(modules) -> dict:
-    """Before the warm-up call: the int attributes of the library modules."""
+    """Before the warm-up call: the number attributes of the library modules (a count, a decayed
+    temperature)."""
     return {(id(m), k): (m, v) for m in modules if library_module(m)
-            for k, v in list(vars(m).items()) if type(v) is int}
+            for k, v in list(vars(m).items()) if type(v) in (int, float)}
 
 
 def counters_after(before: dict) -> list:

@@ -201,7 +201,7 @@ def number_slots(reg, live=frozenset()) -> list[Slot]:
                   for d in [getattr(opt, "__dict__", None)] if isinstance(d, dict)
                   for k, v in list(d.items()) if type(v) in (int, float)] \
         + [Slot("group", f"{type(m).__name__}.{k}", vars(m), k) for r, k in reg.module_counters
-           for m in [r()] if m is not None and type(vars(m).get(k)) is int]
+           for m in [r()] if m is not None and type(vars(m).get(k)) in (int, float)]
 
 
 def group_counter(v) -> bool:
