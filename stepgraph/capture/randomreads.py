@@ -130,10 +130,12 @@ def random_guards(gm) -> list:
                 "decides a data-dependent shape (a mixture-of-experts router with jitter noise or "
                 "dropout before it, a random mask selected with nonzero): it differs at every call, "
                 "so no graph captured for one value could be replayed", site,
-                "turn that randomness off in the model's config (e.g. router_jitter_noise=0.0); a "
-                "router's choices then still size its experts by the data, a graph per routing. Or "
-                "graph the parts that do not: stepgraph.graph_module(model) runs a forward that reads "
-                "values eagerly and graphs its submodules, and the rest of the step stays eager",
+                "graph the parts that do not read it: stepgraph.graph_module(model) runs a forward "
+                "that reads values eagerly and graphs its submodules, and the rest of the step stays "
+                "eager. Where the model has an option that switches that randomness off (a "
+                "mixture-of-experts router's router_jitter_noise=0.0; a random token mask is the "
+                "method itself, keep it), its router then still sizes its experts by the data: a "
+                "graph per routing",
                 plain=True))
             continue
         out.append(Problem(
