@@ -79,6 +79,7 @@ class CapturedStep:
     prologue: object = None    # passes.host_prologue.Prologue: the step's CPU work, before the graph
     arrays: bool = False       # some inputs are numpy arrays (capture/arrays.py)
     draws_used: int | None = None  # host draws taken before the call that its path makes (fetches.py)
+    generators: tuple = ()     # (leaf index, the capture's CPU torch.Generator argument: its ops draw from it)
 
     def checks_hold(self, leaves, args) -> bool:
         return not self.checks or checks_hold(self.checks, leaves, args)
@@ -123,6 +124,9 @@ class CapturedStep:
             inputs[m.index] = inputs[m.index].to(m.device)
         inputs += [p.grad for p, _ in tr.grad_inputs]
         inputs += [s.read(()) for s in tr.source_inputs]   # loop variables holding tensors (pyeffects.py)
+        handed = [(g, leaves[i]) for i, g in self.generators if leaves[i] is not g]
+        for g, new in handed:   # (a new Generator this call: the graph's draws come from its state)
+            g.set_state(new.get_state())
         # (MoCo's torch.randperm(n).cuda() is drawn here, before the graph: a sibling graph
         # whose guard misses gives the draw back, as the graph's own rewind cannot)
         drawn = torch.default_generator.get_state() if self.prologue is not None and self.prologue.draws else None
@@ -145,6 +149,8 @@ class CapturedStep:
                 f"the same call; see the other ranks' errors): {str(e).splitlines()[0][:200]}") from e
         finally:
             set_call(None, None)   # (it holds the call's arguments: a model passed in must not outlive it)
+            for g, new in handed:
+                new.set_state(g.get_state())
         if self.device_scalars is not None and self.device_scalars.outputs:
             outs = self.device_scalars.fill_outputs(outs)
         if tr.to_host:   # (return loss.cpu() in a CUDA step: copied now, as eager's .cpu() did)

@@ -41,6 +41,7 @@ from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
 from .capture.rebound import object_tensors, stale_read_checks
 from .capture.attrstores import attribute_checks
+from .capture.guards import cpu_generator
 from .livefloats import reason_after_trace
 from .capture.pycalls import call_sources, tensors_of, warn_notes
 from .capture import argtree
@@ -333,7 +334,8 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
         + [(m, "training", m.training) for m, before in traced.training_before if m.training != before],
         guard_plan=traced.guard_plan, device_scalars=lowered.device_scalars, checks=traced.checks,
         to_device=lowered.moved, prologue=lowered.prologue,
-        arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos), draws_used=fetches.consumed() if step._fetch else None)
+        arrays=any(input_array(sig.leaves[i]) for i in sig.tensor_pos), draws_used=fetches.consumed() if step._fetch else None,
+        generators=tuple((i, g) for i, g in enumerate(sig.leaves) if cpu_generator(g)))
     if sibling_of is not None:
         sibling_of.siblings.insert(0, entry)  # the newest value is tried first after the first
     else:

@@ -251,3 +251,34 @@ def test_an_attribute_read_where_no_source_is_found_is_keyed_by_value(how):
         res.append(out)
     assert all(torch.equal(x, y) for x, y in zip(*res)), res
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), m2.parameters()))
+
+
+def test_a_new_generator_each_call_draws_as_eager_without_a_capture_per_call():
+    """``step(x, y, torch.Generator().manual_seed(seed + i))``: keyed by identity, a capture per call
+    and eager after ``max_captures`` (helper-78). A CPU Generator argument is now keyed by kind; its
+    state is handed to the capture's generator for the replay and back after it."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y, gen):
+            x = x + 0.1 * torch.randn(x.shape, generator=gen)
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach(), torch.rand((), generator=gen)
+        fn = stepgraph.compile(step) if compiled else step
+        data = torch.Generator().manual_seed(1)
+        out = []
+        for i in range(7):
+            gen = torch.Generator().manual_seed(100 + i)
+            out.append(fn(torch.randn(5, 8, generator=data), torch.randint(0, 4, (5,), generator=data), gen)
+                       + (torch.rand((), generator=gen),))   # (the caller's generator moved on as eager's)
+        return fn, out, [p.detach().clone() for p in model.parameters()]
+    _, want, pw = run(False)
+    fn, got, pg = run(True)
+    assert all(torch.equal(a, b) for r, w in zip(got, want) for a, b in zip(r, w))
+    assert all(torch.equal(a, b) for a, b in zip(pg, pw))
+    assert (fn.stats.captures, fn.stats.replays) == (1, 5), fn.stats

@@ -47,9 +47,18 @@ def tensor_meta(t: torch.Tensor) -> TensorMeta:
                       _grad_state(t))
 
 
+def cpu_generator(v) -> bool:
+    """A CPU ``torch.Generator`` argument: keyed by kind, its state handed to the graph's own
+    generator around each replay (CapturedStep.replay). By identity, a new Generator per call
+    (``torch.Generator().manual_seed(seed + i)``) was a capture per call."""
+    return isinstance(v, torch.Generator) and v.device.type == "cpu"
+
+
 def _leaf_value(v, covered=frozenset()):
     if isinstance(v, torch.Tensor):
         return tensor_meta(v)
+    if cpu_generator(v):
+        return ("generator", "cpu")
     if number(v):
         return ("number",)  # its value and type: checked per graph, where used (tracked.py)
     if isinstance(v, torch.nn.Module):
