@@ -6,6 +6,7 @@ One graph per branch of the schedule (warm-up, cosine, floor), never one per cal
 is compared bitwise with eager PyTorch on a twin."""
 import copy
 import math
+from math import cos, pi
 
 import pytest
 import torch
@@ -72,6 +73,43 @@ def test_lr_from_the_iteration_argument_is_computed_by_the_graph(opt_name):
     # warm-up, then a graph per branch: 'it < 2' (capture), cosine, floor
     assert (s.captures, s.replays) == (3, 14), s.recaptures
     assert all(" < " in r or " > " in r for r in s.recaptures), s.recaptures
+
+
+class _Counter:
+    cur = 0
+
+
+def get_lr_imported(step):   # OLMo's CosWithWarmup: ``from math import cos, pi``
+    return 0.01 + 0.09 * (1 + cos(pi * step / 10)) / 2
+
+
+def test_an_lr_from_math_functions_imported_by_name_is_not_baked():
+    """OLMo's scheduler imports ``cos`` and ``pi`` from math; its trainer counts steps on an
+    attribute. The patch on ``math.cos`` never reached the imported name: once the count was read
+    live, the cosine of the capture's count was baked and every replay set that lr (helper-79)."""
+    def make_olmo(model, opt, st):
+        def step(x, y):
+            st.cur += 1
+            for g in opt.param_groups:
+                g["lr"] = get_lr_imported(st.cur)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    torch.manual_seed(0)
+    model = nn.Linear(8, 4)
+    twin = copy.deepcopy(model)
+    opt, topt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(twin.parameters(), lr=0.1)
+    step, eager = stepgraph.compile(make_olmo(model, opt, _Counter())), make_olmo(twin, topt, _Counter())
+    for it in range(8):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        assert torch.equal(step(x, y), eager(x, y)), it
+        assert opt.param_groups[0]["lr"] == topt.param_groups[0]["lr"], it
+        assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters())), it
+    assert step.stats.replays >= 5, step.stats
 
 
 def get_lr_literal(it):   # the same schedule with its constants written in (tracked arithmetic)

@@ -290,9 +290,9 @@ def patch_draws(make, seeding=None) -> list:
 
 def _imported_draws(wrapped: dict) -> list:
     """``from random import random`` (x-transformers' layer dropout, denoising-diffusion-pytorch's
-    self-conditioning coin) binds the module's function in the importer's namespace, where the
-    patch on ``random`` never reaches: its draw was baked, silently. Each module global holding one
-    of the patched functions gets the patch too (a scan of sys.modules: 18 ms with transformers
+    self-conditioning coin; ``from math import cos``: hostreads.math_patches) binds the module's
+    function in the importer's namespace, where the patch on ``random`` never reaches: its draw
+    was baked, silently. Each module global holding one of the patched functions gets the patch too (a scan of sys.modules: 18 ms with transformers
     loaded, where gc.get_referrers took 150); returns what to put back, as ``(holder, name, original)``."""
     out = []
     for m in list(sys.modules.values()):

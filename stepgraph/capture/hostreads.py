@@ -245,10 +245,16 @@ class math_patches:
     math's float functions of traced floats (and tracked numbers) are recorded, not baked."""
 
     def __enter__(self):
+        from .hostrandom import _imported_draws
         self.saved = [(name, getattr(math, name)) for name in _MATH_PREDICATES + _MATH_FLOATS
                       if hasattr(math, name)]
+        wrapped = {}
         for name, orig in self.saved:
-            setattr(math, name, _math_guarded(orig) if name in _MATH_PREDICATES else _math_live(orig))
+            setattr(math, name, wrapped.setdefault(id(orig), (orig, _math_guarded(orig) if name in _MATH_PREDICATES
+                                                              else _math_live(orig)))[1])
+        # (``from math import cos, pi``, OLMo's scheduler: the name in the importer's module, where
+        # the patch on math never reached -- the lr computed from a live step count was baked)
+        self.imported = _imported_draws(wrapped)
         # json's C encoder takes no tracked number (``json.dumps({"step": i})``: "int is not JSON
         # serializable", an internal failure, eager for good): handed its value, used as Python uses it.
         self.json_default = json.JSONEncoder.default
@@ -259,6 +265,9 @@ class math_patches:
         return self
 
     def __exit__(self, *exc):
+        from .hostrandom import _put_back
+        for target, name, orig in reversed(self.imported):
+            _put_back(target, name, orig)
         for name, orig in self.saved:
             setattr(math, name, orig)
         for name, orig in self.picks:
