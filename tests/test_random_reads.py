@@ -208,3 +208,46 @@ def test_random_values_selected_by_a_batch_mask_are_no_random_read():
     (got, gp, f), (want, wp, _) = runs
     assert all(torch.equal(a, b) for a, b in zip(got + gp, want + wp))
     assert (f.stats.captures, f.stats.replays) == (1, 3), f.stats
+
+
+def test_float_of_a_loss_behind_dropout_is_refused_with_a_fix_that_fits():
+    """PyTorch Geometric's gcn.py: ``return float(loss)`` with dropout in the model. The refusal
+    said the step "compares" the value and to "return it from the step" -- which it already did
+    (helper-80). It now names float() and says to return the tensor or ``loss.item()``."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    @stepgraph.compile
+    def train():
+        opt.zero_grad()
+        loss = F.cross_entropy(lin(F.dropout(x, p=0.5)), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+    train()
+    with pytest.raises(stepgraph.CaptureError, match=r"calls float\(\) on a tensor") as e:
+        train()
+    assert "return the tensor" in e.value.fix and "item()" in e.value.fix
+
+
+def test_float_of_a_loss_that_keeps_recapturing_says_to_return_the_tensor(caplog):
+    """The same without dropout: a value guard on the loss, missed at every call; the first
+    recapture's warning now says what to change."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    opt = torch.optim.Adam(lin.parameters(), lr=0.01)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+
+    @stepgraph.compile
+    def train():
+        opt.zero_grad()
+        loss = F.cross_entropy(lin(x), y)
+        loss.backward()
+        opt.step()
+        return float(loss)
+    with caplog.at_level("WARNING", logger="stepgraph"):
+        for _ in range(3):
+            train()
+    assert any("return the tensor" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]

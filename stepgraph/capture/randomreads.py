@@ -90,6 +90,14 @@ def random_guards(gm) -> list:
         if draw is None:
             continue
         site, what = n.args[2], n.args[3]
+        if str(what).startswith("float() of a") and "tensor" in str(what) and "float(" in str(site):
+            # (``return float(loss)`` behind dropout, PyTorch Geometric's gcn.py: a plain copy)
+            out.append(Problem(
+                f"the step calls float() on a tensor computed after a random draw ({draw} feeds it): "
+                "float() hands Python a plain copy of this call's value, which no replay can give back",
+                site, "return the tensor (or t.item(), a value stepgraph reads again at every replay) "
+                "and convert it outside the step", plain=True))
+            continue
         if any(f"{d} tensor" in str(what) for d in ("float16", "bfloat16", "float32", "float64")):
             # A float computed after a draw (``ReduceLROnPlateau.step(loss)`` behind dropout): no
             # batch to build outside; the fix is to compare it in the loop.

@@ -248,6 +248,12 @@ def recapture_hint(reason: str) -> str:
                 "ignores: padding_idx, an extra bag whose output is dropped, ignore_index), or "
                 "DataLoader(drop_last=True) when only the last batch is smaller; when it takes only a "
                 "few shapes (a char-RNN's name lengths), raise max_captures to their number")
+    if re.search(r": float\(\) of a \w+ tensor was .* at capture, now ", reason):
+        # (PyTorch Geometric's examples: ``return float(loss)``; a plain float, which the graph
+        # cannot hand back live, so a value guard that misses at every call)
+        return ("float(t) hands Python a plain copy of this call's value, which no replay can give back: "
+                "return the tensor (or t.item(), a value stepgraph reads again at every replay) and "
+                "convert it outside the step")
     m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
     if m:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
