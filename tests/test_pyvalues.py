@@ -1006,3 +1006,44 @@ def test_a_module_float_an_op_bakes_says_so_when_it_recaptures():
     assert sg.stats.recaptures, sg.stats
     assert not any("no further recaptures" in r for r in sg.stats.recaptures), sg.stats.recaptures
     assert any("an op bakes it: keyed by its value" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+class _ReadsTraining(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.lin(F.dropout(x, p=0.5, training=self.training))   # (PyTorch Geometric's models)
+
+
+def test_model_train_in_the_step_with_a_forward_reading_self_training_is_no_side_effect():
+    """PyTorch Geometric's gcn.py: ``def train(): model.train(); ...`` with ``model.eval()`` for the
+    test between calls, and a forward that reads ``self.training`` in Python. The step's own
+    ``self.training`` False -> True was refused as a Python side effect (helper-80); the mode is
+    guarded at entry and set again after each replay."""
+    def make():
+        torch.manual_seed(0)
+        m = _ReadsTraining()
+        o = torch.optim.Adam(m.parameters(), lr=0.01)
+
+        def step(x, y):
+            m.train()
+            o.zero_grad()
+            loss = F.cross_entropy(m(x), y)
+            loss.backward()
+            o.step()
+            return loss.detach()
+        return m, step
+    (me, eager), (ms, sg) = make(), make()
+    sg = stepgraph.compile(sg)
+    for i in range(6):
+        x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+        torch.manual_seed(i)
+        a = eager(x, y)
+        torch.manual_seed(i)
+        assert torch.equal(a, sg(x, y)), i
+        assert ms.training and all(torch.equal(p, q) for p, q in zip(me.parameters(), ms.parameters())), i
+        me.eval()
+        ms.eval()
+    assert (sg.stats.captures, sg.stats.replays) == (1, 4), sg.stats

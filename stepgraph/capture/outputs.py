@@ -133,6 +133,20 @@ def _place(s, args=()):
     return slot_of(s, args) or id(s)
 
 
+def _train_flag(s, args) -> bool:
+    """``self.training`` of a module, read by the step's code (``F.dropout(x, p,
+    training=self.training)``) and set by its ``model.train()`` (PyTorch Geometric's examples, with
+    ``model.eval()`` between calls): the graph's entry mode is guarded and the mode the step leaves
+    is set after each replay (pipeline: ``training_before``), so no side effect to refuse."""
+    if not s.path or s.path[-1] != ("attr", "training"):
+        return False
+    try:
+        parent = type(s)(s.kind, s.root, s.name, s.path[:-1]).read_or(args)
+    except Exception:  # noqa: BLE001 - a chain that does not resolve: not a module's flag
+        return False
+    return isinstance(parent, torch.nn.Module)
+
+
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
                                replayed=(), slots=(), args=()) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a
@@ -149,7 +163,7 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
             continue   # (the members of a container the step changed in place, its length kept:
             # not refused, as when such containers were keyed by identity and length only)
         if a != b and s.from_step and _place(s, args) not in replayed \
-                and not (scheduled and ".param_groups[" in s.describe()):
+                and not (scheduled and ".param_groups[" in s.describe()) and not _train_flag(s, args):
             if _tensor_key(a) or _tensor_key(b):   # (vqvae's new nn.Parameter each step)
                 raise CaptureError(
                     f"the step rebinds {s.describe()} to another tensor ({_show(a)} -> {_show(b)}); a "
