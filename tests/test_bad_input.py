@@ -532,3 +532,31 @@ def test_property_random_shapes_dtypes_strides_match_eager(dtype, calls):
         assert p(layout_batch(k, layout, n=n, dtype=dtype, label_layout=labels)) is None
     s = p.step.stats
     assert s.eager_calls + s.captures + s.replays == 3 and s.eager_calls == 1, s
+
+
+def test_a_sparse_csr_tensor_the_step_reads_runs_eagerly_warned_not_a_raw_error():
+    """A PyG-style sparse CSR adjacency in the step's closure: its key read ``stride()``, a raw
+    RuntimeError at the warm-up call (helper-80). Now keyed by layout; the capture cannot trace
+    it and the step runs eagerly, warned, with eager's results."""
+    idx = torch.tensor([[0, 1, 2, 3, 4], [1, 2, 3, 4, 0]])
+    adj = torch.sparse_coo_tensor(idx, torch.ones(5), (5, 5)).coalesce().to_sparse_csr()
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 2)
+    twin = copy.deepcopy(lin)
+
+    def make(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = torch.sparse.mm(adj, m(x)).pow(2).sum()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return step
+    sg, eager = stepgraph.compile(make(lin)), make(twin)
+    with pytest.warns(UserWarning):
+        for k in range(3):
+            x = torch.randn(5, 4, generator=gen(k))
+            assert torch.equal(sg(x), eager(x)), k
+    assert all(torch.equal(p, q) for p, q in zip(lin.parameters(), twin.parameters()))

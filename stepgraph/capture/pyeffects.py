@@ -111,7 +111,8 @@ _MAX_TUPLE = 64
 def tensor_key(v) -> tuple:
     if type(v) in (tuple, list):
         return ("live tensors", type(v), tuple(tensor_key(t) for t in v))
-    return ("live tensor", v.dtype, v.device, tuple(v.shape), v.stride())
+    return ("live tensor", v.dtype, v.device, tuple(v.shape),
+            v.stride() if v.layout == torch.strided else v.layout)   # (a sparse CSR adjacency has no strides)
 
 
 def source_id(s, path=None) -> tuple:
