@@ -210,10 +210,8 @@ def test_random_values_selected_by_a_batch_mask_are_no_random_read():
     assert (f.stats.captures, f.stats.replays) == (1, 3), f.stats
 
 
-def test_float_of_a_loss_behind_dropout_is_refused_with_a_fix_that_fits():
-    """PyTorch Geometric's gcn.py: ``return float(loss)`` with dropout in the model. The refusal
-    said the step "compares" the value and to "return it from the step" -- which it already did
-    (helper-80). It now names float() and says to return the tensor or ``loss.item()``."""
+def _float_loss_step(p):
+    """PyTorch Geometric's gcn.py ``train()``: ``return float(loss)``, dropout ``p`` in the model."""
     torch.manual_seed(0)
     lin = nn.Linear(4, 2)
     opt = torch.optim.Adam(lin.parameters(), lr=0.01)
@@ -222,10 +220,18 @@ def test_float_of_a_loss_behind_dropout_is_refused_with_a_fix_that_fits():
     @stepgraph.compile
     def train():
         opt.zero_grad()
-        loss = F.cross_entropy(lin(F.dropout(x, p=0.5)), y)
+        loss = F.cross_entropy(lin(F.dropout(x, p=p)), y)
         loss.backward()
         opt.step()
         return float(loss)
+    return train
+
+
+def test_float_of_a_loss_behind_dropout_is_refused_with_a_fix_that_fits():
+    """``return float(loss)`` with dropout in the model. The refusal said the step "compares" the
+    value and to "return it from the step" -- which it already did (helper-80). It now names
+    float() and says to return the tensor or ``loss.item()``."""
+    train = _float_loss_step(0.5)
     train()
     with pytest.raises(stepgraph.CaptureError, match=r"calls float\(\) on a tensor") as e:
         train()
@@ -235,18 +241,7 @@ def test_float_of_a_loss_behind_dropout_is_refused_with_a_fix_that_fits():
 def test_float_of_a_loss_that_keeps_recapturing_says_to_return_the_tensor(caplog):
     """The same without dropout: a value guard on the loss, missed at every call; the first
     recapture's warning now says what to change."""
-    torch.manual_seed(0)
-    lin = nn.Linear(4, 2)
-    opt = torch.optim.Adam(lin.parameters(), lr=0.01)
-    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
-
-    @stepgraph.compile
-    def train():
-        opt.zero_grad()
-        loss = F.cross_entropy(lin(x), y)
-        loss.backward()
-        opt.step()
-        return float(loss)
+    train = _float_loss_step(0.0)
     with caplog.at_level("WARNING", logger="stepgraph"):
         for _ in range(3):
             train()
