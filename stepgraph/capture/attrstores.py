@@ -156,7 +156,7 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
 
     from .rollback import before_write
     consts = {id(getattr(mode.tracer.root, n.target, None)) for n in mode.tracer.graph.nodes if n.op == "get_attr"}
-    out, seen, stores = [], set(), {}
+    out, seen, stores, index = [], set(), {}, _holders()
     root = getattr(mode.tracer, "root", None)   # (make_fx's scratch module: its constants)
     for o in owners:
         if id(o) in seen or o is root:
@@ -172,7 +172,7 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
             old = _BEFORE.get((id(o), name))
             read = old is not None and old is not v and id(old) in consts and old.shape == v.shape \
                 and old.dtype == v.dtype and old.device == v.device and not old.requires_grad \
-                and not _held_elsewhere(old, (id(o), name))
+                and not _held_elsewhere(old, (id(o), name), index)
             if read:   # (self.running_mean = 0.9 * self.running_mean + ...: a graph constant)
                 before_write(old)   # (undone with the rest if the capture fails after this)
                 with _disable_current_modes(), torch.no_grad():
@@ -188,7 +188,7 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
     # Running, whose window slots hold the base metric's states: the next replay would read it
     # stale -- is checked by identity, a capture per call; one rebound with its old tensor kept
     # current, or left in place, is synced)
-    _HELD[:] = [_Synced(o, name, old, None, copy=not _held_elsewhere(old, key)) if same else
+    _HELD[:] = [_Synced(o, name, old, None, copy=not _held_elsewhere(old, key, index)) if same else
                 _Synced(o, name, old, st if st.const is old else None, copy=st.const is old)
                 for key, old in _BEFORE.items() if id(old) in consts
                 for o in [_OWNERS[key[0]]] for name in [key[1]] for st in [stores.get(key)]
@@ -199,15 +199,28 @@ def collect(graph_outs: list, is_traced, done=()) -> list:
     return out
 
 
-def _held_elsewhere(old, key) -> bool:
+def _held_elsewhere(old, key, index: dict) -> bool:
     """Another attribute, or a dict or list an attribute holds, keeps ``old`` (torchmetrics'
     ``_defaults``, the tensor ``reset()`` clones, is the state ``add_state`` bound): copying
     the step's new value into it, for the next replay to read, would change what it sees."""
-    if any(t is old and k != key for k, t in _BEFORE.items()):
-        return True
-    return any(v is old and (oid, k) != key or type(v) in (dict, list)
-               and any(x is old for x in (v.values() if type(v) is dict else v))
-               for oid, o in _OWNERS.items() for k, v in list(vars(o).items()))   # (before and after the step)
+    return bool(index.get(id(old), set()) - {key})
+
+
+def _holders() -> dict:
+    """id(tensor) -> the places (owner id, name) holding it, before the step (_BEFORE) or after
+    it (an attribute, or an entry of a dict or list an attribute holds): one pass for all checks."""
+    out: dict = {}
+    for k, t in _BEFORE.items():
+        out.setdefault(id(t), set()).add(k)
+    for oid, o in _OWNERS.items():
+        for k, v in list(vars(o).items()):
+            if isinstance(v, torch.Tensor):
+                out.setdefault(id(v), set()).add((oid, k))
+            elif type(v) in (dict, list):
+                for x in (v.values() if type(v) is dict else v):
+                    if isinstance(x, torch.Tensor):
+                        out.setdefault(id(x), set()).add((oid, k, "in"))
+    return out
 
 
 def take_held() -> list:
