@@ -44,7 +44,8 @@ def _users_class(cls) -> bool:
     return not library_file(f)
 
 
-_KINDS: dict = {}   # type -> may own attributes written back
+_KINDS = weakref.WeakKeyDictionary()   # type -> may own attributes written back (weakly: fx makes a class
+#                                        per GraphModule, whose forward holds the graph's constants)
 
 
 def _owner_kind(o) -> bool:

@@ -33,7 +33,7 @@ _LOG: list | None = None   # (module, name, value) set while tracing
 _LISTS: dict = {}          # id(list) -> (module, name, list, length) before the trace
 
 
-_LIBRARY: dict = {}   # type -> a library's module class
+_LIBRARY = weakref.WeakKeyDictionary()   # type -> a library's module class (weakly: fx makes a class per graph)
 
 
 def library_module(o) -> bool:
@@ -59,8 +59,9 @@ def logging_sets():
     orig = nn.Module.__setattr__
 
     def setattr_(self, name, value):
-        if _LOG is not None and library_module(self):
-            _LOG.append((self, name, value))
+        # (types only: isinstance of a tracked number records a use, kept by the step's guards)
+        if _LOG is not None and library_module(self) and issubclass(type(value), _CONSTANTS + (list, dict, set)):
+            _LOG.append((weakref.ref(self), name, value))   # (weakly: a model dropped later is freed)
         orig(self, name, value)
     setattr_.__wrapped__ = orig   # (bindings.py: still nn.Module's)
     _LOG, nn.Module.__setattr__ = [], setattr_
@@ -122,13 +123,15 @@ def collect(graph_outs: list, tracer, problems: list, where: str, counted: set) 
     from .pyeffects import _effect
     from .tracked import _PROXIES
     appends, sets, last = [], [], {}
-    for o, name, v in _LOG or ():
-        last[(id(o), name)] = (o, name, v)
+    for ref, name, v in _LOG or ():
+        o = ref()
+        if o is not None:
+            last[(id(o), name)] = (o, name, v)
     for key, (o, name, v) in last.items():
-        if key in counted or type(v) in _PROXIES or isinstance(v, (torch.Tensor, nn.Module)) \
+        if key in counted or type(v) in _PROXIES or issubclass(type(v), (torch.Tensor, nn.Module)) \
                 or name in o._buffers or name in o._parameters or vars(o).get(name, v) is not v:
             continue   # (tensors: attrstores.py; a value the step rebound by another way since)
-        if isinstance(v, _CONSTANTS) or (isinstance(v, (list, dict, set)) and not v):
+        if issubclass(type(v), _CONSTANTS) or (type(v) in (list, dict, set) and not v):
             sets.append(SetEffect(o, name, v))
         elif any(_is_traced(t) for t in torch.utils._pytree.tree_leaves(v) if isinstance(t, torch.Tensor)):
             problems.append(Problem(
