@@ -306,7 +306,7 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
             return orig(*a, **k)
         return seed
     builtins.next = handed
-    from .hostrandom import _put_back, patch_draws   # (every draw function: one not planned rewinds too)
+    from .hostrandom import patch_draws   # (every draw function: one not planned rewinds too)
     saved += patch_draws(lambda label, attr, orig: drawing((label, attr), orig), lambda _l, _a, orig: seeding(orig)) \
         if draws else []
     n = len(draws)
@@ -320,7 +320,7 @@ def handing_back(fetches: list, values: list, args, name: str, kwargs=None):
             yield
     finally:
         for mod, attr, orig in reversed(saved):
-            _put_back(mod, attr, orig)
+            setattr(mod, attr, orig)
         _TAKEN.consumed = len(calls) + n - len(draws)   # (how many this path made: a replay makes as many)
         rewind()   # (draws the step did not make this call: not made)
     left = [(f, len(q)) for f, q in queues.values() if q]

@@ -269,13 +269,13 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
             yield
     finally:
         for mod, name, orig in reversed(saved):
-            _put_back(mod, name, orig)
+            setattr(mod, name, orig)
 
 
 def patch_draws(make, seeding=None) -> list:
     """Each draw function of ``random`` / ``numpy.random`` replaced by ``make(label, name, orig)``
     (the seeding ones by ``seeding(...)``, when given), in its module and wherever it was
-    imported; returns what to put back (``_put_back``)."""
+    imported; returns what to put back, ``(module, name, original)``."""
     saved, wrapped = [], {}
     for label, mod, names in _modules():
         for name in names + (SEEDING if seeding is not None else ()):
@@ -293,7 +293,7 @@ def _imported_draws(wrapped: dict) -> list:
     self-conditioning coin; ``from math import cos``: hostreads.math_patches) binds the module's
     function in the importer's namespace, where the patch on ``random`` never reaches: its draw
     was baked, silently. Each module global holding one of the patched functions gets the patch too (a scan of sys.modules: 18 ms with transformers
-    loaded, where gc.get_referrers took 150); returns what to put back, as ``(holder, name, original)``."""
+    loaded, where gc.get_referrers took 150); returns what to put back, as ``(module, name, original)``."""
     out = []
     for m in list(sys.modules.values()):
         d = getattr(m, "__dict__", None)
@@ -302,23 +302,9 @@ def _imported_draws(wrapped: dict) -> list:
         for k, v in list(d.items()) if any(id(v) in wrapped for v in d.values()) else ():
             w = wrapped.get(id(v))
             if w is not None and w[0] is v:
-                out.append((_Item(d), k, v))
+                out.append((m, k, v))
                 d[k] = w[1]
     return out
-
-
-class _Item:
-    """A module's dict as ``setattr``'s target (_imported_draws' put-back)."""
-
-    def __init__(self, holder):
-        self.holder = holder
-
-
-def _put_back(target, name, orig) -> None:
-    if type(target) is not _Item:
-        setattr(target, name, orig)
-    else:
-        target.holder[name] = orig
 
 
 def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:

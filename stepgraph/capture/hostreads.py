@@ -265,9 +265,8 @@ class math_patches:
         return self
 
     def __exit__(self, *exc):
-        from .hostrandom import _put_back
-        for target, name, orig in reversed(self.imported):
-            _put_back(target, name, orig)
+        for mod, name, orig in reversed(self.imported):
+            setattr(mod, name, orig)
         for name, orig in self.saved:
             setattr(math, name, orig)
         for name, orig in self.picks:
