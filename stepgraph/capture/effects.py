@@ -87,11 +87,12 @@ class _RngStateRecorder:
         rec = self
 
         def wrapper(*args, **kwargs):
-            out = orig(*args, **kwargs)
+            live = _moving_seeds(args) if get_proxy_mode() is not None else {}
+            out = orig(*(live[id(x)][0] if id(x) in live else x for x in args), **kwargs)
             mode = get_proxy_mode()
             if mode is not None:
                 tracer = mode.tracer
-                a = tuple(rec.nodes.get(id(x), x) for x in args)
+                a = tuple(live[id(x)][1] if id(x) in live else rec.nodes.get(id(x), x) for x in args)
                 node = tracer.create_node("call_function", orig, a, dict(kwargs))
                 rec.count += 1
                 if is_get:
@@ -113,6 +114,22 @@ class _RngStateRecorder:
     def __exit__(self, *exc):
         for mod, name, f in reversed(self.saved):
             setattr(mod, name, f)
+
+
+def _moving_seeds(args) -> dict:
+    """``torch.manual_seed(1000 + it)`` with ``it`` moving at every call: id -> (its value, the
+    graph node computing it from its roots at each replay), so the seed is read live instead of a
+    graph per value (once its value check missed, like a moving factory's fill: livefactory.py)."""
+    from .sinks import _STATE
+    from .tracked import _PROXIES, plain
+    log = getattr(_STATE, "log", None)
+    out = {}
+    for x in args:
+        if type(x) in _PROXIES and log is not None and log.active and log.moving(x):
+            node = log.lift(x, typed=False)
+            if node is not None:
+                out[id(x)] = (plain(x), node)
+    return out
 
 
 def _register_dataclasses(out, depth: int = 0) -> None:

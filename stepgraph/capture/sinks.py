@@ -31,10 +31,11 @@ from torch.overrides import TorchFunctionMode
 
 from .callframes import _caller, running
 from .numchecks import roots_of
-from .hostscalar import HostFloat
 from .clock import CLOCKS, clock
 from .patching import patched
-from .tracked import _PROXIES, TrackedFloat, plain
+from .tracked import _PROXIES, plain
+from .dynslice import dynamic_slice
+from .livefactory import _FACTORIES, _live_float, _live_scalar_tensor, moving_factory
 
 _STATE = threading.local()   # .depth: inside print/logging on this thread; .log: the active UseLog
 
@@ -200,9 +201,10 @@ class TrackMode(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is _T.__getitem__ and self.log.moving_labels:   # (a slice's bounds are no leaves)
-            from .dynslice import dynamic_slice
-            out = dynamic_slice(self.log, args, kwargs)
+        if self.log.moving_labels and (func is _T.__getitem__ or func in _FACTORIES):
+            # (a slice's bounds, a factory's fill: no leaves; dynslice.py, livefactory.py)
+            out = dynamic_slice(self.log, args, kwargs) if func is _T.__getitem__ else \
+                moving_factory(self.log, func, args, kwargs)
             if out is not None:
                 return out
         found = [x for x in pytree.tree_leaves((args, kwargs)) if type(x) in _PROXIES]
@@ -256,30 +258,6 @@ class TrackMode(TorchFunctionMode):
         for p in found:
             p._use(force=True)
         return func(*args, **kwargs)
-
-
-def _live_float(p, log):
-    """A moving float (``lr`` computed from ``it``) fed to an op that takes it as a scalar
-    (a fused optimizer's ``lr=``, a foreach ``alpha=``): a live float computing it from its roots
-    at each replay (on CUDA, one fed as a device scalar), or None."""
-    if type(p) is not TrackedFloat or not log.moving(p):
-        return None
-    node = log.lift(p, typed=False)
-    if node is None:
-        return None
-    f = HostFloat(p._v, node)
-    f.numbers = (p,)
-    return f
-
-
-def _live_scalar_tensor(p, log, ref):
-    """A moving float as a 0-dim tensor of ``ref``'s dtype and device, made at each replay from
-    the number's roots (its value check otherwise missed at every call); None when it cannot be
-    read live. (Same dtype as the tensor: the scalar form rounds the number to it too.)"""
-    f = _live_float(p, log)
-    if f is None:
-        return None
-    return torch.scalar_tensor(f, dtype=ref.dtype, device=ref.device)
 
 
 def mode_graph():
