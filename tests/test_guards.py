@@ -182,6 +182,42 @@ def test_guard_non_tensor_argument_value():
     drive(p, lambda k: (*batch(k), 2.0), lambda k: (*batch(k), 3.0), words=("scale", "2.0", "3.0"))
 
 
+@pytest.mark.parametrize("change", ["order", "missing", "extra", "nested"])
+def test_guard_argument_structure_names_the_keys_that_changed(change):
+    """A dict batch whose keys changed: the reason names the argument and its keys (it printed
+    the first 60 characters of two TreeSpec reprs, equal up to there)."""
+    def factory(model, opt):
+        def step(batch):
+            x = batch["x"] if "x" in batch else batch["inner"]["x"]
+            loss = F.cross_entropy(model(x), batch["y"])
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+        return step
+    other = {"order": lambda x, y: {"y": y, "x": x}, "missing": lambda x, y: {"y": y, "inner": {"x": x}},
+             "extra": lambda x, y: {"x": x, "y": y, "w": x}, "nested": lambda x, y: {"x": x, "y": [y]}}[change]
+    want = {"order": "arg 0 (batch) dict keys ['x', 'y'] -> ['y', 'x']",
+            "missing": "arg 0 (batch) dict keys ['x', 'y'] -> ['y', 'inner']",
+            "extra": "arg 0 (batch) dict keys ['x', 'y'] -> ['x', 'y', 'w']",
+            "nested": "arg 0 (batch)['y']: a value -> a list of 1"}[change]
+    p = Pair(factory)
+    if change == "nested":   # (the step indexes the list: only the structure is compared here)
+        def factory2(model, opt):
+            def step(batch):
+                y = batch["y"][0] if isinstance(batch["y"], list) else batch["y"]
+                loss = F.cross_entropy(model(batch["x"]), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+            return step
+        p = Pair(factory2)
+    reason = drive(p, lambda k: ({"x": batch(k)[0], "y": batch(k)[1]},), lambda k: (other(*batch(k)),),
+                   words=("arg 0 (batch)",))
+    assert reason == want, reason
+
+
 def test_guard_grad_mode():
     def eval_step(model, opt):
         def step(x, y):

@@ -22,7 +22,7 @@ class Reasons:
     def diff(self, old: SignatureKey, new: SignatureKey, args=(), kwargs=None) -> str:
         """One line naming the first difference between two signature keys."""
         self.leaf_names = leaf_names(self.arg_names, args, kwargs or {})
-        fine = dict(inputs=self._diff_inputs, training=self._diff_training, hypers=self._diff_hyper,
+        fine = dict(spec=lambda a, b: spec_diff(a, b, self.arg_names), inputs=self._diff_inputs, training=self._diff_training, hypers=self._diff_hyper,
                     opt_state=self._diff_optstate, grads=self._diff_grads, requires_grad=self._diff_requires_grad)
         for section in DIFF_ORDER:
             a, b = getattr(old, section), getattr(new, section)
@@ -115,6 +115,50 @@ class Reasons:
                     fx, fy = _short(x[1:]), _short(y[1:])
                 return f"{src}.grad {fx} -> {fy}"
         return None
+
+
+def spec_diff(a, b, params) -> str | None:
+    """Where two argument structures (``(args, kwargs)`` TreeSpecs) first differ, named as the
+    inputs are: ``arg 0 (batch) dict keys ['x', 'y'] -> ['y', 'x']`` (a TreeSpec's repr was
+    printed before, cut after 60 characters, before any difference)."""
+    if not (isinstance(a, pytree.TreeSpec) and isinstance(b, pytree.TreeSpec)) or a.num_children != 2 \
+            or b.num_children != 2:
+        return None
+    (ea, ka), (eb, kb) = _kids(a), _kids(b)
+    for i, (x, y) in enumerate(zip(_kids(ea), _kids(eb))):
+        if x != y:
+            return _spec_walk(x, y, f"arg {i}" + (f" ({params[i]})" if i < len(params) else ""))
+    if ea.num_children != eb.num_children:
+        return f"number of arguments {ea.num_children} -> {eb.num_children}"
+    return _spec_walk(ka, kb, "keyword arguments")
+
+
+def _spec_walk(a, b, path: str) -> str:
+    if a.is_leaf() or b.is_leaf() or a.type is not b.type:
+        return f"{path}: {_spec_text(a)} -> {_spec_text(b)}"
+    if a.context != b.context or a.num_children != b.num_children:
+        if isinstance(a.context, list) and isinstance(b.context, list):
+            return f"{path} {a.type.__name__} keys {_short(a.context)} -> {_short(b.context)}"
+        return f"{path}: {_spec_text(a)} -> {_spec_text(b)}"
+    keys = a.context if isinstance(a.context, list) and len(a.context) == a.num_children else range(a.num_children)
+    for k, x, y in zip(keys, _kids(a), _kids(b)):
+        if x != y:
+            return _spec_walk(x, y, f"{path}[{k!r}]")
+    return f"{path}: {_spec_text(a)} -> {_spec_text(b)}"
+
+
+def _kids(s) -> list:
+    # (``children()`` from torch 2.13, where ``children_specs`` warns; 2.11 has only the list)
+    return s.children() if _HAS_CHILDREN else s.children_specs
+
+
+_HAS_CHILDREN = callable(getattr(pytree.TreeSpec, "children", None))
+
+
+def _spec_text(s) -> str:
+    if s.is_leaf():
+        return "a value"
+    return f"a {s.type.__name__} of {s.num_children}"
 
 
 def _autocast_str(state) -> str:
