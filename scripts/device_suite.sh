@@ -47,7 +47,7 @@ GPU_TESTS="tests/test_cuda.py tests/test_cuda_loops.py tests/test_cuda_sdpa.py t
  tests/test_library_calls.py tests/test_numpy_args.py tests/test_host_prologue.py tests/test_cleanrl_idioms.py
  tests/test_constant_folding.py tests/test_to_host_outputs.py tests/test_dynamic_slice.py tests/test_optimizer_counters.py
  tests/test_cuda_integrations.py tests/test_optimizer_state_dict.py tests/test_cuda_early_refusal.py
- tests/test_formatted_numbers.py tests/test_arg_objects.py tests/test_library_module_state.py"
+ tests/test_formatted_numbers.py tests/test_arg_objects.py tests/test_library_module_state.py tests/test_moving_factories.py"
 # Files that time or size themselves run alone, after the rest (which share the GPU, one file per
 # pytest-xdist worker: JOBS=1 runs them one by one).
 SERIAL_TESTS="tests/test_cuda_fsdp2.py"
