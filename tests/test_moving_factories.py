@@ -80,7 +80,8 @@ def test_a_factory_the_step_makes_with_requires_grad_stays_keyed_by_value():
 
 def test_a_seed_the_step_sets_from_its_argument_is_read_live():
     """``torch.manual_seed(1000 + it)`` at the top of the step (a reproducible draw per step):
-    reseeded at each replay with the seed of that call, one graph more after the first miss."""
+    reseeded at each replay with the seed of that call, one graph more after the first miss (a CPU
+    step; a CUDA step keeps a graph per seed, equal to eager)."""
     def mk(model, opt):
         def step(x, it):
             torch.manual_seed(1000 + it)

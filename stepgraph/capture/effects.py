@@ -125,7 +125,9 @@ def _moving_seeds(args) -> dict:
     log = getattr(_STATE, "log", None)
     out = {}
     for x in args:
-        if type(x) in _PROXIES and log is not None and log.active and log.moving(x):
+        # (CPU steps: a CUDA step that seeds runs on the replay backend, where the live seed's
+        # recapture differed from eager on the H200; there each seed stays a graph, as before)
+        if type(x) in _PROXIES and log is not None and log.active and log.lift_tensor_ops and log.moving(x):
             node = log.lift(x, typed=False)
             if node is not None:
                 out[id(x)] = (plain(x), node)

@@ -9,7 +9,7 @@ number on the CPU, one of the live scalars on a device graph): the same values, 
 as the factory's. Only a factory whose fill is that one number (no list data, no
 ``requires_grad``), and never a bool. A moving number an op takes as a scalar (a fused
 optimizer's ``lr=``, ``coef * loss``) is a live float here too (:func:`_live_float`), and
-``torch.manual_seed(1000 + it)`` in the step reads its seed the same way (effects._moving_seeds)."""
+``torch.manual_seed(1000 + it)`` in a CPU step reads its seed the same way (effects._moving_seeds)."""
 from __future__ import annotations
 
 import torch
