@@ -79,6 +79,13 @@ def library_file(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_SKIP_PREFIXES)
 
 
+def core_file(filename: str) -> bool:
+    """torch's, stepgraph's or the stdlib's file (an installed package's is not, though
+    site-packages lies inside the stdlib's directory)."""
+    f = os.path.abspath(filename)
+    return f.startswith(_SKIP_PREFIXES[:2]) or f.startswith(_SKIP_PREFIXES[2]) and not f.startswith(_LIB_DIRS)
+
+
 def user_code_frame(f):
     """The innermost live frame from ``f`` outward in the user's own file, or None: the one walk
     the live-frame checks share (``'%.3f' % loss``, a clock the step calls)."""

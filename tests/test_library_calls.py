@@ -223,6 +223,31 @@ class MetricLogger:   # torchvision references' utils.MetricLogger: it reads the
             self.meters[k].update(v)
 
 
+def supervised_training_step(model, optimizer, loss_fn, gradient_accumulation_steps=1):
+    # pytorch-ignite's ignite.engine.supervised_training_step, shortened: its update branches
+    # on the engine's iteration
+    def update(engine, batch):
+        if (engine.state.iteration - 1) % gradient_accumulation_steps == 0:
+            optimizer.zero_grad()
+        model.train()
+        x, y = batch
+        loss = loss_fn(model(x), y)
+        if gradient_accumulation_steps > 1:
+            loss = loss / gradient_accumulation_steps
+        loss.backward()
+        if engine.state.iteration % gradient_accumulation_steps == 0:
+            optimizer.step()
+        return loss.item() * gradient_accumulation_steps
+
+    return update
+
+
+class Engine:   # ignite.engine.Engine's state, as the update reads it
+    def __init__(self):
+        self.state = type("State", (), {})()
+        self.state.iteration = 0
+
+
 class Smoother:   # a library object that computes on the tensor it is given
     def __init__(self):
         self.history = collections.deque(maxlen=2)
@@ -244,6 +269,29 @@ def library(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     yield importlib.import_module("fakelib_meters")
     sys.modules.pop("fakelib_meters", None)
+
+
+def test_a_step_function_a_library_made_is_scanned_for_what_it_reads(library):
+    """``stepgraph.compile(supervised_training_step(model, opt, loss_fn, gradient_accumulation_steps=3))``
+    (pytorch-ignite): the update lives in site-packages, and its branches on
+    ``engine.state.iteration`` were never guarded: the graph of an iteration without
+    ``optimizer.step()`` replayed at every later one, silently."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        update = library.supervised_training_step(model, opt, F.cross_entropy, gradient_accumulation_steps=3)
+        update = stepgraph.compile(update) if compiled else update
+        engine, g, out = library.Engine(), torch.Generator().manual_seed(1), []
+        for _ in range(9):
+            engine.state.iteration += 1
+            out.append(update(engine, (torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g))))
+            out.append(model.weight.detach().clone())
+        return out, update
+    want, (got, update) = run(False)[0], run(True)
+    for k, (a, b) in enumerate(zip(want, got)):
+        assert (torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b), f"item {k} differs from eager"
+    assert update.stats.replays >= 4 and "engine.state.iteration" in update.stats.recaptures[0]
 
 
 def test_a_library_meter_updated_from_a_read_value_is_updated_at_each_replay(library):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import library_file, library_module
+from ..errors import core_file, library_file, library_module
 from .argtree import opened
 from .chains import _all_code, _chains, constant_stores, statement_calls
 from .arrays import input_array
@@ -226,7 +226,10 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
             return
         code = func.__code__
-        if not _user_code(code):
+        if not _user_code(code) and (core_file(code.co_filename) or depth > 0 and not func.__closure__):
+            # (the compiled function itself, or a closure a package's factory made over the user's
+            # objects, is scanned: ignite's ``supervised_training_step`` update branches on
+            # ``engine.state.iteration``, compiled or called from the user's step)
             return
         seen.add(id(code))
         literals.update(c for co in _all_code(code) for c in co.co_consts
