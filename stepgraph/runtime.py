@@ -7,8 +7,10 @@ traced and captured, returning its real result. Every decision is counted in ``s
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
+import types
 import warnings
 
 import torch
@@ -45,8 +47,18 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
         if host_reads not in ("guard", "error"):
             raise StepGraphError("host_reads must be 'guard' (values read on the host are guarded "
                                  "or live) or 'error' (refuse any host read)")
+        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+            raise StepGraphError(
+                f"stepgraph.compile got a generator or async function ({getattr(fn, '__qualname__', fn)}): "
+                "its body runs only when it is iterated or awaited, after the call returns, so there is no "
+                "step to capture; compile the function that does the step's work and returns its results")
         self.host_reads = config.get("host_reads") or host_reads
+        self._options = dict(backend=backend, warmup=warmup, max_captures=max_captures, state=state,
+                             on_capture_error=on_capture_error, clone_outputs=clone_outputs, check=check,
+                             check_rtol=check_rtol, host_reads=host_reads)
         functools.update_wrapper(self, fn, updated=())
+        if not hasattr(self, "__name__"):   # (a functools.partial, a callable object)
+            self.__name__ = getattr(getattr(fn, "func", None), "__name__", None) or type(fn).__name__
         self.fn = fn
         self.backend = config.get("backend") or backend
         if self.backend not in backends.names():
@@ -63,6 +75,22 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
         self._agree = distributed.agree(self.__name__)  # ranks meet before each capture (DDP)
         install_registration_hooks()
         self.reset()
+
+    def __get__(self, obj, objtype=None):
+        """``@stepgraph.compile`` on a method in a class body: each instance gets its own step
+        function (its graphs hold that instance's state), made at its first access."""
+        if obj is None:
+            return self
+        slot = f"_stepgraph_{self.__name__}_{id(self):x}"
+        try:
+            own = vars(obj)
+        except TypeError:
+            raise StepGraphError(f"@stepgraph.compile on {type(obj).__name__}.{self.__name__}: its instances "
+                                 "have no __dict__ to keep their own step function in; compile the bound "
+                                 f"method instead (self.step = stepgraph.compile(self.{self.__name__}))") from None
+        if slot not in own:
+            own[slot] = StepFunction(types.MethodType(self.fn, obj), **self._options)
+        return own[slot]
 
     # ---- public ------------------------------------------------------------------------
     def reset(self) -> None:

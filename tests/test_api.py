@@ -1,5 +1,6 @@
 """The public API contract: decorator forms, nested inputs/outputs, kwargs, graph, explain."""
 import copy
+import functools
 
 import pytest
 import torch
@@ -49,6 +50,64 @@ def test_decorator_forms_and_public_names():
         assert needle in text, needle
     a.reset()
     assert a.graph is None and a.stats.captures == 0
+
+
+class _Trainer:
+    """A trainer whose step is decorated in the class body (``@stepgraph.compile`` on a method)."""
+
+    def __init__(self):
+        self.model = _model()
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def plain_step(self, x, y):
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        return loss.detach()
+
+    step = stepgraph.compile(plain_step)
+
+
+def test_a_method_decorated_in_the_class_body_gets_a_step_function_per_instance():
+    """``self`` was never bound: the user's method raised "missing 1 required positional
+    argument"; two instances must not share graphs (each holds its own model)."""
+    a, b, twin = _Trainer(), _Trainer(), _Trainer()
+    b.model[0].weight.data.mul_(2)
+    twin_b = copy.deepcopy(b)
+    for i in range(4):
+        assert torch.equal(a.step(*_batch(i)), twin.plain_step(*_batch(i)))
+        assert torch.equal(b.step(*_batch(i)), twin_b.plain_step(*_batch(i)))
+    assert a.step is not b.step and a.step is a.step and _Trainer.step is not a.step
+    assert (a.step.stats.captures, a.step.stats.replays) == (1, 2) == (b.step.stats.captures, b.step.stats.replays)
+    for p, q in zip(b.model.parameters(), twin_b.model.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_a_partial_or_a_callable_object_compiles_and_a_generator_is_refused():
+    m = _model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(scale, x, y):
+        loss = F.cross_entropy(m(x), y) * scale
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+
+    class Step:
+        def __call__(self, x, y):
+            return step(1.0, x, y)
+    for fn, name in ((functools.partial(step, 0.5), "step"), (Step(), "Step")):
+        f = stepgraph.compile(fn)
+        for i in range(3):
+            f(*_batch(i))
+        assert f.__name__ == name and f.stats.replays == 1
+
+    def gen_step(x, y):
+        yield step(1.0, x, y)
+    with pytest.raises(stepgraph.StepGraphError, match="generator or async function"):
+        stepgraph.compile(gen_step)
 
 
 def test_nested_inputs_outputs_and_kwargs_match_eager():
