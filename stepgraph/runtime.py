@@ -21,7 +21,7 @@ from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
 from .capture import collectives, distributed, fetches, modstate
 from .capture.valuekeys import calling
-from .capture.state import StateRegistry, adopt_arguments, discover
+from .capture.state import StateRegistry, adopt_arguments, adopt_code, discover
 from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
 from .optimizers import absorb_floats
@@ -139,6 +139,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
             elif self._dropped or self._rescan:
                 if self._dropped:
                     self._forget_dropped()
+                    adopt_code(self._reg, self.fn)   # (what a rebound global holds now)
                 self._guards.find_python_values(self.fn, args)
                 self._rescan = False
             if self._reg.device_hypers:
@@ -158,6 +159,10 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
+            if entry is None and adopt_code(self._reg, self.fn):   # (a global rebound to a new model)
+                self._guards.find_python_values(self.fn, args)
+                sig = self._guards.signature(args, kwargs)
+                entry = self._entries.get(sig.key)
             live_key = self._live.read_live_key(sig.key)   # graphs from before a value was baked
             older = self._entries.get(live_key) if live_key is not None else None
             if older is not None and older.stale() is not None:

@@ -80,10 +80,12 @@
     attribute whose tensor the graph reads, rebound outside the step to a tensor of the same
     layout (torchmetrics' ``reset()``): its values are copied into the graph's tensor, which the
     attribute then holds (test_library_module_state.py, capture/attrstores.py).
-(u) An object the signature keys by identity (an unhashable argument such as a 0-dim numpy
-    array, an object the step reads through a global) is kept alive by the key of each graph
-    captured with it, as long as the step function lives: a freed object's id is reused by the
-    next one, which would match the key and replay a baked value (capture/sigkey.Ident).
+(u) An object the signature keys by identity that takes no weak reference (a list or dict the
+    step reads through a global, an unhashable argument of such a type) is kept alive by the key
+    of each graph captured with it, as long as the step function lives: a freed object's id is
+    reused by the next one, which would match the key and replay a baked value. One that takes a
+    weak reference (a numpy array, a model) is held weakly, and its key then matches nothing
+    (capture/sigkey.Ident).
 (v) A ``t.data = new`` in the step writes ``new`` into ``t``'s own memory (eager rebinds ``t`` to
     ``new``'s storage): the values are eager's, but a view of ``t`` taken before the call sees them
     too, where eager's view keeps the old ones (test_data_assignment.py, capture/datarebind.py).
@@ -580,13 +582,18 @@ def test_u_an_object_keyed_by_identity_lives_as_long_as_its_graph():
     for v in range(3):
         k = np.array(v)
         refs.append(weakref.ref(k))
-        sg(x, k)
+        assert torch.equal(sg(x, k), model(x).sum() * (v + 1))
         del k
     gc.collect()
-    assert all(r() is not None for r in refs[1:])   # (the warm-up call's array keys no graph)
-    del sg
+    assert all(r() is None for r in refs)   # (a numpy array is held weakly by its key)
+    keys = [[v] for v in range(3)]          # (a list takes no weak reference: its key holds it)
+    sg2 = stepgraph.compile(lambda x, k: model(x).sum() * (k[0] + 1))
+    for k in keys:
+        sg2(x, k)
+    refs = [id(k) for k in keys]
+    del keys
     gc.collect()
-    assert all(r() is None for r in refs)
+    assert sg2.stats.captures == 2
 
 
 def test_v_a_data_assignment_writes_in_place():

@@ -4,6 +4,7 @@ before (models passed as arguments, a global lr, Python-built tensors, returned 
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -101,9 +102,15 @@ def test_a_global_model_rebound_between_calls_recaptures():
     x, _ = batch(0)
     with torch.no_grad():
         sg(x), sg(x), sg(x)
+        old = weakref.ref(g["model"])
         g["model"] = nn.Sequential(nn.Linear(8, 4))
+        for _ in range(3):
+            assert torch.equal(sg(x), g["model"](x).sum())
+        kept = nn.Sequential(nn.Linear(8, 4))   # (rebound while the last one stays alive: a recapture)
+        g["model"], kept = kept, g["model"]
         assert torch.equal(sg(x), g["model"](x).sum())
-    assert "global model" in sg.stats.recaptures[0]
+    assert old() is None   # (the rebound global's last model, its graph with it, is freed: test_weak_state.py)
+    assert sg.stats.replays == 2 and "global model" in sg.stats.recaptures[-1], sg.stats
 
 
 def test_tensor_with_history_from_before_the_step_is_refused():

@@ -7,6 +7,7 @@ import gc
 import sys
 import weakref
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -99,4 +100,43 @@ def test_state_the_step_reads_from_its_globals_stays_held():
     for k in range(3):
         sg(*batch(k))
     gc.collect()
-    assert sg.registry.weak_ids == set() and len(sg.graphs) == 1
+    assert len(sg.graphs) == 1 and sg.stats.replays == 1   # (held by the globals: alive, its graph kept)
+    sg(*batch(3))
+    assert sg.stats.replays == 2
+
+
+def _kfold(compiled, keep=False):
+    """k-fold cross-validation: the step reads the global ``model``/``opt`` rebound per fold."""
+    global FOLD_MODEL, FOLD_OPT
+
+    def g(x, y):
+        return step(FOLD_MODEL, FOLD_OPT, x, y)
+    sg = stepgraph.compile(g) if compiled else g
+    out, refs, kept = [], [], []
+    for fold in range(10):
+        FOLD_MODEL, FOLD_OPT = fresh(fold)[:2]
+        refs.append(weakref.ref(FOLD_MODEL))
+        kept += [FOLD_MODEL] if keep else []
+        if fold % 2:
+            FOLD_MODEL[1].eval()   # (the new model's flags are guarded: it is state, not just its params)
+        out += [sg(*batch(fold * 10 + k)) for k in range(4)]
+        out += [p.detach().clone() for p in list(FOLD_MODEL.parameters()) + list(FOLD_MODEL.buffers())]
+    return out, refs, sg
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_global_model_rebound_per_fold_frees_the_last_folds_graphs_and_replays(keep):
+    """A global ``model``/``opt`` rebound per k-fold fold: each fold warms up, captures once and
+    replays. Before, the guards' identity keys and the registry held every earlier fold's model,
+    optimizer and graphs (6 of 9 alive), the new model was never registered (its train/eval
+    flags unguarded), and from the fifth fold every call ran eagerly (max_captures)."""
+    want = _kfold(False)[0]
+    got, refs, sg = _kfold(True, keep)
+    for k, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), k
+    gc.collect()
+    if not keep:
+        assert sum(r() is not None for r in refs[:-1]) == 0
+        assert len(sg.graphs) == 1
+    assert sg.stats.replays == 20 and sg.stats.captures == 10, sg.stats
+    assert not any("requires_grad" in r for r in sg.stats.recaptures), sg.stats.recaptures

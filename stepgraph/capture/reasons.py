@@ -28,6 +28,8 @@ class Reasons:
             a, b = getattr(old, section), getattr(new, section)
             if a == b:
                 continue
+            if section in ("requires_grad", "grads", "opt_state", "hypers", "training") and len(a) != len(b):
+                continue   # (the registry grew: a rebound global's new model -- said by py_values)
             if section == "registration":
                 return "a module parameter, buffer or submodule was assigned (module structure changed)"
             if section == "autocast":

@@ -3,22 +3,55 @@
 tuples they replaced, and every reader names the section it means instead of an index."""
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import NamedTuple
 
 
 class Ident(int):
-    """An object keyed by identity: its id, holding the object, so that while a key holds it no
-    other object can be given the same id (a freed object's id is soon reused: a new array
-    matched the old one's key and replayed its baked value). Equal and hashed as its id."""
+    """An object keyed by identity: its id, hashed as its id, equal to another key of the same
+    live object only (a freed object's id is soon reused: a new array matched the old one's key
+    and replayed its baked value). An object that takes weak references is held weakly: a key
+    must not keep a model alive (a global ``model`` rebound at each k-fold fold kept every
+    earlier fold's model, its optimizer and its graphs); others are held."""
 
     def __new__(cls, obj):
         self = super().__new__(cls, id(obj))
-        self.obj = obj
+        try:
+            self._ref = weakref.ref(obj)
+        except TypeError:
+            self._ref = _Held(obj)
         return self
+
+    @property
+    def obj(self):
+        return self._ref()
+
+    def __eq__(self, other):
+        if type(other) is not Ident:
+            return int.__eq__(self, other)
+        if not int.__eq__(self, other):
+            return False
+        a = self._ref()
+        return a is not None and a is other._ref()
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    __hash__ = int.__hash__
 
     def __reduce__(self):
         return int, (int(self),)
+
+
+class _Held:
+    __slots__ = ("obj",)
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __call__(self):
+        return self.obj
 
 
 class TensorMeta(NamedTuple):

@@ -58,8 +58,9 @@ class StateRegistry(WeakHolding, HookWatching):
     pre_hooked_dicts: list = field(default_factory=list)  # hook dicts of modules hooked when first seen
     device_hypers: list = field(default_factory=list)  # (group, key, tensors) held on the GPU
     numeric_state: frozenset = frozenset()   # ids of optimizers with a number in opt.state (optkeys.state_ids)
-    # Models and optimizers found only through the call's arguments are held weakly: when the
-    # user drops them, ``on_death`` lets the step free its graphs (which hold their tensors).
+    # Models and optimizers found through the call's arguments or the step's code are held
+    # weakly: when the user drops them, ``on_death`` lets the step free its graphs (which hold
+    # their tensors). Only what ``state=`` names is held strongly.
     weak_ids: set = field(default_factory=set)
     on_death: object = None
     _mods: list = field(default_factory=list)          # (name, holder) of modules
@@ -336,13 +337,21 @@ def _found_to_registry(found: dict, reg: "StateRegistry", weak=()) -> bool:
     if not new_mods and not new_opts and not new_loose:
         return False
     reg.loose += new_loose
-    reg.weak_ids |= {id(o) for _, o in new_mods + new_opts if id(o) in weak}
+    # (a module holding no tensor is held: its death frees nothing, and a loss module made anew at
+    # each call, keyed by its settings, would drop every graph at each call)
+    reg.weak_ids |= {id(o) for _, o in new_mods + new_opts if id(o) in weak and _holds_tensors(o)}
     # A found module that contains an already known one takes its place (longer names).
     new_inside = {id(s) for _, m in new_mods for s in m.modules()}
     reg.modules = [(n, m) for n, m in reg.modules if id(m) not in new_inside] + new_mods
     reg.optimizers += new_opts
     reg.refresh_names()
     return True
+
+
+def _holds_tensors(o) -> bool:
+    if not isinstance(o, nn.Module):
+        return True
+    return next(o.parameters(), None) is not None or next(o.buffers(), None) is not None
 
 
 def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
@@ -353,19 +362,31 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
     for i, obj in enumerate(extra):
         _consider(f"state[{i}]" if not isinstance(obj, tuple) else obj[0],
                   obj if not isinstance(obj, tuple) else obj[1], found, 0)
-    held = set(found)   # what the user's state= or the step's code reaches: held strongly
+    held = set(found)   # what the user's state= names: held strongly
     for name, obj in _arg_objects(args, kwargs, arg_names):
         _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
     via_code: dict = {}
     _walk_function(fn, via_code)
-    held |= set(via_code)
+    # (what the step's code reaches is weak too: a global ``model`` rebound per k-fold fold kept
+    # every earlier fold's model, optimizer state and graphs alive, and its parameters in the
+    # guards, until every call ran eagerly; the global or cell holds the one in use)
     for k, v in via_code.items():
         found.setdefault(k, v)
     reg = StateRegistry()
     if not _found_to_registry(found, reg, weak=set(found) - held):
         reg.refresh_names()  # (an empty registry still reads the global hook dicts)
     return reg
+
+
+def adopt_code(reg: StateRegistry, fn) -> bool:
+    """Add modules/optimizers the step's code reaches now that ``reg`` does not know (a global
+    ``model`` rebound to a new one: k-fold cross-validation, a restart). True when it changed."""
+    via_code: dict = {}
+    _walk_function(fn, via_code)
+    # (a module holding no tensor is keyed by its settings where the code reads it: no state)
+    via_code = {k: v for k, v in via_code.items() if _holds_tensors(v[1])}
+    return bool(via_code) and _found_to_registry(via_code, reg, weak=set(via_code))
 
 
 def adopt_arguments(reg: StateRegistry, args, kwargs, arg_names=()) -> bool:

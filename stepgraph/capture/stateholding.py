@@ -1,8 +1,9 @@
 """How a ``StateRegistry`` holds what it found, and which hooks it watches (mixins of it).
 
-``WeakHolding``: models and optimizers found only through a call's arguments are held weakly
-(``weak_ids``); when the user drops one, ``on_death`` lets the step free the graphs that hold
-its tensors. Everything else is held strongly, behind the same call interface (``_Strong``).
+``WeakHolding``: models and optimizers found through a call's arguments or the step's code are
+held weakly (``weak_ids``); when the user drops one (or rebinds the global that held it), ``on_death``
+lets the step free the graphs that hold its tensors. What ``state=`` names is held strongly,
+behind the same call interface (``_Strong``).
 
 ``HookWatching``: hooks run inside the trace, so the registry keys which hooks exist on the
 step's modules and parameters (``hook_key``), counting handles where it can (watch.py) and
