@@ -9,6 +9,7 @@ pycalls.py) or used (``("method", m)``). And the number literals the code stores
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 
 _SUBSCR = ("BINARY_SUBSCR",)
@@ -147,6 +148,17 @@ def _code_chains(code: types.CodeType):
             # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
             yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
         i += 1
+
+
+def unwrapped_function(f):
+    """The user's function under ``functools.wraps`` decorators (``@torch.no_grad()``,
+    ``@torch.autocast(...)``, a timing decorator): the wrapper's code reads nothing of the user's,
+    so a scan of it baked what the body reads (a decorated EMA helper's global decay)."""
+    try:
+        g = inspect.unwrap(f)
+    except ValueError:   # (a cycle of __wrapped__)
+        return f
+    return g if isinstance(g, types.FunctionType) else f
 
 
 def _all_code(code):

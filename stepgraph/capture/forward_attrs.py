@@ -7,7 +7,7 @@ from __future__ import annotations
 import dis
 import types
 
-from .chains import _all_code, _chains
+from .chains import _all_code, _chains, unwrapped_function
 from .pyvalues import _SCALARS, _SKIP, Source, guard_value
 
 _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
@@ -19,7 +19,7 @@ def _self_attrs(cls) -> tuple:
     if got is not None:
         return got
     names, written = [], set()
-    fwd = getattr(cls, "forward", None)
+    fwd = unwrapped_function(getattr(cls, "forward", None))
     if isinstance(fwd, types.FunctionType) and fwd.__code__.co_argcount >= 1:
         self_name = fwd.__code__.co_varnames[0]
         # (comprehensions and inner functions too: GraphSAGE's ``[self.adj_lists[int(v)] for v in

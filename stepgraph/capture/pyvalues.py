@@ -37,7 +37,7 @@ from torch import nn
 
 from ..errors import core_file, library_file, library_module
 from .argtree import opened
-from .chains import _all_code, _chains, constant_stores, statement_calls
+from .chains import _all_code, _chains, constant_stores, statement_calls, unwrapped_function
 from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
@@ -223,6 +223,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             func = func.func
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
+        func = unwrapped_function(func)
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
             return
         code = func.__code__
