@@ -128,6 +128,24 @@ def test_a_miss_after_backward_restores_running_stats_and_the_random_stream():
     assert "host reads" in text and "saved" in text, text
 
 
+def test_a_returned_int_count_is_live_not_a_graph_per_count():
+    """``return loss.item(), pred.eq(y).sum().item()`` (the accuracy idiom): the int count was a
+    value guard, a graph per count until max_captures, then eager. Now computed from the graph's
+    read at each replay, an int as eager's."""
+    def body(m, o, x, y):
+        out = m(x)
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        correct = out.argmax(1).eq(y).sum().item()
+        return loss.item(), correct, correct / y.size(0)
+    t = Twin(body)
+    seen = [t(*batch(k, n=16)) for k in range(10)]
+    assert len({c for _, c, _ in seen}) > 2 and all(type(c) is int and type(a) is float for _, c, a in seen)
+    assert (t.stats.captures, t.stats.replays) == (1, 8), t.stats.recaptures
+
+
 def test_int_read_is_guarded_by_value():
     def body(m, o, x, y):
         n = int((y == 0).sum())

@@ -299,7 +299,13 @@ def unwrap_result(result, log):
     for i, x in enumerate(leaves):
         if type(x) in _PROXIES:
             if any(r.kind == "read" for r in roots_of(x._e)):
-                log.used(x._e, x._v, "returned from the step")
+                # (``return loss.item(), pred.eq(y).sum().item()``: the count computed at each
+                # replay from the graph's read, a graph output; it was a graph per count)
+                node = log.lift(x, typed=False) if log.active else None
+                if node is not None:
+                    log.returned_nodes[i] = node
+                else:
+                    log.used(x._e, x._v, "returned from the step")
             else:
                 log.returned_exprs[i] = x._e
             x = x._v

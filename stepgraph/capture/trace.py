@@ -233,6 +233,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         for i, v in enumerate(out_leaves):
             if i in uses.returned_exprs:   # a number computed from the call's numbers (sinks.py)
                 kinds.append(("number", uses.returned_exprs[i]))
+            elif i in uses.returned_nodes:  # one computed from the step's reads: a graph output
+                kinds.append(("read", uses.returned_nodes[i]))
             elif is_step_array(v):          # .numpy() of a graph value: converted after each replay
                 kinds.append(("numpy", len(graph_outs)))
                 graph_outs.append(v.sg_tensor)

@@ -47,6 +47,7 @@ class UseLog:
     proxies: list = field(default_factory=list)     # every proxy made (to clean out of user objects)
     returned: set = field(default_factory=set)      # ids of the plain numbers handed back as results
     returned_exprs: dict = field(default_factory=dict)  # result leaf index -> expression computed at replay
+    returned_nodes: dict = field(default_factory=dict)  # result leaf index -> graph node of a number from reads
     prints: list = field(default_factory=list)      # sites of print() calls the step made (sinks.py)
     clocks: list = field(default_factory=list)      # sites where a value from time.time() & co. is used as a constant
     start_clocks: list = field(default_factory=list)  # clock Roots read before any tensor op: read before a replay
