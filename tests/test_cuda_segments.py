@@ -89,6 +89,30 @@ def test_returned_item_needs_no_segment():
     assert len(sg.captures[-1].run.segments) == 1
 
 
+def test_a_returned_int_count_is_read_after_the_graph_not_a_graph_per_count():
+    """``return loss.item(), out.argmax(1).eq(y).sum().item()``: the count is a graph output read
+    at each replay (it was a value guard: a graph per count, then eager)."""
+    m, m2, opt, opt2 = _pair()
+
+    def make(model, o):
+        def step(x, y):
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            o.step()
+            o.zero_grad(set_to_none=True)
+            return loss.item(), out.argmax(1).eq(y).sum().item()
+        return step
+    sg, eager = stepgraph.compile(make(m, opt)), make(m2, opt2)
+    seen = []
+    for i in range(10):
+        a, b = sg(*_batch(i)), eager(*_batch(i))
+        assert type(a[1]) is int and a == b, (i, a, b)
+        seen.append(a[1])
+    assert len(set(seen)) > 1 and sg.stats.captures == 1 and sg.stats.replays == 8, sg.stats
+    assert sg.captures[-1].backend == "cudagraph"
+
+
 def test_boolean_mask_loss_runs_as_segments_around_the_data_dependent_op():
     """``logits[keep]`` (a count read on the host to allocate, in eager too) ends a segment: the
     op runs between the CUDA graphs, its shape guarded; a new count captures a sibling graph.
