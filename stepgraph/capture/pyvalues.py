@@ -223,6 +223,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
             func = func.func
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
+        if isinstance(bound, torch.optim.Optimizer) and isinstance(func, types.FunctionType) \
+                and core_file(func.__code__.co_filename):
+            return   # (``opt.step`` under torch's profiling wrapper: its counters are the registry's)
         func = unwrapped_function(func)
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
             return
