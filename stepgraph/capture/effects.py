@@ -125,8 +125,9 @@ def _moving_seeds(args) -> dict:
     log = getattr(_STATE, "log", None)
     out = {}
     for x in args:
-        # (CPU steps: a CUDA step that seeds runs on the replay backend, where the live seed's
-        # recapture differed from eager on the H200; there each seed stays a graph, as before)
+        # (CPU steps only: a CUDA step that seeds runs on the replay backend; its difference from
+        # eager on the H200 was the test's twin left in the non-capturable Adam, but the live seed
+        # is not proven there yet: each seed stays a graph, as before)
         if type(x) in _PROXIES and log is not None and log.active and log.lift_tensor_ops and log.moving(x):
             node = log.lift(x, typed=False)
             if node is not None:
