@@ -114,7 +114,11 @@ def adapt_optimizers(step, plan: Plan, args, kwargs) -> None:
                                               step._order[-1].key if step._order else None, plan.sig.key)
     resign |= guards.pin_objects(args)
     plan.started = time.perf_counter()
+    before = _registry_shape(step._reg)
     step._reg.refresh_names()
+    # (a parameter pruning, weight_norm or register_parametrization put in since the key was
+    # built: the graph was filed under the old key, and the next call captured once more)
+    resign |= _registry_shape(step._reg) != before
     step._agree(step._reg, plan.sig.leaves, step._calls, "capture", plan.reason)  # ranks meet (DDP steps only)
     # Refused before prepare: a refused call runs eagerly with the user's optimizer form.
     plan.refusal = (fsdp.refusal(step._reg, plan.device, backend.name)
@@ -128,6 +132,10 @@ def adapt_optimizers(step, plan: Plan, args, kwargs) -> None:
     plan.reason, resign_after = live.after_prepare(backend.name, args, plan.reason)
     if resign or resign_after:
         plan.sig = guards.signature(args, kwargs)
+
+
+def _registry_shape(reg) -> tuple:
+    return tuple(id(p) for _, p in reg.params), reg.module_ids
 
 
 def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
