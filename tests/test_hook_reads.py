@@ -195,3 +195,62 @@ def test_a_read_inside_a_hook_is_a_host_read_like_any_other(read):
         return step
     step, _ = _run(build, setup)
     assert step.stats.captures == 1 and step.stats.replays == CALLS - 2, step.stats
+
+
+LAM = 0.0
+
+
+@pytest.mark.parametrize("kind", ["tensor", "post_accumulate", "forward", "full_backward"])
+@pytest.mark.parametrize("when", ["before", "between"])
+def test_a_hook_registered_outside_the_step_reading_an_annealed_global(kind, when):
+    """DANN's gradient scale ``2 / (1 + exp(-10 p)) - 1``, read by a hook the loop registered (not
+    the step): the hooks' code was never scanned, so the capture's value was baked into every
+    replay, silently. Now the hooks of the step's modules and parameters are scanned as its code
+    is (the float read live), and one registered between calls is scanned at its recapture."""
+    import math
+    global LAM
+
+    def run(compiled):
+        global LAM
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def register():
+            w = model[0].weight
+            if kind == "tensor":
+                w.register_hook(lambda g: g * LAM)
+            elif kind == "post_accumulate":
+                def scale(p):
+                    p.grad.mul_(LAM)
+                w.register_post_accumulate_grad_hook(scale)
+            elif kind == "forward":
+                model[0].register_forward_hook(lambda m, i, o: o * LAM)
+            else:
+                model[2].register_full_backward_hook(lambda m, gi, go: (gi[0] * LAM,))
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        f = stepgraph.compile(step) if compiled else step
+        out = []
+        if when == "before":
+            register()
+        for k in range(7):
+            if when == "between" and k == 2:
+                register()
+            LAM = 2.0 / (1.0 + math.exp(-10 * k / 7)) - 1
+            out.append(f(*_batch(k)))
+            out += [p.detach().clone() for p in model.parameters()]
+        return out, f
+    try:
+        want = run(False)[0]
+        got, f = run(True)
+    finally:
+        LAM = 0.0
+    for k, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), k
+    assert f.stats.replays >= 4, f.stats

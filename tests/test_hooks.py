@@ -335,7 +335,9 @@ def _side_effect_setup(m):
 def test_side_effect_hooks_run_only_at_warmup_and_capture():
     _, _, _, ((log, count), (tlog, tcount)) = run_twins(plain, setup=_side_effect_setup, hook_changes=False)
     assert len(tlog) == CALLS and tcount == [11 * CALLS]  # eager: every call
-    assert log == [(16, 8)] * 2 and count == [22]  # stepgraph: warm-up and capture only
+    assert log == [(16, 8)] * 2  # stepgraph: warm-up and capture only
+    # (a counter the hooks add to is replayed as the step's own are: their code is scanned)
+    assert count == tcount
 
 
 def test_side_effect_hooks_warn_at_capture():

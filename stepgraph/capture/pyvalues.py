@@ -205,7 +205,7 @@ def _prefixes(path):
         yield path[:n]
 
 
-def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
+def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyValues:
     """Sources read by ``fn`` and by the user functions / user-class methods it calls (and by
     the ``forward`` of user-defined classes among ``modules``, once per class)."""
     out: dict = {}
@@ -385,6 +385,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=()) -> PyValues:
     visit(fn, 0)
     for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
         visit(func, 1, binds=binds)
+    for hook in hooks:   # (the step's modules' and parameters' hooks: Guards.find_python_values)
+        visit(hook, 1, name="hook")
     classes = set()
     for m in modules:
         f = getattr(type(m), "forward", None)
