@@ -29,7 +29,14 @@ def _hf(src, tgt):
     return transformers.BatchEncoding({"src": src, "tgt": tgt})
 
 
-MAKERS = {"BatchEncoding": _hf, "dataclass": DataBatch, "plain class": PlainBatch}
+@dataclasses.dataclass
+class MetaBatch:   # a dataclass batch with a dict field (keyed by identity before: a graph per batch)
+    src: torch.Tensor
+    tgt: torch.Tensor
+    meta: dict = dataclasses.field(default_factory=lambda: {"source": "train", "weight": 1.0})
+
+
+MAKERS = {"BatchEncoding": _hf, "dataclass": DataBatch, "plain class": PlainBatch, "dataclass with a dict": MetaBatch}
 
 
 @pytest.mark.parametrize("kind", list(MAKERS))
@@ -44,6 +51,8 @@ def test_a_new_batch_object_each_call_replays_one_graph(kind):
             src = batch["src"] if kind == "BatchEncoding" else batch.src
             tgt = batch["tgt"] if kind == "BatchEncoding" else batch.tgt
             loss = F.cross_entropy(m(src).flatten(0, 1), tgt.flatten())
+            if kind == "dataclass with a dict":
+                loss = loss * batch.meta["weight"]
             loss.backward()
             opt.step()
             opt.zero_grad()

@@ -110,7 +110,10 @@ def _open(x):
 
 
 def _simple(v) -> bool:
-    return isinstance(v, _PLAIN) or (type(v) in (list, tuple) and all(isinstance(y, _PLAIN) for y in v))
+    # (a dict field of plain values too: a dataclass batch with ``meta: dict`` was keyed by
+    # identity, a graph per batch)
+    return isinstance(v, _PLAIN) or (type(v) in (list, tuple) and all(isinstance(y, _PLAIN) for y in v)) \
+        or (type(v) is dict and len(v) <= 64 and all(isinstance(k, str) and _simple(y) for k, y in v.items()))
 
 
 def _tree(args, kwargs):
