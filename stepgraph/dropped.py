@@ -1,5 +1,6 @@
-"""Models and optimizers passed to a step as arguments are held weakly (capture/state.py): when
-their user drops one, the step frees its graphs, which held its tensors."""
+"""Models and optimizers a step finds (arguments, globals, closures) are held weakly
+(capture/state.py): when their user drops one, the step frees its graphs, which held its tensors;
+at a miss, state its code reaches anew (a rebound global) is registered."""
 from __future__ import annotations
 
 from .capture.pyvalues import PyValues
@@ -29,6 +30,15 @@ class DroppedState:
                     self._forget_dropped()
             finally:
                 self._lock.release()
+
+    def _found_more(self, args) -> bool:
+        """At a signature miss: did the step's code reach new state (a global ``model`` rebound,
+        k-fold) or a hook registered since the scan? Then its values are scanned again."""
+        from .capture.state import adopt_code
+        if adopt_code(self._reg, self.fn) or self._reg.hook_key() != self._guards.scanned_hooks:
+            self._guards.find_python_values(self.fn, args)
+            return True
+        return False
 
     def _forget_dropped(self) -> None:
         # Every graph goes: they hold the dropped state's tensors, and the guards' layout

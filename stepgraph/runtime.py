@@ -6,11 +6,8 @@ traced and captured, returning its real result. Every decision is counted in ``s
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import threading
-import types
 import warnings
 
 import torch
@@ -26,6 +23,7 @@ from .capture.watch import install_registration_hooks
 from .capture.trace import discover_stepping_optimizers
 from .optimizers import absorb_floats
 from .captured import Branch, CapturedStep, Stats
+from .binding import PerInstance, wrap_step
 from .errors import StepGraphError
 from .livefloats import LiveFloats
 from .stepviews import StepViews
@@ -35,11 +33,12 @@ from .pipeline import capture
 log = logging.getLogger("stepgraph")
 
 
-class StepFunction(DroppedState, ReplayPaths, StepViews):
+class StepFunction(DroppedState, ReplayPaths, StepViews, PerInstance):
     """A training step captured as one graph. Build it with :func:`stepgraph.compile`."""
 
     def __init__(self, fn, *, backend="auto", warmup=1, max_captures=8, state=(), on_capture_error="raise",
                  clone_outputs=True, check=0, check_rtol=1e-5, host_reads="guard"):
+        self._options = {k: v for k, v in locals().items() if k not in ("self", "fn")}   # (PerInstance)
         if warmup < 0 or max_captures < 1:
             raise StepGraphError("warmup must be >= 0 and max_captures >= 1")
         if on_capture_error not in ("raise", "eager"):
@@ -47,18 +46,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
         if host_reads not in ("guard", "error"):
             raise StepGraphError("host_reads must be 'guard' (values read on the host are guarded "
                                  "or live) or 'error' (refuse any host read)")
-        if inspect.isgeneratorfunction(fn) or inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
-            raise StepGraphError(
-                f"stepgraph.compile got a generator or async function ({getattr(fn, '__qualname__', fn)}): "
-                "its body runs only when it is iterated or awaited, after the call returns, so there is no "
-                "step to capture; compile the function that does the step's work and returns its results")
         self.host_reads = config.get("host_reads") or host_reads
-        self._options = dict(backend=backend, warmup=warmup, max_captures=max_captures, state=state,
-                             on_capture_error=on_capture_error, clone_outputs=clone_outputs, check=check,
-                             check_rtol=check_rtol, host_reads=host_reads)
-        functools.update_wrapper(self, fn, updated=())
-        if not hasattr(self, "__name__"):   # (a functools.partial, a callable object)
-            self.__name__ = getattr(getattr(fn, "func", None), "__name__", None) or type(fn).__name__
+        wrap_step(self, fn)
         self.fn = fn
         self.backend = config.get("backend") or backend
         if self.backend not in backends.names():
@@ -75,22 +64,6 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
         self._agree = distributed.agree(self.__name__)  # ranks meet before each capture (DDP)
         install_registration_hooks()
         self.reset()
-
-    def __get__(self, obj, objtype=None):
-        """``@stepgraph.compile`` on a method in a class body: each instance gets its own step
-        function (its graphs hold that instance's state), made at its first access."""
-        if obj is None:
-            return self
-        slot = f"_stepgraph_{self.__name__}_{id(self):x}"
-        try:
-            own = vars(obj)
-        except TypeError:
-            raise StepGraphError(f"@stepgraph.compile on {type(obj).__name__}.{self.__name__}: its instances "
-                                 "have no __dict__ to keep their own step function in; compile the bound "
-                                 f"method instead (self.step = stepgraph.compile(self.{self.__name__}))") from None
-        if slot not in own:
-            own[slot] = StepFunction(types.MethodType(self.fn, obj), **self._options)
-        return own[slot]
 
     # ---- public ------------------------------------------------------------------------
     def reset(self) -> None:
@@ -159,9 +132,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
-            if entry is None and (adopt_code(self._reg, self.fn)   # (a global rebound to a new model)
-                                  or self._reg.hook_key() != self._guards.scanned_hooks):   # (a new hook)
-                self._guards.find_python_values(self.fn, args)
+            if entry is None and self._found_more(args):   # (a global rebound to a new model, a new hook)
                 sig = self._guards.signature(args, kwargs)
                 entry = self._entries.get(sig.key)
             live_key = self._live.read_live_key(sig.key)   # graphs from before a value was baked

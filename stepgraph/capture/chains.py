@@ -12,6 +12,10 @@ import dis
 import inspect
 import types
 
+import torch
+
+from ..errors import core_file
+
 _SUBSCR = ("BINARY_SUBSCR",)
 
 
@@ -150,10 +154,15 @@ def _code_chains(code: types.CodeType):
         i += 1
 
 
-def unwrapped_function(f):
+def unwrapped_function(f, bound=None):
     """The user's function under ``functools.wraps`` decorators (``@torch.no_grad()``,
     ``@torch.autocast(...)``, a timing decorator): the wrapper's code reads nothing of the user's,
-    so a scan of it baked what the body reads (a decorated EMA helper's global decay)."""
+    so a scan of it baked what the body reads (a decorated EMA helper's global decay). Not an
+    optimizer's method under torch's profiling wrapper (``opt.step``): its counters are the
+    registry's (None)."""
+    if isinstance(bound, torch.optim.Optimizer) and isinstance(f, types.FunctionType) \
+            and core_file(f.__code__.co_filename):
+        return None
     try:
         g = inspect.unwrap(f)
     except ValueError:   # (a cycle of __wrapped__)

@@ -206,21 +206,6 @@ def _spec_key(spec):
         return str(spec)
 
 
-def user_hooks(reg) -> list:
-    """The hook functions on the step's modules and parameters (a DANN-style gradient hook
-    scaling by an annealed global): scanned as the step's code is, for the values they read."""
-    out = []
-    for m in reg.all_modules:
-        for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
-            d = getattr(m, name, None)
-            out += list(d.values()) if d else []
-    for _, p in reg.params:
-        for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
-            d = getattr(p, name, None)
-            out += list(d.values()) if d else []
-    return out
-
-
 class Guards(Reasons, LiveKeys):
     """Builds call signatures for one step function's reachable state."""
 
@@ -245,7 +230,7 @@ class Guards(Reasons, LiveKeys):
                  for k, m in mod.named_modules()}
         self._fn = fn   # (found again when a function it calls is rebound: signature)
         old = self.py
-        self.py = find_sources(fn, modules=self.reg.all_modules, args=args, hooks=user_hooks(self.reg))
+        self.py = find_sources(fn, modules=self.reg.all_modules, args=args, hooks=self.reg.user_hooks())
         self.scanned_hooks = self.reg.hook_key()   # (a hook registered since: scanned again, runtime.py)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)

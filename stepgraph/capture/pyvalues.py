@@ -223,18 +223,12 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
             func = func.func
         if isinstance(func, types.MethodType):
             bound, func = func.__self__, func.__func__
-        if isinstance(bound, torch.optim.Optimizer) and isinstance(func, types.FunctionType) \
-                and core_file(func.__code__.co_filename):
-            return   # (``opt.step`` under torch's profiling wrapper: its counters are the registry's)
-        func = unwrapped_function(func)
+        func = unwrapped_function(func, bound)
         if not isinstance(func, types.FunctionType) or id(func.__code__) in seen or depth > max_depth:
             return
         code = func.__code__
         if not _user_code(code) and (core_file(code.co_filename) or depth > 0 and not func.__closure__):
-            # (the compiled function itself, or a closure a package's factory made over the user's
-            # objects, is scanned: ignite's ``supervised_training_step`` update branches on
-            # ``engine.state.iteration``, compiled or called from the user's step)
-            return
+            return   # (the compiled function or a package factory's closure is scanned: ignite's update)
         seen.add(id(code))
         literals.update(c for co in _all_code(code) for c in co.co_consts
                         if isinstance(c, (int, float)) and not isinstance(c, bool))
@@ -383,10 +377,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
     modules_called: dict = {}   # a library module's functions the step calls as statements
     slots: dict = {}   # key -> Source: slots holding a function, or the environment (callslots.py)
     visit(fn, 0)
-    for func, binds in getattr(fn, "_stepgraph_user_calls", ()):  # user code library code calls
+    # (user code library code calls; the hooks on the step's modules and parameters)
+    for func, binds in list(getattr(fn, "_stepgraph_user_calls", ())) + [(h, None) for h in hooks]:
         visit(func, 1, binds=binds)
-    for hook in hooks:   # (the step's modules' and parameters' hooks: Guards.find_python_values)
-        visit(hook, 1, name="hook")
     classes = set()
     for m in modules:
         f = getattr(type(m), "forward", None)

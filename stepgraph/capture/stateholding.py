@@ -80,6 +80,21 @@ class WeakHolding:
 class HookWatching:
     """Which hooks the registry's modules and parameters have (part of the signature)."""
 
+    def user_hooks(self) -> list:
+        """The hook functions on the step's modules and parameters (a DANN-style gradient hook
+        scaling by an annealed global): scanned as the step's code is, for the values they read
+        (Guards.find_python_values)."""
+        out = []
+        for m in self.all_modules:
+            for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
+                d = getattr(m, name, None)
+                out += list(d.values()) if d else []
+        for _, p in self.params:
+            for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+                d = getattr(p, name, None)
+                out += list(d.values()) if d else []
+        return out
+
     def _watch_hooks(self, subs) -> None:
         from torch.nn.modules import module as _m
         # Hooks registered on watched modules are counted by their handles (``_counting``); only

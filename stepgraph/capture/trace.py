@@ -231,10 +231,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         box["out_spec"] = out_spec
         graph_outs, kinds = [], []
         for i, v in enumerate(out_leaves):
-            if i in uses.returned_exprs:   # a number computed from the call's numbers (sinks.py)
-                kinds.append(("number", uses.returned_exprs[i]))
-            elif i in uses.returned_nodes:  # one computed from the step's reads: a graph output
-                kinds.append(("read", uses.returned_nodes[i]))
+            if i in uses.returned_exprs or i in uses.returned_nodes:   # a number computed from the
+                # call's numbers (at replay), or from the step's reads (a graph output): sinks.py
+                kinds.append(("number", uses.returned_exprs[i]) if i in uses.returned_exprs else ("read", uses.returned_nodes[i]))
             elif is_step_array(v):          # .numpy() of a graph value: converted after each replay
                 kinds.append(("numpy", len(graph_outs)))
                 graph_outs.append(v.sg_tensor)
