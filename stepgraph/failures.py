@@ -49,6 +49,8 @@ def capture_failed(step, e: BaseException, done):
             first = (str(e).splitlines() or [""])[0][:300]
             if known:
                 msg = f"stepgraph: {step.__name__} runs eagerly from now on: {first}"
+            elif internal and _known(e) is not None:
+                msg = f"stepgraph: {step.__name__} runs eagerly from now on: {_known(e)}"
             elif internal:
                 msg = (f"stepgraph: {step.__name__} could not be captured: {type(e).__name__} while capturing it "
                        f"({first}). This call's result is eager's and the step runs eagerly from now on; "
@@ -61,6 +63,26 @@ def capture_failed(step, e: BaseException, done):
             return plain_floats(done[0])
         log.warning("stepgraph: capture of %s failed; running eagerly from now on", step.__name__, exc_info=e)
     raise e
+
+
+# Tracer failures whose cause is a line of the user's that the user can change: (text in the
+# error, what it is, the fix). (Reptile's ``copy.deepcopy(model.state_dict())`` in the step; an
+# op given a ``torch.Generator``, which make_fx of torch 2.11 cannot trace: DP-SGD's noise.)
+_KNOWN = (("UntypedStorage", "copy.deepcopy of tensors (a state_dict) inside the step cannot be traced",
+           "copy them with {k: v.detach().clone() for k, v in sd.items()}, or deepcopy outside the step"),
+          ("torch._C.Generator", "an op given a torch.Generator inside the step cannot be traced by this "
+           "torch version", "draw from the default generator (seed it outside the step), or draw outside "
+           "the step and pass the result"))
+
+
+def _known(e: BaseException) -> str | None:
+    import traceback
+    from .errors import user_frame
+    text = str(e)
+    for needle, what, fix in _KNOWN:
+        if needle in text:
+            return f"{what} (at {user_frame(traceback.extract_tb(e.__traceback__))}); {fix}"
+    return None
 
 
 def _note(e: BaseException, text: str) -> None:

@@ -246,3 +246,36 @@ def test_failure_at_the_end_of_the_trace_undoes_rebound_buffers(monkeypatch):
         assert torch.equal(got[0], want[0]), (fail, got[0], want[0])
         assert torch.equal(got[1], want[1]), (fail, got[1], want[1])
         assert all(torch.equal(a, b) for a, b in zip(got[2], want[2])), fail
+
+
+def test_a_deepcopy_of_the_state_dict_in_the_step_names_the_line_and_a_fix():
+    """Reptile's ``before = copy.deepcopy(model.state_dict())`` in the step: the tracer cannot
+    take the storages it copies; the step ran eagerly with "please report this". Now the warning
+    names the user's line and the copy that traces; results are eager's."""
+    def make(model, opt):
+        def meta_step(x, y):
+            before = copy.deepcopy(model.state_dict())
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for k, p in model.named_parameters():
+                    p.lerp_(before[k], 0.5)
+            return loss.detach()
+        return meta_step
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    t = copy.deepcopy(m)
+    sg, eager = stepgraph.compile(make(m, torch.optim.SGD(m.parameters(), lr=0.1))), \
+        make(t, torch.optim.SGD(t.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(0)
+    for k in range(4):
+        x, y = torch.randn(6, 8, generator=g), torch.randint(0, 4, (6,), generator=g)
+        if k == 1:
+            with pytest.warns(UserWarning, match=r"copy.deepcopy of tensors.*before = copy.deepcopy.*clone\(\)"):
+                got = sg(x, y)
+        else:
+            got = sg(x, y)
+        assert torch.equal(got, eager(x, y))
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), t.parameters()))
