@@ -325,7 +325,7 @@ def test_a_numpy_copy_read_in_a_python_loop_and_dropped_is_refused():
         return loss
     sg = stepgraph.compile(step)
     sg(torch.randn(5, 4))
-    with pytest.raises(stepgraph.CaptureError, match=r"numpy\(\) of a value the step computes: its values are used"):
+    with pytest.raises(stepgraph.CaptureError, match=r"numpy\(\) in the step \(the graph cannot follow numpy\): its values are used"):
         sg(torch.randn(5, 4))
 
 

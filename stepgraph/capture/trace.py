@@ -214,9 +214,9 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         uses.guard_stored_reads()
         check_unwritten(uses, problems)   # (a moving slice read as a copy: dynslice.py)
         for where, why in hm.step_arrays.problems(out):   # (L = E.detach().numpy(): steparrays.py)
-            problems.append(Problem(f"Tensor.numpy() of a value the step computes: {why}", where,
-                                    "return the tensor from the step and convert it outside, or "
-                                    "return the array untouched"))
+            problems.append(Problem(f"Tensor.numpy() in the step (the graph cannot follow numpy): {why}", where,
+                                    "do the numpy work in the loop: before the call (pass its result in) or "
+                                    "after it (return the tensor and convert it there)"))
         box["result"] = out
         _register_dataclasses(out)
         out_leaves, out_spec = pytree.tree_flatten(out)
