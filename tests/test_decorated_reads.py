@@ -118,3 +118,46 @@ def test_a_random_instance_drawn_in_a_decorated_forward_is_not_baked():
             assert torch.equal(got, loss.detach())
     except stepgraph.CaptureError as e:
         assert "random" in str(e).lower()
+
+
+class _Helper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.strength = 1.0
+
+    def forward(self, x):
+        return self._scaled(x)
+
+    def _scaled(self, x):   # (a helper method forward calls: its reads are the instance's)
+        return x * self.strength
+
+
+def test_a_helper_methods_attribute_is_read_from_each_instance_not_the_first_scanned():
+    """An EMA copy of the model reachable from the step: the class's forward was scanned once,
+    bound to the first instance found (the copy's), so the live model's ``self.strength`` read in
+    a helper method was never a source: replays kept the capture's value, silently."""
+    def run(compiled):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(_Helper(), torch.nn.Linear(4, 1))
+        ema = copy.deepcopy(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x):
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            with torch.no_grad():
+                for pe, p in zip(ema.parameters(), model.parameters()):
+                    pe.mul_(0.9).add_(p.detach(), alpha=0.1)
+            return loss.detach()
+        f = stepgraph.compile(step) if compiled else step
+        out = []
+        for i in range(6):
+            model[0].strength = 1.0 + 0.5 * i
+            out.append(f(torch.ones(3, 4)))
+        return out + list(model.parameters()) + list(ema.parameters()), f
+    want, (got, f) = run(False)[0], run(True)
+    for k, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), k
+    assert f.stats.replays >= 3

@@ -14,7 +14,7 @@ import types
 
 import torch
 
-from ..errors import core_file
+from ..errors import core_file, library_file
 
 _SUBSCR = ("BINARY_SUBSCR",)
 
@@ -152,6 +152,16 @@ def _code_chains(code: types.CodeType):
             # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
             yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
         i += 1
+
+
+def _user_code(code: types.CodeType) -> bool:
+    # Code typed into a notebook or exec'd ("<string>", "<ipython-input-...>") is user code.
+    return not library_file(code.co_filename) and not code.co_filename.startswith(("<frozen", "<stepgraph"))
+
+
+def _prefixes(path):
+    for n in range(len(path), -1, -1):
+        yield path[:n]
 
 
 def unwrapped_function(f, bound=None):

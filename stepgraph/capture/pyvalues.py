@@ -35,19 +35,15 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..errors import core_file, library_file, library_module
+from ..errors import core_file, library_module
 from .argtree import opened
-from .chains import _all_code, _chains, constant_stores, statement_calls, unwrapped_function
+from .chains import (_all_code, _chains, _prefixes, _user_code,  # noqa: F401 - _user_code re-exported
+                     constant_stores, statement_calls, unwrapped_function)
 from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
 from .sigkey import Ident
 from .valuekeys import CALL_ARGS, _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
-
-
-def _user_code(code: types.CodeType) -> bool:
-    # Code typed into a notebook or exec'd ("<string>", "<ipython-input-...>") is user code.
-    return not library_file(code.co_filename) and not code.co_filename.startswith(("<frozen", "<stepgraph"))
 
 
 @dataclass(eq=False)
@@ -198,11 +194,6 @@ def _attr_kind(part):
 # Container methods that do not read the contents: a container only called with these is
 # keyed by identity (a replay redoes appends: pyeffects.collect_appends; others are refused).
 _CONTAINER_WRITES = frozenset({"append", "extend", "insert", "add", "update", "clear", "__setitem__"})
-
-
-def _prefixes(path):
-    for n in range(len(path), -1, -1):
-        yield path[:n]
 
 
 def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyValues:
@@ -380,12 +371,19 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
     # (user code library code calls; the hooks on the step's modules and parameters)
     for func, binds in list(getattr(fn, "_stepgraph_user_calls", ())) + [(h, None) for h in hooks]:
         visit(func, 1, binds=binds)
-    classes = set()
+    classes: dict = {}   # class -> (the instance its forward was scanned with, the sources it gave)
     for m in modules:
         f = getattr(type(m), "forward", None)
         if type(m) not in classes and isinstance(f, types.FunctionType):
-            classes.add(type(m))
+            before = set(out)
             visit(types.MethodType(f, m), 1)
+            classes[type(m)] = (m, [out[k] for k in out if k not in before])
+        elif type(m) in classes:   # (the same code reads the same attributes of this one: an EMA
+            first, found = classes[type(m)]   # copy's helper method was keyed on the first only)
+            for src in found:
+                if src.kind == "object" and src._root_value(()) is first:
+                    c = Source("object", m, src.name, src.path, src.where, from_step=False)
+                    out.setdefault(("object", id(m), src.name, src.path), c)
     for key, s in out.items():
         s.methods = tuple(dict.fromkeys(m for m in calls.get(key, ()) if m))
         s.calls_only = bool(s.methods) and None not in calls[key]
