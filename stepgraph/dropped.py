@@ -44,6 +44,7 @@ class DroppedState:
         # Every graph goes: they hold the dropped state's tensors, and the guards' layout
         # (train/eval flags, hyper-parameters of all state seen) changes without it.
         self._dropped = False
+        _warn_if_dropped_each_call(self)
         self._reg.prune()
         self._entries.clear()
         self._order.clear()
@@ -56,3 +57,18 @@ class DroppedState:
         self._live = LiveFloats(self._guards, self._reg, self.__name__)   # (its baked values were the dropped state's)
         self._guards.py = PyValues()   # sources found through the dropped state: read again
         self._rescan = True
+
+
+def _warn_if_dropped_each_call(step) -> None:
+    """A model, optimizer or module with tensors given anew at each call (``step(x, y,
+    nn.CrossEntropyLoss(weight=w))``) frees the last one's graphs at each call: every call warms
+    up again and nothing replays. Said once, after three such calls in a row."""
+    import warnings
+    streak = getattr(step, "_drop_streak", (0, -1))
+    n = streak[0] + 1 if step.stats.replays == streak[1] else 1
+    step._drop_streak = (n, step.stats.replays)
+    if n == 3:
+        warnings.warn(f"stepgraph: {step.__name__}: a model, optimizer or module holding tensors that the step "
+                      "reaches was freed after each of the last 3 calls (a new one each call?), so each call "
+                      "warms up again and nothing replays; keep one object and change its tensors in place "
+                      "(criterion.weight.copy_(w)), or pass the tensors as arguments", stacklevel=4)

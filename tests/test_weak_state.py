@@ -140,3 +140,24 @@ def test_a_global_model_rebound_per_fold_frees_the_last_folds_graphs_and_replays
         assert len(sg.graphs) == 1
     assert sg.stats.replays == 20 and sg.stats.captures == 10, sg.stats
     assert not any("requires_grad" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+def test_a_module_with_tensors_given_anew_each_call_is_said_once():
+    """``step(x, y, nn.CrossEntropyLoss(weight=w))`` per batch: each call's criterion is freed
+    after it, so every call warmed up or captured again and nothing replayed, said nowhere."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def g(x, y, criterion):
+        loss = criterion(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    sg = stepgraph.compile(g)
+    with pytest.warns(UserWarning, match="freed after each of the last 3 calls") as w:
+        for k in range(8):
+            x, y = batch(k)
+            sg(x, y, nn.CrossEntropyLoss(weight=1.0 / (torch.bincount(y, minlength=4).float() + 1)))
+    assert sum("freed after each" in str(m.message) for m in w) == 1
