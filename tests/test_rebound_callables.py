@@ -324,3 +324,58 @@ def test_an_environment_variable_the_step_reads_is_guarded(how, monkeypatch):
             os.environ["SG_TEST_SCALE"] = "2"
     sg = twins(sgd_world(lambda w: lambda o, y: F.cross_entropy(o, y) * read()), 6, change)
     assert any("SG_TEST_SCALE" in r for r in sg.stats.recaptures), sg.stats.recaptures
+
+
+class _ModelEMA:   # YOLOv5's utils/torch_utils.py ModelEMA, as written there
+    def __init__(self, model, decay=0.9999, tau=20, updates=0):
+        import copy
+        import math
+        self.ema = copy.deepcopy(model).eval()
+        self.updates = updates
+        self.decay = lambda x: decay * (1 - math.exp(-x / tau))
+        for p in self.ema.parameters():
+            p.requires_grad_(False)
+
+    def update(self, model):
+        self.updates += 1
+        d = self.decay(self.updates)
+        msd = model.state_dict()
+        for k, v in self.ema.state_dict().items():
+            if v.dtype.is_floating_point:
+                v *= d
+                v += (1 - d) * msd[k].detach()
+
+
+def test_an_object_made_anew_whose_method_counts_in_the_step_keeps_counting():
+    """``ema = ModelEMA(model, updates=1000)`` between calls (a new phase): the rebinding was
+    noticed, but ``self.updates`` was a source of the first object only, so the new one's counter
+    stayed at 1001 and its weights drifted from eager's, silently."""
+    class Box:
+        pass
+
+    def run(compiled):
+        torch.manual_seed(0)
+        b = Box()
+        b.model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        b.opt = torch.optim.SGD(b.model.parameters(), lr=0.1, momentum=0.9)
+        b.ema = _ModelEMA(b.model)
+
+        def step(x, y):
+            loss = F.cross_entropy(b.model(x), y)
+            b.opt.zero_grad()
+            loss.backward()
+            b.opt.step()
+            b.ema.update(b.model)
+            return loss.detach()
+        f = stepgraph.compile(step) if compiled else step
+        out, g = [], torch.Generator().manual_seed(0)
+        for k in range(8):
+            if k == 4:
+                b.ema = _ModelEMA(b.model, updates=1000)
+            f(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
+            out.append((b.ema.updates, [v.clone() for v in b.ema.ema.state_dict().values()]))
+        return out, f
+    want, (got, f) = run(False)[0], run(True)
+    for k, ((ue, we), (uc, wc)) in enumerate(zip(want, got)):
+        assert ue == uc and all(torch.equal(a, c) for a, c in zip(we, wc)), (k, ue, uc)
+    assert f.stats.replays >= 3

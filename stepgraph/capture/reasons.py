@@ -37,8 +37,9 @@ class Reasons:
             if section == "callables":
                 from .callslots import explain
                 return explain(a, b) or "a function the step calls changed"
-            if section == "py_values" and len(a) == len(b):
-                return self.py.diff(a, b) or "a Python value the step reads changed"
+            if section == "py_values":   # (found again with more sources: those found before lead)
+                m = min(len(a), len(b))
+                return self.py.diff(a[:m], b[:m]) or "a Python value the step reads changed"
             if section == "hooks":
                 if a[2] != b[2]:   # (StateRegistry.hook_key: DDP's sync flags)
                     return (f"DistributedDataParallel (require_backward_grad_sync, require_forward_param_sync) "
