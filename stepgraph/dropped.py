@@ -38,14 +38,7 @@ class DroppedState:
         if adopt_code(self._reg, self.fn) or self._reg.hook_key() != self._guards.scanned_hooks:
             self._guards.find_python_values(self.fn, args)
             return True
-        # (an object the step calls a method of, rebound since the scan -- YOLOv5's ``ema =
-        # ModelEMA(...)`` made anew: its method's ``self.updates`` was a source of the old one only,
-        # so the new one's counter was baked. Found again, keeping what was found: keys still match)
-        if self._fetch:   # (a step taking its batches itself: its fetch plan holds the sources found)
-            return False
-        n = len(self._guards.py.sources)
-        self._guards.find_python_values(self.fn, args, keep=True)
-        return len(self._guards.py.sources) != n
+        return False
 
     def _forget_dropped(self) -> None:
         # Every graph goes: they hold the dropped state's tensors, and the guards' layout
