@@ -31,14 +31,22 @@ class DroppedState:
             finally:
                 self._lock.release()
 
-    def _found_more(self, args) -> bool:
+    def _found_more(self, args, sig=None) -> bool:
         """At a signature miss: did the step's code reach new state (a global ``model`` rebound,
         k-fold) or a hook registered since the scan? Then its values are scanned again."""
         from .capture.state import adopt_code
         if adopt_code(self._reg, self.fn) or self._reg.hook_key() != self._guards.scanned_hooks:
             self._guards.find_python_values(self.fn, args)
             return True
-        return False
+        # (an object the step reads rebound since the last graph -- YOLOv5's ``ema = ModelEMA(...)``
+        # made anew: its method's ``self.updates`` was a source of the old object only, and the new
+        # one's counter was baked. Found again, keeping what was found: older keys still match)
+        last = self._order[-1].key.py_values if self._order and sig is not None else ()
+        if not any(_rebound(a, b) for a, b in zip(last, sig.key.py_values if sig is not None else ())):
+            return False
+        n = len(self._guards.py.sources)
+        self._guards.find_python_values(self.fn, args, keep=True)
+        return len(self._guards.py.sources) != n
 
     def _forget_dropped(self) -> None:
         # Every graph goes: they hold the dropped state's tensors, and the guards' layout
@@ -72,3 +80,8 @@ def _warn_if_dropped_each_call(step) -> None:
                       "reaches was freed after each of the last 3 calls (a new one each call?), so each call "
                       "warms up again and nothing replays; keep one object and change its tensors in place "
                       "(criterion.weight.copy_(w)), or pass the tensors as arguments", stacklevel=4)
+
+
+def _rebound(a, b) -> bool:
+    """Two keys of one source: an object keyed by identity, another object now."""
+    return isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] == ("object",) and a[1:2] != b[1:2]

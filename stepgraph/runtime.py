@@ -132,7 +132,7 @@ class StepFunction(DroppedState, ReplayPaths, StepViews, PerInstance):
                 self._guards.find_python_values(self.fn, args)
             sig = self._guards.signature(args, kwargs)
             entry = self._entries.get(sig.key)
-            if entry is None and self._found_more(args):   # (a global rebound to a new model, a new hook)
+            if entry is None and self._found_more(args, sig):   # (a global rebound to a new model, a new hook)
                 sig = self._guards.signature(args, kwargs)
                 entry = self._entries.get(sig.key)
             live_key = self._live.read_live_key(sig.key)   # graphs from before a value was baked

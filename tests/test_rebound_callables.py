@@ -346,8 +346,6 @@ class _ModelEMA:   # YOLOv5's utils/torch_utils.py ModelEMA, as written there
                 v += (1 - d) * msd[k].detach()
 
 
-@pytest.mark.xfail(strict=True, reason="known, not fixed: the new object's self.updates is no source (a rescan "
-                   "at each miss fixed it but made seq2seq_translation_legacy_fixed never replay)")
 def test_an_object_made_anew_whose_method_counts_in_the_step_keeps_counting():
     """``ema = ModelEMA(model, updates=1000)`` between calls (a new phase): the rebinding was
     noticed, but ``self.updates`` was a source of the first object only, so the new one's counter
