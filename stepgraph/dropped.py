@@ -31,7 +31,7 @@ class DroppedState:
             finally:
                 self._lock.release()
 
-    def _found_more(self, args, sig=None) -> bool:
+    def _found_more(self, args, sig) -> bool:
         """At a signature miss: did the step's code reach new state (a global ``model`` rebound,
         k-fold) or a hook registered since the scan? Then its values are scanned again."""
         from .capture.state import adopt_code
@@ -41,8 +41,8 @@ class DroppedState:
         # (an object the step reads rebound since the last graph -- YOLOv5's ``ema = ModelEMA(...)``
         # made anew: its method's ``self.updates`` was a source of the old object only, and the new
         # one's counter was baked. Found again, keeping what was found: older keys still match)
-        last = self._order[-1].key.py_values if self._order and sig is not None else ()
-        if not any(_rebound(a, b) for a, b in zip(last, sig.key.py_values if sig is not None else ())):
+        last = self._order[-1].key.py_values if self._order else ()
+        if not any(_rebound(a, b) for a, b in zip(last, sig.key.py_values)):
             return False
         n = len(self._guards.py.sources)
         self._guards.find_python_values(self.fn, args, keep=True)

@@ -20,7 +20,7 @@ class Ident(int):
         try:
             self._ref = weakref.ref(obj)
         except TypeError:
-            self._ref = _Held(obj)
+            self._ref = Strong(obj)
         return self
 
     @property
@@ -44,7 +44,8 @@ class Ident(int):
         return int, (int(self),)
 
 
-class _Held:
+class Strong:
+    """Holds an object as a weak reference would (``h()``), but strongly."""
     __slots__ = ("obj",)
 
     def __init__(self, obj):

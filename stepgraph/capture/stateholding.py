@@ -14,18 +14,8 @@ from __future__ import annotations
 import weakref
 
 from .fsdp import key as fsdp_key
+from .sigkey import Strong as _Strong
 from .watch import _HOOK_EPOCH, GLOBAL_HOOK_ATTRS, MODULE_HOOK_ATTRS, watch
-
-
-class _Strong:
-    """Holds an object as a weak reference would (``h()``), but strongly."""
-    __slots__ = ("obj",)
-
-    def __init__(self, obj):
-        self.obj = obj
-
-    def __call__(self):
-        return self.obj
 
 
 def _held(pairs) -> list:
