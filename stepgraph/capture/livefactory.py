@@ -45,11 +45,9 @@ def moving_factory(log, func, args, kwargs):
     dtype = kwargs.get("dtype") or (like.dtype if like is not None else
                                     torch.int64 if isinstance(v, int) else torch.get_default_dtype())
     device = kwargs.get("device") or (like.device if like is not None else None)
-    node = log.lift(p, typed=False)
-    if node is None:
+    f = _live_number(p, log)
+    if f is None:
         return None
-    f = HostFloat(v, node)
-    f.numbers = (p,)
     value = torch.scalar_tensor(f, dtype=dtype, device=device)
     if func is torch.full_like:
         fmt = kwargs.get("memory_format", torch.preserve_format)
@@ -69,10 +67,16 @@ def _live_float(p, log):
     at each replay (on CUDA, one fed as a device scalar), or None."""
     if type(p) is not TrackedFloat or not log.moving(p):
         return None
+    return _live_number(p, log)
+
+
+def _live_number(p, log):
+    """The number ``p`` as a HostFloat whose graph node computes it from its roots at each
+    replay, or None where it cannot be lifted."""
     node = log.lift(p, typed=False)
     if node is None:
         return None
-    f = HostFloat(p._v, node)
+    f = HostFloat(plain(p), node)
     f.numbers = (p,)
     return f
 
