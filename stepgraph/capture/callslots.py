@@ -15,6 +15,8 @@ import os
 import types
 from typing import NamedTuple
 
+import torch
+
 from .sigkey import Ident
 
 FUNCS = (types.FunctionType, types.MethodType, types.BuiltinFunctionType)
@@ -88,6 +90,14 @@ def instance_callable(v, name):
     d = getattr(v, "__dict__", None)
     w = d.get(name) if isinstance(d, dict) else None
     return w if isinstance(w, SLOTS) else None
+
+
+def held_object(v, name) -> bool:
+    """``obj.criterion(...)`` where ``obj`` (no module: its submodules are state) holds a module or a
+    callable object in its own ``__dict__``: a value of its own to key, by identity."""
+    d = getattr(v, "__dict__", None)
+    return isinstance(d, dict) and not isinstance(v, torch.nn.Module) and name in d \
+        and not isinstance(d[name], (type, types.ModuleType)) and callable(d[name])
 
 
 def explain(a, b) -> str | None:

@@ -327,8 +327,12 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
                 origin = Source(s.kind, s.root, s.name, p[:-1]) if s.kind == "arg" and p and p[-1][0] == "attr" \
                     and type(v) is types.MethodType else None
                 visit(v, depth + 1, name=s.describe().removeprefix("global "), where=s.where, origin=origin)
-            elif p == path and method is not None and callslots.instance_callable(v, method) is not None:
-                _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)   # ``obj.criterion(o, y)``
+            elif p == path and method is not None and (callslots.instance_callable(v, method) is not None
+                                                       or callslots.held_object(v, method)):
+                # ``obj.criterion(o, y)``: a function, or a module / callable object, the object holds
+                # (a trainer's ``self.criterion = crits[phase]`` swapped between live modules
+                # replayed the first one, silently: only ``self`` was keyed)
+                _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 from .pycalls import replayable_callee   # (unless a replay redoes the call)
