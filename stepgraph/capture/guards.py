@@ -20,7 +20,7 @@ from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, 
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
 from .sigkey import GradsKey, Ident, Signature, SignatureKey, TensorMeta
-from .optkeys import groups_quick, hyper_value, state_ids
+from .optkeys import groups_quick, hyper_value, live_key, state_ids
 from .state import StateRegistry, stateless_config
 from .watch import registration_epoch
 from ..errors import user_class
@@ -333,7 +333,7 @@ class Guards(Reasons, LiveKeys):
             torch.is_grad_enabled(),
             _autocast_state(),
             tuple(m.training for m in reg.all_modules),
-            tuple(tuple(tuple((k, self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else hyper_value(v))
+            tuple(tuple(tuple((k, live_key(self, (oi, gi, k), v) if (oi, gi, k) in self.live else hyper_value(v))
                               for k, v in g.items() if k != "params")
                         + (("#params", len(g["params"])),) for gi, g in enumerate(opt.param_groups))
                   for oi, (_, opt) in enumerate(reg.optimizers)),

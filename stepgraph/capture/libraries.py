@@ -177,7 +177,12 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
         lives = _unlive(self.optimizer)
         before = [(g, dict(g)) for g in getattr(self.optimizer, "param_groups", ())]
         try:
-            return orig(self, *a, **k)
+            # (untraced: a tensor lr is written with ``group["lr"].fill_(...)``; traced, the graph
+            # wrote it and the re-run after each replay wrote it again -- ExponentialLR decayed
+            # twice per replay, silently)
+            from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+            with disable_proxy_modes_tracing():
+                return orig(self, *a, **k)
         finally:
             for g, key, v, plain in lives:
                 if g.get(key) == plain:

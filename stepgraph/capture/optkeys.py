@@ -37,6 +37,16 @@ def groups_quick(self) -> tuple:
     if not self.live:
         return tuple(tuple(int if group_counter(v) else v for v in g.values())
                      for _, opt in self.reg.optimizers for g in opt.param_groups)
-    return tuple(tuple(self._marker((oi, gi, k), v) if (oi, gi, k) in self.live else int if group_counter(v) else v
+    return tuple(tuple(live_key(self, (oi, gi, k), v) if (oi, gi, k) in self.live else int if group_counter(v) else v
                        for k, v in g.items())
                  for oi, (_, opt) in enumerate(self.reg.optimizers) for gi, g in enumerate(opt.param_groups))
+
+
+def live_key(self, h, v):
+    """A live hyper-parameter's part of a signature: what the graphs decided from it -- unless a
+    tensor of the user's own is there now (a float lr replaced by ``torch.tensor(lr)`` between
+    calls: replayed as the float it was, the graph raised half-way through the update)."""
+    from .groupwrites import user_tensor
+    if isinstance(v, torch.Tensor) and user_tensor(self.reg, v):
+        return hyper_value(v)
+    return self._marker(h, v)

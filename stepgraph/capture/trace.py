@@ -44,7 +44,8 @@ from .rollback import CopyOnWrite, Rollback, saving_writes
 from .datarebind import data_assignments
 from .schedules import array_conversions
 from .sinks import TrackMode, scrub, sinks, sized_calls, unwrap_result
-from .trackplan import TrackPlan, hyper_effects, names_slot, swap_in, swap_out
+from .trackplan import TrackPlan, names_slot, swap_in
+from .groupwrites import live_floats, number_effects, snapshot
 from .tracked import UseLog
 from .state import Slot, StateRegistry
 from .watch import paused_registration_epoch
@@ -53,7 +54,6 @@ from .steparrays import is_step_array
 from .tohost import to_host_outputs
 from .rebound import float_effect, rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
-
 
 
 @dataclass
@@ -155,7 +155,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         a, kw = pytree.tree_unflatten(flat, in_spec)
         argw = argchanges.watch((a, kw), (args, kwargs))   # (what the step changes through them)
         swapped: list = []
-        # Live hyper-parameters: (optimizer index, group index, key) read at replay time.
+        groups = snapshot(reg)   # (live hyper-parameters, read at replay, go in below: groupwrites.py)
         saved_hypers = []
         hyper_slots = {(id(reg.optimizers[oi][1].param_groups[gi]), k) for oi, gi, k in live_hypers}
         for src in live_sources:  # Python floats read live (pyvalues.py)
@@ -169,7 +169,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
             live = live_source(get_proxy_mode().tracer, src, v, box.setdefault("baked", HyperLog()))
             saved_hypers.append((src, at, v, live))
             at.set(live)
-        for oi, gi, k in live_hypers:
+        for oi, gi, k in live_floats(reg, live_hypers):
             group = reg.optimizers[oi][1].param_groups[gi]
             live = live_hyper(get_proxy_mode().tracer, group, k, (oi, gi, k), box.setdefault("baked", HyperLog()),
                               f"{reg.optimizers[oi][0]}.param_groups[{gi}]['{k}']")
@@ -207,8 +207,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
                                    fix="use a capturable optimizer (capturable=True)") from None
             finally:
-                # (the values put back, unless the step assigned new ones: trackplan.hyper_effects)
-                box["number_effects"] = swap_out(swapped, a, cs := track.const_stores if track else ()) + hyper_effects(reg, saved_hypers, box["sched_set"], cs, a)
+                # (the values put back, unless the step assigned new ones: those written after each replay)
+                box["number_effects"] = number_effects(swapped, a, track, reg, saved_hypers, box["sched_set"], groups)
                 argchanges.write_back(argw, rollback.keep_object if rollback is not None else None)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()
