@@ -237,3 +237,39 @@ def test_an_annealed_loss_coefficient_is_live_on_the_gpu():
           f"backend {sg.captures[-1].backend}, worst rel err {worst:.2e}")
     assert sg.stats.captures <= 2 and sg.stats.replays >= 7, (sg.stats.recaptures, sg.explain())
     assert worst <= 1e-5, worst
+
+
+@pytest.mark.parametrize("sched", ["exp", "step", "cosine"])
+@pytest.mark.parametrize("opt_name", ["adamw", "adamw_fused", "sgd_momentum"])
+def test_a_chainable_scheduler_stepped_in_the_step_steps_once_per_call(opt_name, sched):
+    """ExponentialLR / StepLR / CosineAnnealingLR compute the next lr from the group's: stepped in
+    the step, the scheduler runs again after each replay, so the graph must not hold its write
+    too (a tensor lr's ``fill_``: it decayed twice per call on the CPU, found by a probe)."""
+    make = {"exp": lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.8),
+            "step": lambda o: torch.optim.lr_scheduler.StepLR(o, 1, 0.5),
+            "cosine": lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 6)}[sched]
+    m, m2, opt, opt2 = _pair(opt_name)
+    s, s2 = make(opt), make(opt2)
+
+    def with_sched(model, o, sc):
+        inner = _step(model, o, False)
+
+        def step(x, y):
+            loss = inner(x, y)
+            sc.step()
+            return loss
+        return step
+    sg, eager = stepgraph.compile(with_sched(m, opt, s)), with_sched(m2, opt2, s2)
+    worst = 0.0
+    for it in range(8):
+        g = torch.Generator().manual_seed(it)
+        x, y = torch.randn(16, 32, generator=g).cuda(), torch.randint(0, 8, (16,), generator=g).cuda()
+        if it == 1:
+            _twin_form(opt2)
+        out, ref = sg(x, y), eager(x, y)
+        worst = max(worst, rel_err(out.float(), ref.float()))
+        assert float(opt.param_groups[0]["lr"]) == pytest.approx(float(opt2.param_groups[0]["lr"]), rel=1e-6), it
+    for p, q in zip(m.parameters(), m2.parameters()):
+        worst = max(worst, rel_err(p, q))
+    assert sg.stats.replays >= 5, sg.stats.recaptures
+    assert worst <= 1e-4, worst

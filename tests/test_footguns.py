@@ -125,6 +125,10 @@
     (reading ``mask.all()`` on the host would sync every call): the same attention by another
     kernel, within fp tolerance, not bitwise. On the CPU that read is a guarded host read, bitwise
     (test_hf_architectures.py::test_an_unpadded_batch_with_its_all_ones_mask_is_bitwise_on_the_cpu).
+(zd) A container the step keeps and returns (``info['n'] += 1; return info``) comes back from a
+    replay as a new container holding this call's values (the numbers the replay wrote into
+    ``info``, its tensors): it is not ``info`` itself, so ``ret is info`` is False and a change to
+    ``ret`` does not reach ``info`` (test_returned_state.py, test_zd below).
 """
 import copy
 import time
@@ -773,3 +777,23 @@ def test_zb_a_graphed_modules_input_used_inside_and_outside_sums_in_another_grou
         torch.testing.assert_close(net.inp.weight.grad, twin.inp.weight.grad, rtol=1e-6, atol=1e-8)
         same.append(torch.equal(net.inp.weight.grad, twin.inp.weight.grad))
     assert same[0] and not all(same[1:]), same   # (call 1 is eager; the replays differ by rounding)
+
+
+def test_zd_a_kept_dict_returned_by_a_replay_is_a_copy_with_this_calls_values():
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    info = {"loss": None, "n": 0}
+
+    @stepgraph.compile
+    def step(x):
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        info["loss"] = loss.detach()
+        info["n"] += 1
+        return info
+    for i in range(4):
+        ret = step(torch.randn(3, 2))
+        assert ret["n"] == info["n"] == i + 1
+        assert (ret is info) == (i < 2)   # (the warm-up and the capture ran the step's Python)

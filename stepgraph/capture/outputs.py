@@ -19,6 +19,7 @@ from ..errors import CaptureError, NeedsReplay
 from .hostscalar import group_reader
 from .pycalls import reads_of
 from .pyvalues import _show, guard_value
+from .heldoutputs import held_leaf
 
 log = logging.getLogger("stepgraph")
 
@@ -208,15 +209,20 @@ def _tensor_key(k) -> bool:
 
 def live_outputs(tr, reg, py, args, step_name: str) -> None:
     """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
-    paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
+    keypaths = [p for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
+    paths = [pytree.keystr(p) for p in keypaths]
     guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
     read_guarded = {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}  # (host reads, by value)
     guarded |= read_guarded
     checked = tr.uses.returned if tr.uses is not None else set()  # checks hold them (tracked.py)
     out, unsure = [], []
-    for (kind, v), where in zip(tr.out_leaves, paths):
+    for (kind, v), where, kp in zip(tr.out_leaves, paths, keypaths):
         if kind != "const" or isinstance(v, bool) or not isinstance(v, (int, float)):
             out.append((kind, v))
+            continue
+        held = held_leaf(tr.result, kp, py.sources, args, tr.number_effects)
+        if held is not None:
+            out.append(held)
             continue
         group_hit = next(((g, k) for _, opt in reg.optimizers for g in opt.param_groups
                           for k, x in g.items() if x is v), None)
