@@ -171,10 +171,6 @@ for _name, _op in [("add", operator.add), ("sub", operator.sub), ("mul", operato
                    ("floordiv", operator.floordiv), ("mod", operator.mod)]:
     setattr(HostFloat, f"__{_name}__", _binary(_op))
     setattr(HostFloat, f"__r{_name}__", _binary(_op, swap=True))
-# A numpy scalar on the left (``lr / bias_correction1`` with ``lr = lr_schedule[it]``, a
-# numpy.float64 the step put in a param group) would convert this float through ``__float__``
-# (refused below as a branch on the counter): numpy defers to the reflected operator instead.
-HostFloat.__array_ufunc__ = None
 HostFloat.__neg__ = _unary(operator.neg)
 HostFloat.__pos__ = _unary(operator.pos)
 HostFloat.__abs__ = _unary(operator.abs)
@@ -392,3 +388,11 @@ def live_source(tracer, src, value: float, baked: set):
     """A Python float the step reads (a global ``lr``...) as a HyperFloat read at replay."""
     node = tracer.create_node("call_function", source_reader(src), (), {})
     return HyperFloat(value, node, src, baked, ())
+
+
+# A numpy scalar on the left (``lr / bias_correction1`` with ``lr = lr_schedule[it]``, a numpy.float64 the step
+# put in a param group) would convert this float through ``__float__`` (refused as a branch on a counter):
+# numpy's arithmetic runs as Python's on it instead (hostufuncs.py).
+from .hostufuncs import array_ufunc  # noqa: E402 - it needs HostFloat
+
+HostFloat.__array_ufunc__ = array_ufunc

@@ -1,0 +1,39 @@
+"""numpy given a HostFloat (a live float or a value read on the host, hostscalar.py):
+``HostFloat.__array_ufunc__``. (It was None, so that a numpy scalar on the left deferred to the
+reflected operator; numpy then raised a TypeError at anything else: an array on the other side,
+``np.exp`` of it.)"""
+from __future__ import annotations
+
+import math
+import operator
+
+from .hostscalar import HostFloat
+
+
+_UFUNC_OPS = {"add": operator.add, "subtract": operator.sub, "multiply": operator.mul, "true_divide": operator.truediv,
+              "divide": operator.truediv, "power": operator.pow, "floor_divide": operator.floordiv,
+              "remainder": operator.mod, "less": operator.lt, "less_equal": operator.le, "greater": operator.gt,
+              "greater_equal": operator.ge, "equal": operator.eq, "not_equal": operator.ne}
+_UFUNC_MATH = {"exp": "exp", "expm1": "expm1", "log": "log", "log1p": "log1p", "log2": "log2", "log10": "log10",
+               "sqrt": "sqrt", "cos": "cos", "sin": "sin", "tan": "tan", "tanh": "tanh", "cosh": "cosh",
+               "sinh": "sinh", "arccos": "acos", "arcsin": "asin", "arctan": "atan", "fabs": "fabs"}
+
+
+def array_ufunc(self, ufunc, method, *inputs, **kwargs):
+    """numpy given this float. With Python floats and numpy.float64 (a float) only, numpy's
+    arithmetic and scalar maths run as Python's (``lr / bias_correction1`` with ``lr =
+    lr_schedule[it]``; DANN's ``2 / (1 + np.exp(-10 * p)) - 1``): the value stays live. With
+    anything else (an array: CutMix's ``np.random.rand(1) < args.cutmix_prob``) numpy computes
+    on this float's value, guarded as ``float()`` guards it -- numpy gave up on it before (a
+    TypeError the user never wrote, and the capturing call's update lost)."""
+    scalar = all(issubclass(type(x), HostFloat) or type(x) in (float, int) or _np_float64(x) for x in inputs)
+    if method == "__call__" and not kwargs and scalar:
+        if len(inputs) == 2 and ufunc.__name__ in _UFUNC_OPS:
+            return _UFUNC_OPS[ufunc.__name__](*(float(x) if _np_float64(x) else x for x in inputs))
+        if len(inputs) == 1 and ufunc.__name__ in _UFUNC_MATH:
+            return getattr(math, _UFUNC_MATH[ufunc.__name__])(inputs[0])
+    return getattr(ufunc, method)(*(float(x) if issubclass(type(x), HostFloat) else x for x in inputs), **kwargs)
+
+
+def _np_float64(x) -> bool:
+    return type(x).__module__ == "numpy" and type(x).__name__ == "float64"

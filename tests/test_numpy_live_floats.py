@@ -1,0 +1,66 @@
+"""numpy meeting a float the step reads live (a global or an ``args`` attribute the loop
+anneals): CutMix's ``r = np.random.rand(1); if r < args.cutmix_prob`` raised a TypeError the user
+never wrote at the capturing call (numpy gave up on the live float) and lost that call's update;
+``np.exp(-10 * p)`` (DANN's schedule) did the same. Now numpy's scalar maths on it stays live,
+and anything else computes on its value, guarded. Each call compared bitwise with eager."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class args:
+    cutmix_prob = 0.5
+    p = 0.1
+
+
+def _world():
+    torch.manual_seed(0)
+    m = nn.Linear(4, 2)
+    return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+
+def _cutmix(m, opt, x, y):
+    r = np.random.rand(1)
+    if r < args.cutmix_prob:
+        loss = F.cross_entropy(m(x * 0.5), y)
+    else:
+        loss = F.cross_entropy(m(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _dann(m, opt, x, y):
+    alpha = 2.0 / (1.0 + np.exp(-10 * args.p)) - 1
+    loss = F.cross_entropy(m(x), y) * alpha
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("body", [_cutmix, _dann])
+def test_numpy_on_a_live_float_is_eagers(body):
+    (me, oe), (mc, oc) = _world(), _world()
+    step = stepgraph.compile(lambda x, y: body(mc, oc, x, y))
+    for i in range(6):
+        args.p = 0.1 * (i + 1)   # (annealed between calls, as DANN's p)
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+        np.random.seed(i)
+        want = body(me, oe, x, y)
+        np.random.seed(i)
+        got = step(x, y)
+        assert torch.equal(want, got), (i, want, got)
+        assert torch.equal(me.weight, mc.weight)
+    if body is _dann:
+        assert step.stats.captures == 1, step.stats.recaptures   # (np.exp of it is live)
