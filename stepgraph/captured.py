@@ -14,6 +14,7 @@ from .capture.sigkey import SignatureKey
 from .capture.trace import TraceResult
 from .capture import argtree
 from .capture.arrays import as_input
+from .capture.libraries import scheduled_tensors
 from .capture.numchecks import checks_hold, evaluate, roots_of, set_call
 from .errors import GuardMiss, StepGraphError
 from .passes import GraphSummary
@@ -134,6 +135,7 @@ class CapturedStep:
             inputs += self.prologue(inputs)
         if self.device_scalars is not None:
             inputs.append(self.device_scalars.pack())
+        lrs = scheduled_tensors(tr.scheduler_steps) if tr.scheduler_steps else ()
         try:
             outs = self.run(inputs)
         except GuardMiss:
@@ -170,6 +172,9 @@ class CapturedStep:
         for slot, value in tr.clear_slots:
             slot.set(value)
         self.last_reads = {**started, **{id(r): outs[i] for r, i in tr.read_roots}}
+        with torch.no_grad():
+            for t, before in lrs:   # (the scheduler computes this call's lr from the one before)
+                t.copy_(before)
         for sched, a, k, _ in tr.scheduler_steps:   # LR schedulers stepped inside the step: run again,
             if any(_tracked(x) for x in (*a, *k.values())):   # with this call's epoch (transformer-xl's
                 memo = dict(self.last_reads)                  # scheduler.step(train_step): it froze)

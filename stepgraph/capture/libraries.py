@@ -177,12 +177,7 @@ def record_scheduler_steps(calls: list, problems: list, stepped: list, before_st
         lives = _unlive(self.optimizer)
         before = [(g, dict(g)) for g in getattr(self.optimizer, "param_groups", ())]
         try:
-            # (untraced: a tensor lr is written with ``group["lr"].fill_(...)``; traced, the graph
-            # wrote it and the re-run after each replay wrote it again -- ExponentialLR decayed
-            # twice per replay, silently)
-            from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
-            with disable_proxy_modes_tracing():
-                return orig(self, *a, **k)
+            return orig(self, *a, **k)
         finally:
             for g, key, v, plain in lives:
                 if g.get(key) == plain:
@@ -260,3 +255,20 @@ def untraceable_modules(reg, device: str):
                 "the call in `with torch.backends.cudnn.flags(enabled=False):`), or keep this step "
                 "eager (on_capture_error='eager')")
     return None
+
+
+def scheduled_tensors(steps) -> list:
+    """``(tensor, its value now)`` for each tensor hyper-parameter (a tensor lr, or the lr stepgraph
+    holds on the GPU) of the optimizers that LR schedulers stepped in the step drive, taken before
+    a replay. The graph writes this call's lr into them (``group['lr'].fill_``, recorded: a read of
+    it later in the step, a print, is the graph's) and the scheduler run again after the replay
+    computes it again from the group: from the value before, put back first (from the graph's,
+    ExponentialLR / StepLR / CosineAnnealingLR stepped twice per call, silently -- on every
+    Adam/AdamW on CUDA, where the lr is such a tensor)."""
+    out = []
+    for sched, *_ in steps:
+        opt = sched.optimizer if isinstance(sched, torch.optim.lr_scheduler.LRScheduler) else None
+        for g in opt.param_groups if opt is not None else ():
+            out += [(v, v.detach().clone()) for k, v in g.items()
+                    if k != "params" and isinstance(v, torch.Tensor) and v.dim() == 0]
+    return out
