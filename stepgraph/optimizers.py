@@ -231,6 +231,18 @@ def capturable_while_tracing(reg):
             setattr(mod, "_get_capturable_supported_devices", f)
 
 
+def counter_branch_fix(reg) -> str:
+    """The fix for an optimizer whose Python branches on its step counter (``if n_sma >= 5``):
+    its capturable form where it has one; else (pytorch_optimizer's AdaBelief / Ranger have no
+    such flag: the fix named one) stepping it outside the compiled function."""
+    plain = [n for n, opt in reg.optimizers if "capturable" not in getattr(opt, "defaults", {})]
+    if not plain:
+        return "use a capturable optimizer (capturable=True)"
+    return (f"{', '.join(plain)} has no capturable form: step it outside the compiled function (return the "
+            "loss from it, then call optimizer.step() and optimizer.zero_grad() in the loop), or use a "
+            "torch.optim optimizer")
+
+
 def absorb_floats(reg, groups=None) -> None:
     """Numbers assigned in place of hyper-parameters held on the device (a scheduler's float
     betas, or ``g['lr'] = get_lr(it)``): fill the tensors the graphs read and put them back in

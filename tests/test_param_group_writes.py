@@ -184,3 +184,38 @@ def test_a_float_lr_replaced_by_a_tensor_between_calls_is_no_replay_of_the_float
         except stepgraph.CaptureError as e:   # (Adam reads a tensor lr on the host: refused, clearly)
             assert it >= 3 and "tensor lr" in str(e), e
         _same(m1, m2, o1, o2)
+
+
+class Rectified(torch.optim.Optimizer):
+    """pytorch_optimizer's rectified step (AdaBelief / Ranger) reduced: Python branches on a value
+    of its step counter compared with another value of it. No capturable flag exists."""
+
+    def __init__(self, params, lr=1e-2, betas=(0.9, 0.999)):
+        super().__init__(params, dict(lr=lr, betas=betas))
+
+    @torch.no_grad()
+    def step(self):
+        for group in self.param_groups:
+            group["step"] = group.get("step", 0) + 1
+            beta2, step = group["betas"][1], group["step"]
+            beta2_t = beta2 ** step
+            n_sma = 2.0 / (1.0 - beta2) - 1.0 - 2 * step * beta2_t / (1.0 - beta2_t)
+            rt = 0.5 if n_sma >= 5 + 0.0 * step else 1.0
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["lr"] * rt)
+
+
+def test_a_refused_counter_branch_of_an_optimizer_without_a_capturable_form_says_what_to_do():
+    m = _net()
+    o = Rectified(m.parameters())
+
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    with pytest.raises(stepgraph.CaptureError, match="o has no capturable form: step it outside"):
+        for x, y in _batches(3):
+            sg(x, y)

@@ -24,7 +24,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ..errors import CaptureError, user_frame
-from ..optimizers import absorb_floats
+from ..optimizers import absorb_floats, counter_branch_fix
 from . import argchanges, argtree, attrstores, modstate
 from .bindings import binding
 from .hostrandom import host_random_watch
@@ -205,7 +205,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                        "build the schedule as float64): eager then computes in float64 too") from None
                 raise CaptureError("Python control flow on an optimizer step counter cannot be captured",
                                    op=f"HostFloat.__{e}__", where=user_frame(stack),
-                                   fix="use a capturable optimizer (capturable=True)") from None
+                                   fix=counter_branch_fix(reg)) from None
             finally:
                 # (the values put back, unless the step assigned new ones: those written after each replay)
                 box["number_effects"] = number_effects(swapped, a, track, reg, saved_hypers, box["sched_set"], groups)
