@@ -67,6 +67,23 @@ def _integer_inputs(a, via_int: bool) -> list:
     return [(x, True) for x in ints] if ints else [(x, False) for x in a.all_input_nodes]
 
 
+COIN_GRAPHS = 8   # more outcomes than max_captures' default: refused at the first capture
+
+
+def _drawn(n):
+    """The random op a guard's value comes from, or None."""
+    seen, todo = set(), [(a, False) for a in _value_inputs(n)]
+    while todo:
+        a, via_int = todo.pop()
+        if a in seen:
+            continue
+        seen.add(a)
+        if _draws(a):
+            return a.target
+        todo.extend(_integer_inputs(a, via_int))
+    return None
+
+
 def random_guards(gm) -> list:
     """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
     Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
@@ -74,8 +91,11 @@ def random_guards(gm) -> list:
     eagerly. Refused at the first capture instead. A *decision* (a bool: ``if torch.rand(()) <
     p``) takes few values and stays guarded."""
     from .effects import Problem
-    out = []
+    out, coins = [], []
     for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target is host_guard and isinstance(n.args[1], bool) \
+                and _drawn(n) is not None:
+            coins.append(n)
         if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
             continue
         seen, todo, draw = set(), [(a, False) for a in _value_inputs(n)], None
@@ -152,4 +172,15 @@ def random_guards(gm) -> list:
             "build what the random draw selects outside the step and pass it as arguments (e.g. "
             "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
             "indexing (data[ix]) so no value is read on the host", plain=True))
+    if 2 ** len(coins) > COIN_GRAPHS:
+        # (LayerDrop, transformers' wav2vec2 / HuBERT / Whisper / BART with layerdrop > 0: a
+        # ``torch.rand([]) < layerdrop`` coin per layer, 2**12 paths; each call captured a new
+        # graph until max_captures, then ran eagerly with a fix for code the user does not own)
+        out.append(Problem(
+            f"the step draws {len(coins)} random coins that decide which code runs ({coins[0].args[3]}, "
+            f"drawn by {_drawn(coins[0])}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
+            "outcomes would be a graph of its own", coins[0].args[2],
+            "turn the coins off (a Hugging Face model: config.layerdrop = 0.0, or the model's layerdrop "
+            "/ drop-layer probability set to 0), or compile the parts around them: model.encoder.layers[i] = "
+            "stepgraph.graph_module(model.encoder.layers[i])", plain=True))
     return out

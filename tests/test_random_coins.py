@@ -1,0 +1,68 @@
+"""LayerDrop as transformers writes it (wav2vec2, HuBERT, Whisper, BART with layerdrop > 0):
+``torch.rand([]) < layerdrop`` per layer decides in Python whether the layer runs. 12 layers are
+2**12 paths: each call captured a new graph (seconds each) until max_captures, then ran eagerly
+with a fix for code the user does not own (a probe found it). Refused at the first capture now,
+with the fix that applies; a single coin (a self-conditioning coin) stays a guarded decision."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import stepgraph
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, layers, layerdrop=0.1):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(layers))
+        self.layerdrop = layerdrop
+        self.inp = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for layer in self.layers:   # (modeling_wav2vec2.py's encoder loop)
+            skip = False
+            if self.training and self.layerdrop > 0.0:
+                skip = torch.rand([]) < self.layerdrop
+            if not skip:
+                x = x + torch.tanh(layer(x))
+        return x
+
+
+def _step(m):
+    opt = torch.optim.AdamW(m.parameters(), 1e-3)
+
+    def step(x):
+        loss = m(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    return step
+
+
+def test_many_layerdrop_coins_are_refused_at_the_first_capture_with_the_fix():
+    torch.manual_seed(0)
+    sg = stepgraph.compile(_step(Encoder(6)))
+    x = torch.randn(4, 8)
+    sg(x)
+    with pytest.raises(stepgraph.CaptureError, match=r"(?s)6 random coins.*layerdrop = 0\.0"):
+        sg(x)
+    assert sg.stats.captures == 0
+
+
+def test_one_coin_stays_a_decision_and_matches_eager():
+    torch.manual_seed(0)
+    m = Encoder(1, layerdrop=0.5)
+    twin = Encoder(1, layerdrop=0.5)
+    twin.load_state_dict(m.state_dict())
+    sg, eager = stepgraph.compile(_step(m)), _step(twin)
+    for i in range(8):
+        x = torch.randn(4, 8)
+        torch.manual_seed(100 + i)
+        want = eager(x)
+        torch.manual_seed(100 + i)
+        assert torch.equal(want, sg(x)), i
+    assert sg.stats.captures <= 3 and sg.stats.replays >= 3, sg.stats.recaptures   # (state of a skipped layer: one more)
