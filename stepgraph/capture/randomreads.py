@@ -70,17 +70,18 @@ def _integer_inputs(a, via_int: bool) -> list:
 COIN_GRAPHS = 8   # more outcomes than max_captures' default: refused at the first capture
 
 
-def _drawn(n):
-    """The random op a guard's value comes from, or None."""
-    seen, todo = set(), [(a, False) for a in _value_inputs(n)]
-    while todo:
-        a, via_int = todo.pop()
-        if a in seen:
-            continue
-        seen.add(a)
-        if _draws(a):
-            return a.target
-        todo.extend(_integer_inputs(a, via_int))
+def _coin(n):
+    """The random op a decision compares directly (``torch.rand([]) < p``: the draw a few ops up,
+    with no data between), or None. A decision on data computed after dropout (a decoder's
+    ``topi.item() == EOS``) is the data's, not a coin's."""
+    todo, depth = list(n.all_input_nodes), 0
+    while todo and depth < 4:
+        nxt = []
+        for a in todo:
+            if _draws(a):
+                return a.target
+            nxt += a.all_input_nodes
+        todo, depth = nxt, depth + 1
     return None
 
 
@@ -94,7 +95,7 @@ def random_guards(gm) -> list:
     out, coins = [], []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.target is host_guard and isinstance(n.args[1], bool) \
-                and _drawn(n) is not None:
+                and _coin(n) is not None:
             coins.append(n)
         if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
             continue
@@ -178,7 +179,7 @@ def random_guards(gm) -> list:
         # graph until max_captures, then ran eagerly with a fix for code the user does not own)
         out.append(Problem(
             f"the step draws {len(coins)} random coins that decide which code runs ({coins[0].args[3]}, "
-            f"drawn by {_drawn(coins[0])}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
+            f"drawn by {_coin(coins[0])}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
             "outcomes would be a graph of its own", coins[0].args[2],
             "turn the coins off (a Hugging Face model: config.layerdrop = 0.0, or the model's layerdrop "
             "/ drop-layer probability set to 0), or compile the parts around them: model.encoder.layers[i] = "
