@@ -36,6 +36,18 @@ def _net():
     return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
 
 
+def _plain_step(m, o, sched=None):
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        o.step()
+        o.zero_grad()
+        if sched is not None:
+            sched.step()
+        return loss.detach()
+    return step
+
+
 def _same(m1, m2, o1, o2):
     for p, q in zip(m1.parameters(), m2.parameters()):
         assert torch.equal(p, q)
@@ -54,17 +66,7 @@ def test_a_chainable_scheduler_stepped_in_the_step_on_a_tensor_lr_steps_once_per
     m2 = copy.deepcopy(m1)
     o1, o2 = (torch.optim.AdamW(m.parameters(), lr=torch.tensor(1e-2), fused=True) for m in (m1, m2))
     s1, s2 = make(o1), make(o2)
-
-    def mk(m, o, s):
-        def step(x, y):
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            s.step()
-            return loss.detach()
-        return step
-    eager, sg = mk(m1, o1, s1), stepgraph.compile(mk(m2, o2, s2))
+    eager, sg = _plain_step(m1, o1, s1), stepgraph.compile(_plain_step(m2, o2, s2))
     for x, y in _batches():
         assert torch.equal(eager(x, y), sg(x, y))
         _same(m1, m2, o1, o2)
@@ -165,16 +167,7 @@ def test_a_float_lr_replaced_by_a_tensor_between_calls_is_no_replay_of_the_float
     m1 = _net()
     m2 = copy.deepcopy(m1)
     o1, o2 = (torch.optim.Adam(m.parameters(), lr=1e-2) for m in (m1, m2))
-
-    def mk(m, o):
-        def step(x, y):
-            loss = F.cross_entropy(m(x), y)
-            loss.backward()
-            o.step()
-            o.zero_grad()
-            return loss.detach()
-        return step
-    eager, sg = mk(m1, o1), stepgraph.compile(mk(m2, o2))
+    eager, sg = _plain_step(m1, o1), stepgraph.compile(_plain_step(m2, o2))
     for it, (x, y) in enumerate(_batches(5)):
         if it == 3:
             o1.param_groups[0]["lr"], o2.param_groups[0]["lr"] = torch.tensor(5e-3), torch.tensor(5e-3)
@@ -208,14 +201,7 @@ class Rectified(torch.optim.Optimizer):
 def test_a_refused_counter_branch_of_an_optimizer_without_a_capturable_form_says_what_to_do():
     m = _net()
     o = Rectified(m.parameters())
-
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        o.step()
-        o.zero_grad()
-        return loss.detach()
-    sg = stepgraph.compile(step)
+    sg = stepgraph.compile(_plain_step(m, o))
     with pytest.raises(stepgraph.CaptureError, match="o has no capturable form: step it outside"):
         for x, y in _batches(3):
             sg(x, y)
