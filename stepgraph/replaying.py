@@ -12,6 +12,7 @@ from .captured import Branch
 from .check import checked_call
 from .errors import GuardMiss
 from .capture import fetches
+from .capture.reasons import converted_number
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -78,8 +79,9 @@ class ReplayPaths:
             miss = m if e is newest or miss is None else miss
         if len(self._order) >= self.max_captures:
             chains[0].gave_up = True
-            hint = ("Return the value from the step and decide outside it, or raise max_captures "
-                    "if it takes few values")
+            hint = converted_number(str(miss)) or (
+                "Return the value from the step and decide outside it, or raise max_captures "
+                "if it takes few values")
             if "depends on tensor values" in str(miss):
                 # (ELECTRA's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a
                 # size per batch, in code the user may not own)

@@ -64,3 +64,26 @@ def test_numpy_on_a_live_float_is_eagers(body):
         assert torch.equal(me.weight, mc.weight)
     if body is _dann:
         assert step.stats.captures == 1, step.stats.recaptures   # (np.exp of it is live)
+
+
+it, epoch, per_epoch = 0, 0, 100
+
+
+def test_float_of_a_moving_counter_says_to_drop_the_float_call(caplog):
+    """DANN's ``p = float(i + epoch * len_dataloader) / total``: float() hands Python a plain copy,
+    a graph per value; the recapture names the call and the fix (without it the number is live)."""
+    m, opt = _world()
+
+    @stepgraph.compile
+    def step(x, y):
+        p = float(it + epoch * per_epoch) / 1000
+        loss = F.cross_entropy(m(x), y) * (1 + p)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    global it
+    with caplog.at_level("WARNING", logger="stepgraph"):
+        for it in range(4):
+            step(torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    assert "float() on test_numpy_live_floats.py" in caplog.text and "drop the float()" in caplog.text, caplog.text

@@ -295,6 +295,9 @@ def recapture_hint(reason: str) -> str:
                 "ignores: padding_idx, an extra bag whose output is dropped, ignore_index), or "
                 "DataLoader(drop_last=True) when only the last batch is smaller; when it takes only a "
                 "few shapes (a char-RNN's name lengths), raise max_captures to their number")
+    conv = converted_number(reason)
+    if conv:
+        return conv
     if re.search(r": float\(\) of a \w+ tensor was .* at capture, now ", reason):
         # (PyTorch Geometric's examples: ``return float(loss)``; a plain float, which the graph
         # cannot hand back live, so a value guard that misses at every call)
@@ -349,3 +352,21 @@ def nearest_key(keys, key):
                 diff += 1
         return diff, -ident
     return min(reversed(list(keys)), key=score)
+
+
+def converted_number(reason: str) -> str:
+    """A number of the step's own arithmetic (a counter, ``i + epoch * n``) that ``float()`` or
+    ``int()`` on its line handed Python as a plain copy (DANN's ``p = float(i + epoch * n) /
+    total``, a KD meter's ``total / float(steps)``): baked, a graph per value. Without the call
+    the number stays live (tracked arithmetic); '' when the reason is no such miss."""
+    m = re.search(r"\d+(?:\.\d+)? -> \d+(?:\.\d+)? \(at (?P<file>[^()]+):(?P<line>\d+)\)$", reason)
+    if not m:
+        return ""
+    import linecache
+    line = linecache.getline(m["file"], int(m["line"]))
+    call = re.search(r"\b(float|int)\((?!\))", line)
+    if call is None:
+        return ""
+    return (f"{call[1]}() on {m['file'].rsplit('/', 1)[-1]}:{m['line']} hands Python a plain copy of a number "
+            f"that changes at every call, so each value is a graph of its own: drop the {call[1]}() "
+            "(Python's / already gives a float; without it stepgraph keeps the number live)")
