@@ -178,7 +178,7 @@ def trace(step, plan: Plan, args, kwargs, done: _Done) -> Traced:
                                       live_tensors=live_tensors, effect_sources=effects_at,
                                       append_sources=appends_at, append_lens=append_lens,
                                       moving_numbers=step._moving_numbers | fetches.draw_labels(step._fetch), call_sources=calls_at, rebound=guards.rebound,
-                                      library_state=traced.library_state,
+                                      library_state=traced.library_state, max_captures=step.max_captures,
                                       lift_numbers=plan.device == "cpu" and (plan.backend.runs_host_reads
                                                                              or plan.backend.segmented is not None))
             refuse_collectives_with_reads(reg, plan.device, traced.trace)

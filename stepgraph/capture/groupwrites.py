@@ -21,11 +21,15 @@ from .tracked import _PROXIES, plain
 _PLAIN = (bool, int, float, str, type(None))
 
 
+def held_ids(reg) -> set:
+    """Ids of the device tensors stepgraph holds hyper-parameters in (state.device_hypers)."""
+    return {id(x) for _, _, t in reg.device_hypers for x in (t if isinstance(t, tuple) else (t,))}
+
+
 def user_tensor(reg, v) -> bool:
     """A tensor the user put in a param group (``g['lr'] = torch.tensor(lr)``), not one of the
-    device hyper-parameters stepgraph made (state.device_hypers)."""
-    return isinstance(v, torch.Tensor) and not any(v is x for _, _, t in reg.device_hypers
-                                                   for x in (t if isinstance(t, tuple) else (t,)))
+    device hyper-parameters stepgraph made."""
+    return isinstance(v, torch.Tensor) and id(v) not in held_ids(reg)
 
 
 def live_floats(reg, live_hypers):
@@ -64,13 +68,12 @@ def number_effects(swapped, args, track, reg, saved_hypers, scheduled, before) -
             e.write(tuple(map(plain, e.expr)), args)                                 # capture's betas
             e.expr = Op(_tuple, tuple(x._e if type(x) in _PROXIES and getattr(x, "_e", None) is not None
                                       else plain(x) for x in e.expr))                # stayed, silently)
-    written = {_target(e) for e in effects}
-    live = {(id(g), k) for g, k, *_ in saved_hypers if isinstance(g, dict)}
+    done = {_target(e) for e in effects} | {(id(g), k) for g, k, *_ in saved_hypers if isinstance(g, dict)}
     names = {id(g): f"{n}.param_groups[{gi}]" for n, opt in reg.optimizers
              for gi, g in enumerate(getattr(opt, "param_groups", ()))}
     for group, old in before:
         for k, v in group.items():
-            if k == "params" or type(v) not in _PLAIN or (id(group), k) in written | live:
+            if k == "params" or type(v) not in _PLAIN or (id(group), k) in done:
                 continue
             was = old.get(k, _PLAIN)
             if was is v or type(was) is type(v) and was == v:

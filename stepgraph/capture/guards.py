@@ -19,6 +19,7 @@ from .pyvalues import _MISSING, PyValues, find_sources, guard_value
 from .pyeffects import (carried_element, live_input, live_tuple, rebound_names, source_id, state_free,
                         tensor_key)
 from .trackplan import TrackPlan, key_of, number, plain_object, plan, record_key
+from .groupwrites import held_ids
 from .sigkey import GradsKey, Ident, Signature, SignatureKey, TensorMeta
 from .optkeys import groups_quick, hyper_value, live_key, state_ids
 from .state import StateRegistry, stateless_config
@@ -245,7 +246,7 @@ class Guards(Reasons, LiveKeys):
         # (the step's own ``opt.param_groups[0]["lr"]`` holding the device tensor stepgraph made
         # of it on the GPU: the hyper-parameter part of the key has it; keyed here by metadata,
         # then by identity once the capture knew it, it recaptured once for nothing)
-        held = {id(x) for _, _, h in self.reg.device_hypers for x in (h if isinstance(h, tuple) else (h,))}
+        held = held_ids(self.reg)
         values = [(s, s.read_or(args, _MISSING)) for s in self.py.sources]
         # (a carried tuple, and its elements the step's code reads by index: ``mems[0]``)
         carried = {source_id(s) for s, v in values if live_tuple(s, v, args, known, self.rebound)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from .groupwrites import user_tensor
 from .state import group_counter
 
 
@@ -46,7 +47,6 @@ def live_key(self, h, v):
     """A live hyper-parameter's part of a signature: what the graphs decided from it -- unless a
     tensor of the user's own is there now (a float lr replaced by ``torch.tensor(lr)`` between
     calls: replayed as the float it was, the graph raised half-way through the update)."""
-    from .groupwrites import user_tensor
-    if isinstance(v, torch.Tensor) and user_tensor(self.reg, v):
+    if user_tensor(self.reg, v):
         return hyper_value(v)
     return self._marker(h, v)

@@ -67,9 +67,6 @@ def _integer_inputs(a, via_int: bool) -> list:
     return [(x, True) for x in ints] if ints else [(x, False) for x in a.all_input_nodes]
 
 
-COIN_GRAPHS = 8   # more outcomes than max_captures' default: refused at the first capture
-
-
 def _coin(n):
     """The random op a decision compares directly (``torch.rand([]) < p``: the draw a few ops up,
     with no data between), or None. A decision on data computed after dropout (a decoder's
@@ -85,19 +82,22 @@ def _coin(n):
     return None
 
 
-def random_guards(gm) -> list:
+def random_guards(gm, max_captures: int = 8) -> list:
     """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
     Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
     so each call would miss the guard and capture again until ``max_captures``, then run
     eagerly. Refused at the first capture instead. A *decision* (a bool: ``if torch.rand(()) <
-    p``) takes few values and stays guarded."""
+    p``) takes few values and stays guarded -- unless more coins decide the path than
+    ``max_captures`` graphs cover (as hostrandom.refuse_draw_checks for numpy's)."""
     from .effects import Problem
     out, coins = [], []
     for n in gm.graph.nodes:
-        if n.op == "call_function" and n.target is host_guard and isinstance(n.args[1], bool) \
-                and _coin(n) is not None:
-            coins.append(n)
-        if n.op != "call_function" or n.target is not host_guard or isinstance(n.args[1], bool):
+        if n.op != "call_function" or n.target is not host_guard:
+            continue
+        if isinstance(n.args[1], bool):
+            draw = _coin(n)
+            if draw is not None:
+                coins.append((n, draw))
             continue
         seen, todo, draw = set(), [(a, False) for a in _value_inputs(n)], None
         while todo and draw is None:
@@ -173,14 +173,14 @@ def random_guards(gm) -> list:
             "build what the random draw selects outside the step and pass it as arguments (e.g. "
             "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
             "indexing (data[ix]) so no value is read on the host", plain=True))
-    if 2 ** len(coins) > COIN_GRAPHS:
+    if 2 ** len(coins) > max_captures:
         # (LayerDrop, transformers' wav2vec2 / HuBERT / Whisper / BART with layerdrop > 0: a
         # ``torch.rand([]) < layerdrop`` coin per layer, 2**12 paths; each call captured a new
         # graph until max_captures, then ran eagerly with a fix for code the user does not own)
         out.append(Problem(
-            f"the step draws {len(coins)} random coins that decide which code runs ({coins[0].args[3]}, "
-            f"drawn by {_coin(coins[0])}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
-            "outcomes would be a graph of its own", coins[0].args[2],
+            f"the step draws {len(coins)} random coins that decide which code runs ({coins[0][0].args[3]}, "
+            f"drawn by {coins[0][1]}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
+            "outcomes would be a graph of its own", coins[0][0].args[2],
             "turn the coins off (a Hugging Face model: config.layerdrop = 0.0, or the model's layerdrop "
             "/ drop-layer probability set to 0), or compile the parts around them: model.encoder.layers[i] = "
             "stepgraph.graph_module(model.encoder.layers[i])", plain=True))

@@ -115,7 +115,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                live_sources=(), host_reads: bool = True, rollback: Rollback | None = None,
                track: TrackPlan | None = None, live_tensors=(), effect_sources=(), append_sources=(),
                append_lens=(), moving_numbers=frozenset(), lift_numbers: bool | None = None,
-               call_sources=(), rebound=frozenset(), library_state=()) -> TraceResult:
+               call_sources=(), rebound=frozenset(), library_state=(), max_captures: int = 8) -> TraceResult:
     """Run ``fn(*args, **kwargs)`` once under ``make_fx``; return the graph and how to replay it.
     ``rollback`` (rollback.py) is told what the trace writes, to undo it if tracing fails;
     ``track`` (trackplan.py): the Python numbers whose uses are tracked; ``live_tensors``: the
@@ -332,7 +332,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                           + box.get("slot_effects", []))
     read_roots = pyeffects.place_read_roots(gm, box.get("number_effects", []))
     to_host, refused = to_host_outputs(gm, box["hm"].to_host, box["escape_at"])   # (return x.cpu())
-    problems += refused + random_guards(gm) + nextlr.used(gm)
+    problems += refused + random_guards(gm, max_captures) + nextlr.used(gm)
     return TraceResult(gm, box["out_spec"], box["out_leaves"], box["escapes"], box["input_grads"],
                        box["dm"].host_scalar_ops, box["rng"].count, box["hm"].hooks, box.get("baked", HyperLog()), box["bindings"], box["hm"].state_hooks, box["clears"], grad_inputs,
                        box.pop("result"), problems, box.get("sched", []), box["hm"].reads, box["uses"], track,
