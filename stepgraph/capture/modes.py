@@ -32,6 +32,7 @@ from .rnns import note_grad_mode, refuse_packed
 from .tensordata import _TENSOR_FROM_DATA, _tensor_of_live_floats, _tensor_of_step_tensors
 from .collectives import direct_collective
 from .dataorder import note_draw
+from .functionals import opened
 from .effects import _HOST_READS, _T, Problem, _is_traced
 from .state import StateRegistry
 
@@ -165,6 +166,10 @@ class _HostReadMode(TorchFunctionMode):
             return func(*args, **kwargs)
         if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
                                            for t in pytree.tree_leaves((args, kwargs))):
+            body = opened(func)   # (``F.gumbel_softmax(x, tau=live)``: its ops see the float)
+            if body is not None:
+                with self:
+                    return body(*args, **kwargs)
             if func in _ELEMENTWISE:   # (``alpha * log_pi``: a 0-dim tensor made from it, live)
                 args, floats = operands_as_tensors(args, floats)
             # Autograd may save this number for the backward (``loss * scale``), which the
