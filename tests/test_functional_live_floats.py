@@ -28,6 +28,9 @@ class Quantizer(nn.Module):   # transformers' Wav2Vec2GumbelVectorQuantizer, tri
         probs = F.gumbel_softmax(self.proj(x).float(), tau=self.temperature, hard=hard)
         return probs @ self.codevectors
 
+    def set_gumbel_temperature(self, t):   # (Wav2Vec2ForPreTraining's: the step never names it)
+        self.temperature = t
+
 
 def _world(device):
     torch.manual_seed(0)
@@ -62,3 +65,86 @@ def test_an_annealed_gumbel_temperature_is_read_live(device, hard):
         qe.temperature = qc.temperature = t
     assert step.stats.captures <= 2, step.stats.recaptures
     assert step.stats.replays >= 5
+
+
+class Trainer:
+    completed_steps = 0
+
+
+def _make_step(q, opt, t):
+    # run_wav2vec2_pretraining_no_trainer.py: the temperature set at the end of each step from the
+    # step count, down to a floor; the closure's floats are read live
+    max_t, decay, min_t = 2.0, 0.7, 0.5   # (the floor from the 5th step on)
+
+    def step(x):
+        loss = q(x, True).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        q.set_gumbel_temperature(max(max_t * decay ** t.completed_steps, min_t))
+        t.completed_steps += 1
+        return loss.detach()
+    return step
+
+
+def test_a_temperature_the_step_sets_from_its_count_down_to_a_floor_is_eagers():
+    """``max(max_t * decay ** n, min_t)`` compares two live floats: the comparison is guarded,
+    not the count (it was keyed by value, a capture per call), and the floor's flip recaptures
+    once. Before, the closure floats' keys taken while tracing compared the live floats, which
+    baked them: the temperature's recapture said "an op bakes it" of a float read live."""
+    (qe, oe), (qc, oc) = _world("cpu"), _world("cpu")
+    eager, step = _make_step(qe, oe, Trainer()), stepgraph.compile(_make_step(qc, oc, Trainer()))
+    for i in range(10):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(i))
+        torch.manual_seed(100 + i)
+        want = eager(x)
+        torch.manual_seed(100 + i)
+        assert torch.equal(step(x), want), i
+        assert qc.temperature == qe.temperature, i
+        for a, b in zip(qc.parameters(), qe.parameters()):
+            assert torch.equal(a, b), i
+    assert step.stats.captures <= 4, step.stats.recaptures
+    assert not any("bakes" in r for r in step.stats.recaptures), step.stats.recaptures
+    assert step.stats.replays >= 5
+
+
+def _w2v(seed=0):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    cfg = transformers.Wav2Vec2Config(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                                      conv_dim=(8,), conv_stride=(2,), conv_kernel=(3,), codevector_dim=8,
+                                      proj_codevector_dim=8, num_codevectors_per_group=4, num_codevector_groups=2)
+    m = transformers.Wav2Vec2ForPreTraining(cfg).train()
+    return m, torch.optim.AdamW(m.parameters(), 1e-2)
+
+
+def _make_w2v_step(m, opt, t):
+    max_t, min_t, decay = 2.0, 0.5, 0.7   # (run_wav2vec2_pretraining's max/min_gumbel_temperature)
+
+    def step(feats):
+        codevectors, perplexity = m.quantizer(feats)
+        loss = codevectors.pow(2).mean() + 0.1 * perplexity
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        m.set_gumbel_temperature(max(max_t * decay ** t.completed_steps, min_t))   # (transformers' setter)
+        t.completed_steps += 1
+        return loss.detach()
+    return step
+
+
+def test_wav2vec2s_gumbel_temperature_set_in_the_step_is_eagers():
+    (me, oe), (mc, oc) = _w2v(), _w2v()
+    eager, step = _make_w2v_step(me, oe, Trainer()), stepgraph.compile(_make_w2v_step(mc, oc, Trainer()))
+    for i in range(9):
+        feats = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(i))
+        torch.manual_seed(100 + i)
+        want = eager(feats)
+        torch.manual_seed(100 + i)
+        assert torch.equal(step(feats), want), i
+        assert mc.quantizer.temperature == me.quantizer.temperature, i
+        for a, b in zip(mc.parameters(), me.parameters()):
+            assert torch.equal(a, b), i
+    assert step.stats.captures <= 4, step.stats.recaptures
+    assert not any("bakes" in r for r in step.stats.recaptures), step.stats.recaptures
+    assert step.stats.replays >= 4, step.stats.recaptures

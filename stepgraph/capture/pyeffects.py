@@ -166,7 +166,10 @@ def tensor_sources(guards, args) -> list:
 def effect_sources(guards, args) -> list:
     """Variables whose rebinding to a graph value a replay redoes."""
     from .trackplan import slot_of, writable
-    found = [s for s in guards.py.sources if reachable(s) and writable(s, args)] + _records(guards, args)
+    # (and a module's float its forward reads live, which a library call in the step may set:
+    # wav2vec2's ``model.set_gumbel_temperature(t)``; replays left the captured call's value)
+    found = [s for s in guards.py.sources if (reachable(s) or s.kind == "object" and s in guards.live)
+             and writable(s, args)] + _records(guards, args)
     return _by_path(found, lambda s: slot_of(s, args))
 
 
@@ -262,6 +265,11 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
             from .numchecks import Root
             from .trackplan import NumberEffect
             number_effects.append(NumberEffect(Root("source", s, s.describe()), None, new))
+        elif not reachable(s):   # (a live float of a module's forward, set by a library call)
+            problems.append(Problem(
+                f"a call in the step sets {s.describe()}, which a forward reads, to a number a replay cannot "
+                "recompute", s.where or where, f"set {s.describe()} between calls (it is read live at each "
+                "call)", plain=True))
         elif isinstance(new, torch.Tensor) or isinstance(old, torch.Tensor) or rec is not None:
             problems.append(Problem(
                 f"the step rebinds {s.describe()} to a value it did not compute (a tensor from "

@@ -36,7 +36,11 @@ _SEQUENCES = (list, tuple, collections.deque)
 def guard_value(v):
     """What the guard compares for one value (hashable), or ``_SKIP``."""
     if isinstance(v, float):
-        return ("nan",) if v != v else v  # nan != nan: key it by name
+        # (float's own methods: a live float the trace put in the source is keyed by its value,
+        # not compared -- its ``!=`` records a decision and baked it, DANN's or wav2vec2's
+        # closure constants each time a key was taken while tracing)
+        v = float.__float__(v)
+        return ("nan",) if float.__ne__(v, v) else v  # nan != nan: key it by name
     if isinstance(v, _SCALARS):
         return v
     if isinstance(v, torch.Tensor):
