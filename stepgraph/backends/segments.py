@@ -220,8 +220,7 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
     items, host = split(gm)
     gm.graph.lint()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    static = [torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
-              for x in example_inputs]
+    static = [_static_input(x, n) for x, n in zip(example_inputs, placeholders)]
     segments = [_segment_module(gm, it) for it in items if isinstance(it, list)]
     _record_in_order(gm, items, segments, dict(zip(placeholders, static)), request.pool, segment_fn, record)
     program, syncs = _per_call_program(gm, items, segments, placeholders)
@@ -229,6 +228,19 @@ def compile_segmented(gm: fx.GraphModule, example_inputs, request: CompileReques
                              request.clone_outputs, moved_state_check(request.state_tensors), syncs)
     runner.shared = share_pool(request)
     return runner
+
+
+def _static_input(x, node: fx.Node) -> torch.Tensor:
+    """The static buffer of one input, holding ``x``. Where the value there now is no tensor --
+    a variable the step rebinds after reading it (the Annotated Transformer's ``tokens = 0`` at its
+    logging call: an int once the call ended) -- it is made from the trace's own tensor, zeroed:
+    each call fills it before the segments run."""
+    if not isinstance(x, torch.Tensor):
+        x = node.meta.get("val")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input {node.name} of a segmented graph is no tensor ({type(x).__name__})")
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).zero_()
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
 
 
 def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool, segment_fn,

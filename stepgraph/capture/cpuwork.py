@@ -55,7 +55,22 @@ def _cpu_work(func, args, kwargs, out) -> str | None:
     # CPU inputs count when the step computed them, or when they hold data (not a 0-dim value).
     cpu += [a for a in pytree.tree_leaves((args, kwargs))
             if isinstance(a, torch.Tensor) and a.device.type == "cpu" and a.numel() > 0
-            and (_is_traced(a) or a.dim() > 0)]
+            and (_is_traced(a) or a.dim() > 0) and not _literal(a)]
     if not cpu:
         return None
     return "scalar" if all(t.dim() == 0 for t in cpu) else "tensor"
+
+
+_LIFTS = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
+
+
+def _literal(a) -> bool:
+    """A 0-dim CPU tensor of a Python literal the step's code wrote (``true_dist[:, pad] = 0``,
+    ``torch.where(m, x, 0.)``: traced as ``fill_.Tensor`` / ``where`` on a lifted constant): its
+    value never changes, and a CUDA kernel reads it on the host as a scalar; a CUDA graph then
+    keeps it, as it keeps any literal. Counted as host work, the Annotated Transformer's label
+    smoothing made its CUDA step replay-only (H200)."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot, has_proxy_slot
+    mode = get_proxy_mode()
+    return (a.dim() == 0 and mode is not None and has_proxy_slot(a, mode.tracer)
+            and get_proxy_slot(a, mode.tracer).proxy.node.target in _LIFTS)

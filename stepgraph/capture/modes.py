@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 
 from ..errors import library_frame, user_frame
 from .hostscalar import HostFloat, HyperFloat, current, item_node, substitute, use_carried
-from .hostreads import (ReadFloat, ReadLog, c_scalar_read, guard_lost, operands_as_tensors, read_scalar,
+from .hostreads import (ReadFloat, ReadLog, c_scalar_read, cuda_division, guard_lost, operands_as_tensors, read_scalar,
                         tensor_shape, tensor_values)
 from .sinks import _ELEMENTWISE
 from .tensorformat import percent_format, formatted_read
@@ -171,7 +171,8 @@ class _HostReadMode(TorchFunctionMode):
                 with self:
                     return body(*args, **kwargs)
             if func in _ELEMENTWISE:   # (``alpha * log_pi``: a 0-dim tensor made from it, live)
-                args, floats = operands_as_tensors(args, floats)
+                made, floats = operands_as_tensors(args, floats)
+                func, args = cuda_division(func, args, made, kwargs)
             # Autograd may save this number for the backward (``loss * scale``), which the
             # engine calls with a plain float: it cannot stay live there, so guard it instead.
             for f in floats:
