@@ -79,6 +79,12 @@ def library_file(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_SKIP_PREFIXES)
 
 
+def library_class(obj) -> bool:
+    """``obj``'s class is a library's (by where its ``__init__`` is written)."""
+    code = getattr(getattr(type(obj), "__init__", None), "__code__", None)
+    return code is not None and library_file(code.co_filename)
+
+
 def core_file(filename: str) -> bool:
     """torch's, stepgraph's or the stdlib's file (an installed package's is not, though
     site-packages lies inside the stdlib's directory)."""

@@ -254,6 +254,19 @@ class Smoother:   # a library object that computes on the tensor it is given
 
     def push(self, t):
         self.history.append(t * 0.5)
+
+
+class EMAModel:   # diffusers.training_utils.EMAModel, trimmed: shadow tensors and a Python counter
+    def __init__(self, parameters, decay=0.9999):
+        self.shadow_params = [p.clone().detach() for p in parameters]
+        self.decay, self.optimization_step = decay, 0
+
+    @torch.no_grad()
+    def step(self, parameters):
+        self.optimization_step += 1
+        one_minus_decay = 1 - min(self.decay, (1 + self.optimization_step) / (10 + self.optimization_step))
+        for s_param, param in zip(self.shadow_params, parameters):
+            s_param.sub_(one_minus_decay * (s_param - param))
 '''
 
 
@@ -365,6 +378,36 @@ def test_a_library_call_that_computes_on_tensors_is_refused_clearly(library):
     sg(*_batch(0))
     with pytest.raises(stepgraph.CaptureError, match=r"sm.push\(\), a library method that computes on tensors"):
         sg(*_batch(1))
+
+
+def test_a_library_ema_with_a_python_counter_is_refused_with_a_fix_that_works(library):
+    """diffusers' ``ema.step(model.parameters())`` in the step (its examples' ``--use_ema``):
+    taken for a logger's call (its tensors sit in a list), refused with two fixes, the second of
+    which ("keep it in an attribute of a module") gave the same refusal. Now traced as state: the
+    refusal names the counter it increments in Python and the one fix: step it outside."""
+    (m1, o1), (m2, o2) = _pair()
+    ema1, ema2 = library.EMAModel(m1.parameters()), library.EMAModel(m2.parameters())
+
+    def step(x, y):
+        loss = F.cross_entropy(m1(x), y)
+        loss.backward()
+        o1.step()
+        o1.zero_grad()
+        ema1.step(m1.parameters())
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    sg(*_batch(0))
+    with pytest.raises(stepgraph.CaptureError, match=r"optimization_step") as e:
+        sg(*_batch(1))
+    assert "attribute of a module" not in str(e.value) and "outside the step" in str(e.value)
+    for i in range(2):   # (eager's twin, for the state the refused call left)
+        F.cross_entropy(m2(_batch(i)[0]), _batch(i)[1]).backward()
+        o2.step()
+        o2.zero_grad()
+        ema2.step(m2.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(ema1.shadow_params + list(m1.parameters()),
+                                                 ema2.shadow_params + list(m2.parameters())))
+    assert ema1.optimization_step == ema2.optimization_step == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

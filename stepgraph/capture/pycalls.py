@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 from torch import nn
 
 from . import nextlr
+from ..errors import library_class
 from .effects import Problem, _is_traced
 from .formats import NumberHole, earlier_text, hole, line_of, render, template
 from .percent import texts as percent_texts
@@ -66,9 +67,11 @@ def _holds_state(obj) -> bool:
     for v in values:
         if isinstance(v, _STATEFUL):
             return True
-        # (in a container: not a tensor -- ``tqdm(batches)`` keeps its iterable -- but a model)
-        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ()
-        if any(isinstance(x, _STATEFUL[1:]) for x in list(items)[:64]):
+        # (in a container: not a tensor -- ``tqdm(batches)`` keeps its iterable -- but a model; a
+        # library's list of float tensors too: diffusers' EMAModel.shadow_params, refused as a logger)
+        items = list(v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else ())[:64]
+        if any(isinstance(x, _STATEFUL[1:]) for x in items) or items and type(v) is list and all(
+                isinstance(x, torch.Tensor) and x.is_floating_point() for x in items) and library_class(obj):
             return True
     return False
 

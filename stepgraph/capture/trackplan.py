@@ -52,7 +52,7 @@ def record_key(v):
     non-numeric values, and for a tensor attribute its metadata: a graph reads such a tensor
     as an input and writes a rebound one back, both found by path at each call (pyeffects.py),
     so a meter made anew each epoch (``top1.sum += acc1[0] * n``) is no new graph."""
-    if not plain_object(v) or len(vars(v)) > _MAX_ATTRS:
+    if not plain_object(v) or len(vars(v)) > _MAX_ATTRS or _resource(type(v)):
         return None
     out, storages = [], set()
     for k, x in vars(v).items():
@@ -69,6 +69,13 @@ def record_key(v):
         else:
             return None
     return ("record", type(v), tuple(out))
+
+
+def _resource(t) -> bool:
+    """A class with a lifecycle (a context manager, a finalizer: a progress bar) is no record of
+    values: accelerate's ``tqdm(disable=not is_main_process)`` holds six numbers on the other ranks,
+    and its ``set_postfix`` in the step was refused there; the call is redone at each replay."""
+    return getattr(t, "__exit__", None) is not None or getattr(t, "__del__", None) is not None
 
 
 def record_tensor(x) -> bool:
