@@ -380,6 +380,41 @@ def test_a_library_call_that_computes_on_tensors_is_refused_clearly(library):
         sg(*_batch(1))
 
 
+def _tokenizer():
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4, **{f"w{i}": i for i in range(5, 32)}}
+    t = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="<unk>"))
+    t.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=t, pad_token="<pad>", unk_token="<unk>",
+                                                mask_token="<mask>", bos_token="<s>", eos_token="</s>")
+
+
+def test_an_mlm_collator_in_the_step_is_refused_with_a_fix_in_the_users_code():
+    """transformers' DataCollatorForLanguageModeling called in the step writes in place into the
+    batch it built from the examples' lists: refused, with the fix "make it out of place (base =
+    base + ...)" for transformers' line, which the user does not own. Now: make the call outside."""
+    from transformers import DataCollatorForLanguageModeling
+    collator = DataCollatorForLanguageModeling(tokenizer=_tokenizer(), mlm_probability=0.15)
+    torch.manual_seed(0)
+    emb, head = nn.Embedding(32, 8), nn.Linear(8, 32)
+    opt = torch.optim.SGD(list(emb.parameters()) + list(head.parameters()), lr=0.1)
+
+    def step(examples):
+        batch = collator(examples)
+        loss = F.cross_entropy(head(emb(batch["input_ids"])).flatten(0, 1), batch["labels"].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    sg = stepgraph.compile(step)
+    examples = [{"input_ids": [5 + (i * 7 + k) % 27 for k in range(8)]} for i in range(4)]
+    sg(examples)
+    with pytest.raises(stepgraph.CaptureError, match="writes in place into a tensor built from constants") as e:
+        sg(examples)
+    assert "outside the step" in e.value.fix and "out of place" not in e.value.fix, e.value.fix
+
+
 def test_a_library_ema_with_a_python_counter_is_refused_with_a_fix_that_works(library):
     """diffusers' ``ema.step(model.parameters())`` in the step (its examples' ``--use_ema``):
     taken for a logger's call (its tensors sit in a list), refused with two fixes, the second of

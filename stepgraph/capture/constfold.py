@@ -89,11 +89,15 @@ class Constants:
             from ..errors import library_frame, user_frame
             from .effects import Problem
             stack = traceback.extract_stack()
+            lib, where = library_frame(stack), user_frame(stack)
+            # (in code the user does not own -- a collator called in the step, transformers'
+            # DataCollatorForLanguageModeling -- the only fix the user has is to call it outside)
+            fix = ("make that line's call outside the step and pass its result in: the write is in "
+                   "code you do not own (a data collator belongs in the DataLoader's collate_fn)" if lib else
+                   "make it out of place (base = base + ...), or build the tensor from a step value")
             problems.append(Problem(
                 f"{func} writes in place into a tensor built from constants only (folded into a graph "
-                "constant, which every replay would write again)", user_frame(stack),
-                "make it out of place (base = base + ...), or build the tensor from a step value",
-                library_frame(stack), plain=True))
+                "constant, which every replay would write again)", where, fix, lib, plain=True))
 
     def _written(self, func, args, kwargs) -> bool:
         schema = getattr(func, "_schema", None)
