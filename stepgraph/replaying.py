@@ -5,6 +5,8 @@ key for the next call, drop a stale graph with its siblings, and run a call eage
 taken before it handed back)."""
 from __future__ import annotations
 
+import re
+
 import logging
 import warnings
 
@@ -89,6 +91,9 @@ class ReplayPaths:
                         "masked_select) is a graph per size: keep the shape with a mask "
                         "(torch.where(mask, x, 0).sum() / mask.sum() for x[mask].mean()), or, in a "
                         "model you do not own, graph its parts without it: stepgraph.graph_module(model)")
+            elif re.search(r"\+=? *int\(.*\): int\(\) of a", str(miss)):   # (``total += int(t)``: a count)
+                hint = ("int(t) hands Python a plain copy: use t.item() (total += t.item() is recomputed at "
+                        "every replay), or return the tensor and convert it outside the step")
             elif "int() of a" in str(miss) or "item() of a" in str(miss):
                 # (MoCo's ``ptr = int(self.queue_ptr)``, then ``queue[:, ptr:ptr + n] = keys.T``)
                 hint = ("If it only positions a write or a read (a ring buffer's pointer), keep it "

@@ -791,3 +791,50 @@ def test_an_integer_tensor_torch_takes_as_a_number_is_guarded_by_value(form):
         y = torch.tensor([0, 1, 2, 3, 2, 3, 2, 3] if k < 4 else [0, 1, 1, 0, 0, 3, 2, 3])
         t(x, y)
     assert (t.stats.captures, t.stats.replays) == (2, 3), t.stats
+
+
+def test_a_count_taken_with_int_says_to_use_item_which_replays(caplog):
+    """``total += int((pred == y).sum())`` (a loop's accuracy count; HF MLM's count of masked
+    tokens behind a draw): int() hands Python a plain copy, a graph per count; behind a random
+    draw it was refused with the fix for building batches outside (nanoGPT's get_batch). Both
+    now name ``.item()``, whose count replays, equal to eager's."""
+    import torch.nn.functional as F
+
+    def run(body, compiled, n=8):
+        torch.manual_seed(0)
+        m = nn.Linear(8, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        box = type("Counts", (), {"total": 0})()
+        f = stepgraph.compile(lambda x, y: body(m, opt, x, y, box)) if compiled else (lambda x, y: body(m, opt, x, y, box))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(n):
+            f(torch.randn(8, 8, generator=g), torch.randint(0, 4, (8,), generator=g))
+        return box.total, f
+
+    def with_int(m, opt, x, y, box):
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()   # noqa: E702
+        box.total += int((m(x).argmax(1) == y).sum())
+        return loss.detach()
+
+    def with_item(m, opt, x, y, box):
+        loss = F.cross_entropy(m(x), y)
+        opt.zero_grad(); loss.backward(); opt.step()   # noqa: E702
+        box.total += (m(x).argmax(1) == y).sum().item()
+        return loss.detach()
+
+    def drawn(m, opt, x, y, box):
+        mask = torch.bernoulli(torch.full((8,), 0.5))
+        loss = (F.cross_entropy(m(x), y, reduction="none") * mask).mean()
+        opt.zero_grad(); loss.backward(); opt.step()   # noqa: E702
+        box.total += int(mask.sum())
+        return loss.detach()
+    with caplog.at_level("WARNING", logger="stepgraph"):
+        total, f = run(with_int, True)
+    assert total == run(with_int, False)[0]
+    assert f.stats.captures > 2 and "use t.item()" in caplog.text, caplog.text
+    total, f = run(with_item, True)
+    assert total == run(with_item, False)[0] and f.stats.captures == 1, f.stats
+    with pytest.raises(stepgraph.CaptureError, match="int") as e:
+        run(drawn, True)
+    assert "t.item()" in e.value.fix, e.value.fix

@@ -6,6 +6,8 @@ them in the traced graph (walking a guard's inputs back to a seeded op) and word
 with the fix that fits it. Moved out of hostreads.py (which records the reads)."""
 from __future__ import annotations
 
+import re
+
 import operator
 
 import torch
@@ -118,6 +120,15 @@ def random_guards(gm, max_captures: int = 8) -> list:
                 "float() hands Python a plain copy of this call's value, which no replay can give back",
                 site, "return the tensor (or t.item(), a value stepgraph reads again at every replay) "
                 "and convert it outside the step", plain=True))
+            continue
+        if str(what).startswith("int() of a") and re.search(r"\+=? *int\(", str(site)):
+            # (HF's MLM count ``n += int((labels != -100).sum())``: int() is a plain copy; .item()
+            # of the same tensor is read again at every replay where arithmetic alone uses it)
+            out.append(Problem(
+                f"the step calls int() on a tensor computed after a random draw ({draw} feeds it): "
+                "int() hands Python a plain copy of this call's value, which no replay can give back",
+                site, "use t.item() instead of int(t) (total += t.item() is recomputed at every replay), "
+                "or return the tensor and convert it outside the step", plain=True))
             continue
         if any(f"{d} tensor" in str(what) for d in ("float16", "bfloat16", "float32", "float64")):
             # A float computed after a draw (``ReduceLROnPlateau.step(loss)`` behind dropout): no

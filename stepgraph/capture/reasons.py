@@ -304,6 +304,11 @@ def recapture_hint(reason: str) -> str:
         return ("float(t) hands Python a plain copy of this call's value, which no replay can give back: "
                 "return the tensor (or t.item(), a value stepgraph reads again at every replay) and "
                 "convert it outside the step")
+    if re.search(r"\+=? *int\(.*\): int\(\) of a \w+ tensor was .* at capture, now ", reason):
+        # (a count, ``correct += int((pred == y).sum())``: a graph per count)
+        return ("int(t) hands Python a plain copy of this call's value, so each value is a graph of its "
+                "own: use t.item() (total += t.item() is recomputed at every replay), or return the "
+                "tensor and convert it outside the step")
     m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
     if m:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "
