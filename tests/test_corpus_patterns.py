@@ -498,3 +498,27 @@ def test_generator_states_are_read_only_at_the_users_own_next(monkeypatch):
     same(m, m2)
     assert sg.stats.captures == 1 and sg.stats.replays >= 2, sg.stats
     assert len(reads) <= 8, len(reads)   # (per trace: the watch's start, and around the one user next())
+
+
+@pytest.mark.parametrize("item", [False, True])
+def test_a_plateau_scheduler_stepped_in_the_step_without_dropout_hints_at_stepping_it_outside(item, caplog):
+    """Without dropout the loss is no draw: each value recaptures. The hint sent the user to
+    ``t.item()`` first, which ReduceLROnPlateau's own ``float(metrics)`` defeats; it names the
+    fix that works, stepping the scheduler outside the step."""
+    torch.manual_seed(0)
+    m = nn.Linear(8, 4)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
+
+    @stepgraph.compile
+    def step(x, y):
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step(loss.item() if item else loss)
+        return loss.detach()
+    with caplog.at_level("WARNING", logger="stepgraph"):
+        for _ in range(3):
+            step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
+    assert "call scheduler.step(loss) outside it" in caplog.text, caplog.text

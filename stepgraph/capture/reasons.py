@@ -298,6 +298,13 @@ def recapture_hint(reason: str) -> str:
     conv = converted_number(reason)
     if conv:
         return conv
+    if re.search(r"\.step\([^)].*\): float\(\) of a (\w+ tensor|value read from a tensor) was .* at capture, now ",
+                 reason):
+        # (``scheduler.step(val_loss)`` in the step: ReduceLROnPlateau's own float(metrics), which
+        # .item() does not avoid -- the hint below sent the user there first)
+        return ("a scheduler stepped with this call's value (ReduceLROnPlateau.step(loss)) compares it "
+                "on the host, so each value is a graph of its own: return the loss from the step and "
+                "call scheduler.step(loss) outside it")
     if re.search(r": float\(\) of a \w+ tensor was .* at capture, now ", reason):
         # (PyTorch Geometric's examples: ``return float(loss)``; a plain float, which the graph
         # cannot hand back live, so a value guard that misses at every call)
