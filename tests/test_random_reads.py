@@ -246,3 +246,38 @@ def test_float_of_a_loss_that_keeps_recapturing_says_to_return_the_tensor(caplog
         for _ in range(3):
             train()
     assert any("return the tensor" in r.getMessage() for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize("draw", ["torch.seed", "Generator.seed"])
+def test_a_fresh_seed_drawn_in_the_step_is_refused(draw):
+    """HF Reformer reseeds in each layer's forward with a fresh seed (``self.attention_seed =
+    int(torch.seed() % sys.maxsize); torch.manual_seed(self.attention_seed)``; on a GPU through
+    ``torch.cuda.default_generators[i].seed()``). A replay reseeded with the capture's seed: the
+    same dropout masks at every step, silently. Refused at the capture, the call eager's."""
+    import sys
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(8))
+
+        def forward(self):
+            fresh = torch.seed() if draw == "torch.seed" else torch.default_generator.seed()
+            self.seed = int(fresh % sys.maxsize)
+            torch.manual_seed(self.seed)
+            return F.dropout(self.w, 0.5, training=True)
+    layer = Layer()
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+
+    def step():
+        m = layer()
+        m.sum().backward()
+        opt.step()
+        opt.zero_grad()
+        return m.detach()
+    f = stepgraph.compile(step)
+    f()
+    with pytest.raises(stepgraph.CaptureError, match="fresh random seed") as e:
+        f()
+    assert "test_random_reads.py" in e.value.where and "outside the step" in e.value.fix
+    assert f.stats.replays == 0

@@ -75,20 +75,23 @@ class _RngStateRecorder:
              (torch.random, "get_rng_state"), (torch.random, "set_rng_state"),
              (torch, "manual_seed"), (torch.random, "manual_seed")]
 
-    def __init__(self, cuda: bool):
+    def __init__(self, cuda: bool, problems: list | None = None):
         self.names = list(self.NAMES)
         if cuda:
             self.names += [(torch.cuda, "get_rng_state"), (torch.cuda, "set_rng_state")]
         self.saved = []
         self.nodes: dict[int, object] = {}
         self.count = 0
+        self.problems, self.drawn = problems, []   # (fresh seeds drawn in the step: check_seeds)
 
     def _wrap(self, orig, is_get):
         rec = self
 
         def wrapper(*args, **kwargs):
             live = _moving_seeds(args) if get_proxy_mode() is not None else {}
+            rec.check_seeds()
             out = orig(*(live[id(x)][0] if id(x) in live else x for x in args), **kwargs)
+            rec.expect = _seeds()
             mode = get_proxy_mode()
             if mode is not None:
                 tracer = mode.tracer
@@ -101,6 +104,10 @@ class _RngStateRecorder:
         return wrapper
 
     def __enter__(self):
+        self.expect = _seeds()
+        for mod, name in (torch, "seed"), (torch.random, "seed"):   # (where a fresh seed is drawn)
+            self.saved.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, self._seed_wrap(getattr(mod, name)))
         for mod, name in self.names:
             orig = getattr(mod, name)
             orig = RNG_STATE_FUNCS.get(orig, orig)  # never wrap a wrapper
@@ -114,6 +121,47 @@ class _RngStateRecorder:
     def __exit__(self, *exc):
         for mod, name, f in reversed(self.saved):
             setattr(mod, name, f)
+        self.check_seeds()
+        if exc[0] is None and self.problems is not None and self.drawn:
+            # HF Reformer's ``self.attention_seed = int(torch.seed() % sys.maxsize)`` in each
+            # layer's forward (``cuda.default_generators[i].seed()`` on a GPU): a replay reseeded
+            # with the capture's seed, the same dropout masks at every step, silently
+            where, lib = self.drawn[0]
+            self.problems.append(Problem(
+                "the step draws a fresh random seed (torch.seed() / Generator.seed()): a replay would reseed "
+                "with this capture's seed, the same random numbers at every step", where,
+                "call torch.seed() outside the step, before the call (replays draw on from the generator "
+                "as eager does)" if not lib else "capture the submodules around it instead of the whole "
+                "step (model.part = stepgraph.graph_module(model.part)), or run the step eagerly",
+                lib, plain=True))
+
+    def check_seeds(self) -> None:
+        """A generator's seed changed since the last one the step set: a fresh seed was drawn
+        where no wrapper sees it (``Generator.seed()``, a C method)."""
+        if _seeds() != self.expect and not self.drawn:
+            import traceback
+            from ..errors import library_frame, user_frame
+            stack = traceback.extract_stack()
+            self.drawn.append((user_frame(stack), library_frame(stack)))
+        self.expect = _seeds()
+
+    def _seed_wrap(self, orig):
+        rec = self
+
+        def seed():
+            import traceback
+            from ..errors import library_frame, user_frame
+            stack = traceback.extract_stack()
+            rec.drawn.append((user_frame(stack), library_frame(stack)))
+            return orig()
+        return seed
+
+
+def _seeds() -> tuple:
+    """The initial seed of the CPU generator and of each CUDA one already made: a fresh seed
+    drawn in the step changes one of them (``manual_seed(k)`` with ``k`` noted is replayed)."""
+    cuda = torch.cuda.default_generators if torch.cuda.is_available() and torch.cuda.is_initialized() else ()
+    return (torch.initial_seed(),) + tuple(g.initial_seed() for g in cuda)
 
 
 def _moving_seeds(args) -> dict:

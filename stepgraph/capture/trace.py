@@ -183,7 +183,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                 record_scheduler_steps(box.setdefault("sched", []), problems, [], rollback and rollback.keep_object,
                                        box.setdefault("sched_set", [])), \
                 hm, box.setdefault("dm", _DispatchCheckMode(problems, device == "cuda", known, hm.reads, list(arrays.values()))), \
-                box.setdefault("rng", _RngStateRecorder(device == "cuda")), \
+                box.setdefault("rng", _RngStateRecorder(device == "cuda", problems)), \
                 CopyOnWrite(rollback) if rollback is not None else contextlib.nullcontext(), \
                 pycalls.recording(call_sources, box.setdefault("calls", pycalls.CallLog()), get_proxy_mode().tracer,
                                   box["sched"], hm.reads), \
