@@ -358,3 +358,46 @@ def test_accumulate_inside_a_plainly_compiled_step_is_refused_naming_the_counter
     (we, se, _), (ws, ss, err) = run(False), run(True)
     assert err is not None and "accelerator." in err and "accelerate_step" in err, err
     assert torch.equal(we, ws) and se == ss
+
+
+@pytest.mark.parametrize("wrap", ["compile", "accelerate_step"])
+def test_an_accelerated_scheduler_stepped_in_the_step_follows_eager(wrap):
+    """Accelerate's prepared optimizer wraps the user's, and the two share their param groups:
+    each put a live lr in the same group, and putting them back wrote the capture's lr after each
+    replay over the scheduler's -- the lr froze from the first replay on, silently (plain
+    ``stepgraph.compile``). ``accelerate_step`` deferred the scheduler to after the step: what
+    the step read after ``sched.step()`` was a schedule step behind."""
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, GradientState
+    import stepgraph
+    runs = []
+    for captured in (False, True):
+        AcceleratorState._reset_state(True)
+        GradientState._reset_state()
+        torch.manual_seed(0)
+        acc = Accelerator(cpu=True)
+        model = torch.nn.Linear(8, 2)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+        model, opt, sched = acc.prepare(model, opt, sched)
+
+        def train_step(x, y):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            acc.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            return loss.detach(), sched.get_last_lr()[0]
+        step = train_step if not captured else stepgraph.compile(train_step) if wrap == "compile" \
+            else accelerate_step(acc, train_step)
+        g, out = torch.Generator().manual_seed(1), []
+        for _ in range(6):
+            x, y = torch.randn(4, 8, generator=g), torch.randn(4, 2, generator=g)
+            with acc.accumulate(model):
+                loss, lr = step(x, y)
+            out.append((loss, lr, opt.param_groups[0]["lr"], model.weight.detach().clone()))
+        runs.append((out, step))
+    (want, _), (got, step) = runs
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a[0], b[0]) and a[1:3] == b[1:3] and torch.equal(a[3], b[3]), i
+    assert step.stats.replays >= 3, step.stats

@@ -36,8 +36,16 @@ def live_floats(reg, live_hypers):
     """The live hyper-parameters ``(optimizer index, group index, key)`` a trace reads live: not
     one holding a tensor of the user's now (the graph reads that tensor; read live as a number,
     a replay handed the tensor where the graph took a float, and raised half-way)."""
-    return [(oi, gi, k) for oi, gi, k in live_hypers
-            if not user_tensor(reg, reg.optimizers[oi][1].param_groups[gi].get(k))]
+    out, seen = [], set()
+    for oi, gi, k in live_hypers:
+        group = reg.optimizers[oi][1].param_groups[gi]
+        # (one substitution per group entry: accelerate's AcceleratedOptimizer and the optimizer it
+        # wraps share their groups; the second put its live value over the first's, and putting them
+        # back wrote the capture's lr after each replay, over the scheduler's: an lr frozen, silently)
+        if (id(group), k) not in seen and not user_tensor(reg, group.get(k)):
+            seen.add((id(group), k))
+            out.append((oi, gi, k))
+    return out
 
 
 def snapshot(reg) -> list:

@@ -237,8 +237,9 @@ def accelerate_step(accelerator, fn=None, **compile_kwargs):
                 loss = train_step(batch)
 
     ``accelerator.sync_gradients`` is part of the guard signature (accumulating and syncing calls
-    are different graphs). ``AcceleratedScheduler.step()`` calls inside the step run as Python
-    right after it, every call (it decides on the host whether the optimizer stepped). Options
+    are different graphs). ``AcceleratedScheduler.step()`` steps where it is called on a
+    syncing call without a GradScaler; otherwise (it decides on the host whether the optimizer
+    stepped, or counts an accumulating call) it runs as Python right after the step. Options
     are :func:`stepgraph.compile`'s (``on_capture_error`` defaults to ``"eager"``); the returned
     callable has ``.step_function`` and ``.stats``.
     """
@@ -255,6 +256,11 @@ def accelerate_step(accelerator, fn=None, **compile_kwargs):
             orig = AcceleratedScheduler.step
 
             def deferred(sched, *a, **k):
+                if sync and getattr(accelerator, "scaler", None) is None:
+                    # (nothing for it to decide on the host: it steps where it is called, its inner
+                    # scheduler re-run after each replay as in any step; deferred, what the step read
+                    # after it -- get_last_lr(), an opt.step() after it -- was a schedule step behind)
+                    return orig(sched, *a, **k)
                 if any(isinstance(x, torch.Tensor) for x in list(a) + list(k.values())):
                     warn("stepgraph: AcceleratedScheduler.step(tensor) inside the step: the scheduler gets the "
                          "tensor of the call that ran Python; pass a number or step it outside")
