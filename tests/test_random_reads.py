@@ -281,3 +281,37 @@ def test_a_fresh_seed_drawn_in_the_step_is_refused(draw):
         f()
     assert "test_random_reads.py" in e.value.where and "outside the step" in e.value.fix
     assert f.stats.replays == 0
+
+
+@pytest.mark.parametrize("sizes", [(800,), (640, 800)])
+def test_a_random_choice_among_one_is_no_random_read(sizes):
+    """torchvision's detection transform picks a size with ``int(torch.empty(1).uniform_(0.0,
+    float(len(k))).item())`` (``torch_choice``); with its default one-entry ``min_size`` that is
+    0 at every call, yet it was refused as a random value, for every detection model. Among two
+    it is random, and stays refused."""
+    def world():
+        torch.manual_seed(0)
+        m = nn.Linear(4, 2)
+        return m, torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def body(m, opt, x):
+        index = int(torch.empty(1).uniform_(0.0, float(len(sizes))).item())
+        loss = m(x * (sizes[index] / 800)).pow(2).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    (me, oe), (mc, oc) = world(), world()
+    f = stepgraph.compile(lambda x: body(mc, oc, x))
+    for i in range(5):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(i))
+        torch.manual_seed(i)
+        want = body(me, oe, x)
+        torch.manual_seed(i)
+        if len(sizes) > 1 and i == 1:
+            with pytest.raises(stepgraph.CaptureError, match="random value"):
+                f(x)
+            return
+        assert torch.equal(f(x), want), i
+        assert all(torch.equal(a, b) for a, b in zip(mc.parameters(), me.parameters())), i
+    assert f.stats.captures == 1 and f.stats.replays == 3, f.stats

@@ -6,6 +6,7 @@ them in the traced graph (walking a guard's inputs back to a seeded op) and word
 with the fix that fits it. Moved out of hostreads.py (which records the reads)."""
 from __future__ import annotations
 
+import math
 import re
 
 import operator
@@ -84,6 +85,22 @@ def _coin(n):
     return None
 
 
+def _one_integer(v) -> bool:
+    """``int()`` of a uniform draw whose range holds one integer part: the same number at every
+    call (torchvision's detection transform, ``torch_choice`` of a one-entry ``min_size``:
+    ``int(torch.empty(1).uniform_(0.0, 1.0).item())``, refused as random, every detection model
+    with it). Its guard stays; it holds at every call."""
+    if getattr(v, "target", None) is not int or len(v.all_input_nodes) != 1:
+        return False
+    r = v.all_input_nodes[0]
+    u = r.all_input_nodes[0] if r.target is torch.ops.aten._local_scalar_dense.default and r.all_input_nodes else None
+    if u is None or u.target not in (torch.ops.aten.uniform_.default, torch.ops.aten.uniform.default):
+        return False
+    lo = u.args[1] if len(u.args) > 1 else u.kwargs.get("from", 0.0)
+    hi = u.args[2] if len(u.args) > 2 else u.kwargs.get("to", 1.0)
+    return type(lo) in (int, float) and type(hi) in (int, float) and 0 <= lo and hi <= math.floor(lo) + 1
+
+
 def random_guards(gm, max_captures: int = 8) -> list:
     """Value guards on numbers drawn from a random op (``torch.randint`` batch indices read by
     Python slicing, ``float()`` of a loss behind dropout): such a value differs at every call,
@@ -100,6 +117,8 @@ def random_guards(gm, max_captures: int = 8) -> list:
             draw = _coin(n)
             if draw is not None:
                 coins.append((n, draw))
+            continue
+        if _one_integer(n.args[0]):
             continue
         seen, todo, draw = set(), [(a, False) for a in _value_inputs(n)], None
         while todo and draw is None:
