@@ -346,12 +346,8 @@ def test_a_meter_updated_through_a_subscript_is_replayed_like_a_meter_bound_to_a
     assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
 
 
-def test_a_plateau_scheduler_stepped_on_a_loss_behind_dropout_names_the_fix():
-    """``ReduceLROnPlateau.step(loss)`` inside the step compares ``float(loss)`` on the host; behind
-    dropout it differs at every call. Refused at once with a fix for this code (the batch-building
-    fix of a random index would not apply), the call run eagerly."""
+def _plateau_step(m, item=False):
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 4))
     opt = torch.optim.SGD(m.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
 
@@ -361,8 +357,16 @@ def test_a_plateau_scheduler_stepped_on_a_loss_behind_dropout_names_the_fix():
         loss.backward()
         opt.step()
         opt.zero_grad()
-        sched.step(loss)
+        sched.step(loss.item() if item else loss)
         return loss.detach()
+    return step
+
+
+def test_a_plateau_scheduler_stepped_on_a_loss_behind_dropout_names_the_fix():
+    """``ReduceLROnPlateau.step(loss)`` inside the step compares ``float(loss)`` on the host; behind
+    dropout it differs at every call. Refused at once with a fix for this code (the batch-building
+    fix of a random index would not apply), the call run eagerly."""
+    step = _plateau_step(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 4)))
     step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
     with pytest.raises(stepgraph.CaptureError, match=r"scheduler\.step\(loss\)") as e:
         step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
@@ -505,19 +509,7 @@ def test_a_plateau_scheduler_stepped_in_the_step_without_dropout_hints_at_steppi
     """Without dropout the loss is no draw: each value recaptures. The hint sent the user to
     ``t.item()`` first, which ReduceLROnPlateau's own ``float(metrics)`` defeats; it names the
     fix that works, stepping the scheduler outside the step."""
-    torch.manual_seed(0)
-    m = nn.Linear(8, 4)
-    opt = torch.optim.SGD(m.parameters(), lr=0.1)
-    sched = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=1, factor=0.5)
-
-    @stepgraph.compile
-    def step(x, y):
-        loss = F.cross_entropy(m(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        sched.step(loss.item() if item else loss)
-        return loss.detach()
+    step = _plateau_step(nn.Linear(8, 4), item)
     with caplog.at_level("WARNING", logger="stepgraph"):
         for _ in range(3):
             step(torch.randn(4, 8), torch.randint(0, 4, (4,)))
