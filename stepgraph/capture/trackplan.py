@@ -72,9 +72,8 @@ def record_key(v):
 
 
 def _resource(t) -> bool:
-    """A class with a lifecycle (a context manager, a finalizer: a progress bar) is no record of
-    values: accelerate's ``tqdm(disable=not is_main_process)`` holds six numbers on the other ranks,
-    and its ``set_postfix`` in the step was refused there; the call is redone at each replay."""
+    """A class with a lifecycle (a progress bar) is no record of values: accelerate's ``tqdm(disable=
+    not is_main_process)`` holds six numbers on other ranks; its set_postfix is a call redone."""
     return getattr(t, "__exit__", None) is not None or getattr(t, "__del__", None) is not None
 
 
