@@ -75,10 +75,8 @@ class LiveFloats:
         """Live choices made before the backend's ``prepare``; returns (reason, re-sign?)."""
         g = self.guards
         if backend_name == "replay":
-            ff = g.forward_floats(args)
-            moved = [s for s, v in ff.items() if s in self.seen and self.seen[s] != v]
-            for s, v in ff.items():   # (found by the first trace, after the warm-up noted the rest:
-                self.seen.setdefault(s, v)   # wav2vec2's temperature then moved at every call unseen)
+            # (one the first trace found is noted then: wav2vec2's temperature moved at every call unseen)
+            moved = [s for s, v in g.forward_floats(args).items() if self.seen.setdefault(s, v) != v]
             new = [h for h in g.live_candidates(args) + moved if h not in g.live and h not in self.baked]
             if new:
                 g.live.update(self.with_aliases(new, args))
