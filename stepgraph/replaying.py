@@ -14,7 +14,7 @@ from .captured import Branch
 from .check import checked_call
 from .errors import GuardMiss
 from .capture import fetches
-from .capture.reasons import converted_number
+from .capture.reasons import DATA_SIZED, converted_number
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -87,10 +87,7 @@ class ReplayPaths:
             if "depends on tensor values" in str(miss):
                 # (ELECTRA's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a
                 # size per batch, in code the user may not own)
-                hint = ("A tensor sized by the data (a boolean-mask selection, nonzero, "
-                        "masked_select) is a graph per size: keep the shape with a mask "
-                        "(torch.where(mask, x, 0).sum() / mask.sum() for x[mask].mean()), or, in a "
-                        "model you do not own, graph its parts without it: stepgraph.graph_module(model)")
+                hint = DATA_SIZED[0].upper() + DATA_SIZED[1:]
             elif re.search(r"\+=? *int\(.*\): int\(\) of a", str(miss)):   # (``total += int(t)``: a count)
                 hint = ("int(t) hands Python a plain copy: use t.item() (total += t.item() is recomputed at "
                         "every replay), or return the tensor and convert it outside the step")

@@ -838,3 +838,27 @@ def test_a_count_taken_with_int_says_to_use_item_which_replays(caplog):
     with pytest.raises(stepgraph.CaptureError, match="int") as e:
         run(drawn, True)
     assert "t.item()" in e.value.fix, e.value.fix
+
+
+def test_a_mask_selection_names_its_fix_at_the_first_recapture(caplog):
+    """``logits[attention_mask == 1]`` (ELECTRA pretraining's loss): a graph per token count. The
+    fix (a mask that keeps the shape, or graph_module in a model the user does not own) came only
+    with the give-up, after max_captures captures; now at the first recapture."""
+    import torch.nn.functional as F
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    def step(x, y, mask):
+        loss = F.cross_entropy(m(x)[mask], y[mask])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    f = stepgraph.compile(step)
+    g = torch.Generator().manual_seed(0)
+    with caplog.at_level("WARNING", logger="stepgraph"):
+        for n in (5, 5, 6):
+            mask = torch.arange(8) < n
+            f(torch.randn(8, 4, generator=g), torch.randint(0, 3, (8,), generator=g), mask)
+    assert f.stats.captures == 2 and "stepgraph.graph_module(model)" in caplog.text, caplog.text

@@ -251,10 +251,19 @@ def leaf_names(params: list[str], args, kwargs) -> list[str]:
 _ARG = r"(?:arg \d+ \((?P<arg>\w+)\)|kwarg '(?P<kw>\w+)')(?P<path>\S*)"
 
 
+# (ELECTRA pretraining's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a size per
+# batch, in code the user may not own; said at the first recapture too, not only after max_captures)
+DATA_SIZED = ("a tensor sized by the data (a boolean-mask selection, nonzero, masked_select) is a graph per "
+              "size: keep the shape with a mask (torch.where(mask, x, 0).sum() / mask.sum() for x[mask].mean()), "
+              "or, in a model you do not own, graph its parts without it: stepgraph.graph_module(model)")
+
+
 def recapture_hint(reason: str) -> str:
     """What to change when recaptures of this kind keep coming (one clause, '' if nothing
     specific): an argument keyed by identity, an argument whose None elements move, a variable
     the step calls methods on that is a new object each time, an argument whose shape changes."""
+    if "depends on tensor values" in reason:
+        return DATA_SIZED
     m = re.match(_ARG + r" (?P<t>\w+) object at 0x[0-9a-f]+ -> (?P=t) object at", reason)
     if m:
         name = m["arg"] or m["kw"]
