@@ -14,7 +14,7 @@ from .captured import Branch
 from .check import checked_call
 from .errors import GuardMiss
 from .capture import fetches
-from .capture.reasons import DATA_SIZED, converted_number
+from .capture.reasons import DATA_SIZED, INT_COUNT, ITEM_FIX, converted_number
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -88,9 +88,8 @@ class ReplayPaths:
                 # (ELECTRA's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a
                 # size per batch, in code the user may not own)
                 hint = DATA_SIZED[0].upper() + DATA_SIZED[1:]
-            elif re.search(r"\+=? *int\(.*\): int\(\) of a", str(miss)):   # (``total += int(t)``: a count)
-                hint = ("int(t) hands Python a plain copy: use t.item() (total += t.item() is recomputed at "
-                        "every replay), or return the tensor and convert it outside the step")
+            elif re.search(INT_COUNT + r".*\): int\(\) of a", str(miss)):   # (``total += int(t)``: a count)
+                hint = "int(t) hands Python a plain copy: " + ITEM_FIX
             elif "int() of a" in str(miss) or "item() of a" in str(miss):
                 # (MoCo's ``ptr = int(self.queue_ptr)``, then ``queue[:, ptr:ptr + n] = keys.T``)
                 hint = ("If it only positions a write or a read (a ring buffer's pointer), keep it "

@@ -235,12 +235,11 @@ def _static_input(x, node: fx.Node) -> torch.Tensor:
     a variable the step rebinds after reading it (the Annotated Transformer's ``tokens = 0`` at its
     logging call: an int once the call ended) -- it is made from the trace's own tensor, zeroed:
     each call fills it before the segments run."""
-    if not isinstance(x, torch.Tensor):
-        x = node.meta.get("val")
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"input {node.name} of a segmented graph is no tensor ({type(x).__name__})")
-        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).zero_()
-    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device).copy_(x)
+    like = x if isinstance(x, torch.Tensor) else node.meta.get("val")
+    if not isinstance(like, torch.Tensor):
+        raise TypeError(f"input {node.name} of a segmented graph is no tensor ({type(x).__name__})")
+    buf = torch.empty_strided(like.shape, like.stride(), dtype=like.dtype, device=like.device)
+    return buf.copy_(x) if like is x else buf.zero_()
 
 
 def _record_in_order(gm: fx.GraphModule, items: list, segments: list, env: dict, pool, segment_fn,

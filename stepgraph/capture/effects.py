@@ -139,22 +139,24 @@ class _RngStateRecorder:
         """A generator's seed changed since the last one the step set: a fresh seed was drawn
         where no wrapper sees it (``Generator.seed()``, a C method)."""
         if _seeds() != self.expect and not self.drawn:
-            import traceback
-            from ..errors import library_frame, user_frame
-            stack = traceback.extract_stack()
-            self.drawn.append((user_frame(stack), library_frame(stack)))
+            self.drawn.append(_site())
         self.expect = _seeds()
 
     def _seed_wrap(self, orig):
         rec = self
 
         def seed():
-            import traceback
-            from ..errors import library_frame, user_frame
-            stack = traceback.extract_stack()
-            rec.drawn.append((user_frame(stack), library_frame(stack)))
+            rec.drawn.append(_site())
             return orig()
         return seed
+
+
+def _site() -> tuple:
+    """(the user's line, the library line under it) of the call running now."""
+    import traceback
+    from ..errors import library_frame, user_frame
+    stack = traceback.extract_stack()
+    return user_frame(stack), library_frame(stack)
 
 
 def _seeds() -> tuple:

@@ -117,9 +117,9 @@ class SetEffect:
 
 def collect(graph_outs: list, tracer, problems: list, where: str, counted: set) -> tuple[list, list]:
     """Inside the trace, after the step ran: (append effects, set effects); ``counted``:
-    (id(module or its __dict__), name) of the tracked counters (written by their number effects;
-    a module counter's slot is its __dict__'s: torchmetrics' ``_update_count`` after a reset was
-    also a constant set, written over the count at every replay)."""
+    (id of the slot's owner -- a module counter's is the module's __dict__ --, name) of the tracked
+    counters, written by their number effects (matched against the module itself, torchmetrics'
+    ``_update_count`` after a reset was also a constant set, written over the count at every replay)."""
     from .effects import _is_traced
     from .effects import Problem
     from .pyeffects import _effect
@@ -129,8 +129,8 @@ def collect(graph_outs: list, tracer, problems: list, where: str, counted: set) 
         o = ref()
         if o is not None:
             last[(id(o), name)] = (o, name, v)
-    for key, (o, name, v) in last.items():
-        if key in counted or (id(vars(o)), name) in counted or type(v) in _PROXIES or issubclass(type(v), (torch.Tensor, nn.Module)) \
+    for o, name, v in last.values():
+        if (id(vars(o)), name) in counted or type(v) in _PROXIES or issubclass(type(v), (torch.Tensor, nn.Module)) \
                 or name in o._buffers or name in o._parameters or vars(o).get(name, v) is not v:
             continue   # (tensors: attrstores.py; a value the step rebound by another way since)
         if issubclass(type(v), _CONSTANTS) or (type(v) in (list, dict, set) and not v):

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from ..markers import host_guard
 from .hostreads import tensor_shape
+from .reasons import INT_COUNT, ITEM_FIX
 
 _SELECTS = (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.masked_select.default)
 
@@ -140,14 +141,11 @@ def random_guards(gm, max_captures: int = 8) -> list:
                 site, "return the tensor (or t.item(), a value stepgraph reads again at every replay) "
                 "and convert it outside the step", plain=True))
             continue
-        if str(what).startswith("int() of a") and re.search(r"\+=? *int\(", str(site)):
-            # (HF's MLM count ``n += int((labels != -100).sum())``: int() is a plain copy; .item()
-            # of the same tensor is read again at every replay where arithmetic alone uses it)
+        if str(what).startswith("int() of a") and re.search(INT_COUNT, str(site)):
             out.append(Problem(
                 f"the step calls int() on a tensor computed after a random draw ({draw} feeds it): "
                 "int() hands Python a plain copy of this call's value, which no replay can give back",
-                site, "use t.item() instead of int(t) (total += t.item() is recomputed at every replay), "
-                "or return the tensor and convert it outside the step", plain=True))
+                site, ITEM_FIX, plain=True))
             continue
         if any(f"{d} tensor" in str(what) for d in ("float16", "bfloat16", "float32", "float64")):
             # A float computed after a draw (``ReduceLROnPlateau.step(loss)`` behind dropout): no

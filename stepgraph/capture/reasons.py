@@ -253,6 +253,11 @@ _ARG = r"(?:arg \d+ \((?P<arg>\w+)\)|kwarg '(?P<kw>\w+)')(?P<path>\S*)"
 
 # (ELECTRA pretraining's ``logits[attention_mask == 1]``, the CTC loss's masked_select: a size per
 # batch, in code the user may not own; said at the first recapture too, not only after max_captures)
+# (a count taken with int(): ``correct += int((pred == y).sum())``, HF MLM's masked-token count:
+# a plain copy, a graph per count; .item() of it is read again at every replay)
+INT_COUNT = r"\+=? *int\("
+ITEM_FIX = ("use t.item() (total += t.item() is recomputed at every replay), or return the tensor and "
+            "convert it outside the step")
 DATA_SIZED = ("a tensor sized by the data (a boolean-mask selection, nonzero, masked_select) is a graph per "
               "size: keep the shape with a mask (torch.where(mask, x, 0).sum() / mask.sum() for x[mask].mean()), "
               "or, in a model you do not own, graph its parts without it: stepgraph.graph_module(model)")
@@ -320,11 +325,8 @@ def recapture_hint(reason: str) -> str:
         return ("float(t) hands Python a plain copy of this call's value, which no replay can give back: "
                 "return the tensor (or t.item(), a value stepgraph reads again at every replay) and "
                 "convert it outside the step")
-    if re.search(r"\+=? *int\(.*\): int\(\) of a \w+ tensor was .* at capture, now ", reason):
-        # (a count, ``correct += int((pred == y).sum())``: a graph per count)
-        return ("int(t) hands Python a plain copy of this call's value, so each value is a graph of its "
-                "own: use t.item() (total += t.item() is recomputed at every replay), or return the "
-                "tensor and convert it outside the step")
+    if re.search(INT_COUNT + r".*\): int\(\) of a \w+ tensor was .* at capture, now ", reason):
+        return "int(t) hands Python a plain copy of this call's value, so each value is a graph of its own: " + ITEM_FIX
     m = re.match(r"(?:global )?(?P<name>\S+) <object at 0x[0-9a-f]+>(?: of length \d+)? -> <object at", reason)
     if m:
         return (f"{m['name']} is a new object, keyed by identity because the step calls its methods: "

@@ -262,14 +262,13 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         if not box["sched"]:   # (a scheduler stepped in the step sets the groups again at replay)
             box["effects"][1].extend(pyeffects.group_reads(reg, get_proxy_mode().tracer))
         box["appends"] = pyeffects.collect_appends(append_sources, append_lens, graph_outs, get_proxy_mode().tracer)
-        lib_appends, box["attr_sets"] = modstate.collect(graph_outs, get_proxy_mode().tracer, problems, user_frame(), {
-            (id(e.root.ref[0].owner), e.root.ref[1]) for e in box.get("number_effects", ()) if e.root.kind == "slot"})
+        counted = {(id(e.root.ref[0].owner), e.root.ref[1]) for e in box.get("number_effects", ()) if e.root.kind == "slot"}
+        lib_appends, box["attr_sets"] = modstate.collect(graph_outs, get_proxy_mode().tracer, problems, user_frame(), counted)
         box["appends"] += lib_appends   # (torchmetrics' list states: modstate.py)
         box["call_effects"] = pycalls.collect_calls(box["calls"], graph_outs, get_proxy_mode().tracer, reg,
                                                     hm.reads, problems)
         escapes, clears, olds = [], [], []
         box["escape_at"] = len(graph_outs)
-        counted = {(id(e.root.ref[0].owner), e.root.ref[1]) for e in box.get("number_effects", ()) if e.root.kind == "slot"}
         for s, old in zip(slots, before):
             new = s.get()
             if new is old or (id(s.owner), s.key) in counted:   # (a Python step count: written after each replay)
