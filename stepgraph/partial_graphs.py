@@ -38,8 +38,10 @@ class _GraphFn(torch.autograd.Function):
             user = [o.clone() for o in user]
             e.serial += 1
             ctx.token, ctx.saved_static = e.serial, saved
-        else:        # fresh tensors every call: autograd's saved-tensor checks apply
-            ctx.save_for_backward(*saved)
+        else:        # fresh tensors every call: autograd's saved-tensor checks apply; a size the data
+            # decides (a boolean-mask selection's numel, a SymInt in the trace) is kept as a number
+            ctx.numbers = [None if isinstance(s, torch.Tensor) else s for s in saved]
+            ctx.save_for_backward(*[s for s in saved if isinstance(s, torch.Tensor)])
         ctx.mark_non_differentiable(*[user[i] for i in range(e.n_out) if i not in e.diff_set])
         return tuple(user)
 
@@ -53,10 +55,15 @@ class _GraphFn(torch.autograd.Function):
                 f"#{e.serial}'s forward replayed the same CUDA graph and overwrote the saved activations of the "
                 "earlier call (static buffers). Run each call's backward before the module's next forward with "
                 "the same signature, graph each use of a shared module separately, or keep it eager.")
-        saved = ctx.saved_static if e.cuda else ctx.saved_tensors
+        saved = ctx.saved_static if e.cuda else _unpack(ctx)
         res = e.bw(list(saved) + [grads[i].contiguous() for i in e.diff_out])
         by_slot = {pos: (g.clone() if e.cuda and g is not None else g) for pos, g in zip(e.grad_slots, res)}
         return (None, *[by_slot.get(i) for i in range(e.n_user_in + len(e.diff_params))])
+
+
+def _unpack(ctx) -> list:
+    tensors = iter(ctx.saved_tensors)
+    return [next(tensors) if n is None else n for n in ctx.numbers]
 
 
 class PartialEntry:

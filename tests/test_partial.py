@@ -439,3 +439,33 @@ def test_what_a_failed_trace_put_in_an_argument_object_is_taken_back():
             warnings.simplefilter("ignore")
             layer(torch.randn(2, 4), cache)
         assert len(cache.keys) == 1 and not isinstance(cache.keys[0], torch._subclasses.FakeTensor), k
+
+
+class MaskedHead(nn.Module):
+    """ELECTRA pretraining's loss: ``logits.view(-1)[attention_mask.view(-1) == 1]``, a size the data decides."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 1)
+
+    def forward(self, h, mask, labels):
+        active = mask.view(-1) == 1
+        logits = self.lin(h).squeeze(-1).view(-1)[active]
+        return F.binary_cross_entropy_with_logits(logits, labels.view(-1)[active].float())
+
+
+def test_a_boolean_mask_selection_replays_with_each_calls_size():
+    torch.manual_seed(0)
+    eager = MaskedHead()
+    graphed = stepgraph.graph_module(copy.deepcopy(eager))
+    for kept in (3, 3, 1, 5, 2):
+        h, labels = torch.randn(2, 5, 8), torch.randint(0, 2, (2, 5))
+        mask = torch.ones(2, 5, dtype=torch.long)
+        mask[0, kept:] = 0
+        losses = [m(h, mask, labels) for m in (eager, graphed)]
+        for loss in losses:
+            loss.backward()
+        assert torch.equal(*losses)
+        for a, b in zip(eager.parameters(), graphed.module.parameters()):
+            assert torch.equal(a.grad, b.grad)
+    assert graphed.stats.captures == 1 and graphed.stats.replays == 3
