@@ -205,7 +205,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     refuse_python_side_effects(guards.py, traced.py_before, guards.py.key(args),
                                scheduled=bool(tr.scheduler_steps),
                                replayed=[e.source for e in tr.number_effects + tr.source_effects if e.source is not None],
-                               slots=tr.escapes, args=args)
+                               slots=tr.escapes, args=args, held=traced.before.tensors)
     plan.sig = guards.overwritten_after(plan.sig, args, overwritten(guards.py, tr, traced.before, args), traced.before)
     slots_after = container_slots(guards.py, args)
     refuse_slot_stores(guards.py, traced.sizes_before, slots_after, args,

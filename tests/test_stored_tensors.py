@@ -174,3 +174,44 @@ def test_a_list_of_tensors_the_forward_rebuilds_replays(reads_old):
     assert type(m1.corr_pyramid) is list and len(m1.corr_pyramid) == 3
     assert all(torch.equal(a, b) for a, b in zip(m1.corr_pyramid, m2.corr_pyramid))
     assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats
+
+
+class Anchors(nn.Module):
+    """torchvision's AnchorGenerator (RetinaNet, FCOS, the R-CNNs): every forward runs
+    ``self.cell_anchors = [a.to(dtype=dtype, device=device) for a in self.cell_anchors]``, a no-op
+    ``.to()`` that rebinds the list to the very tensors it held. Refused before ("rebinds
+    self.cell_anchors to a list of 2 tensors it computes", a fix inside torchvision)."""
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.cell_anchors = [torch.randn(3, 4), torch.randn(2, 4)]
+
+    def forward(self, x):
+        self.cell_anchors = [a.to(dtype=x.dtype, device=x.device) for a in self.cell_anchors]
+        return (self.lin(x) @ torch.cat(self.cell_anchors).t()).pow(2).mean()
+
+
+def test_a_list_rebound_to_the_tensors_it_held_replays():
+    def run(compiled):
+        torch.manual_seed(0)
+        m = Anchors()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = m(x)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        out = []
+        for i in range(6):
+            if i == 4:   # the user swaps an anchor tensor: the graph's constant no longer holds
+                m.cell_anchors = [m.cell_anchors[0], torch.ones(2, 4)]
+            out.append(fn(torch.randn(5, 4, generator=torch.Generator().manual_seed(i))))
+        return fn, out, m
+    sg, got, m1 = run(True)
+    _, want, m2 = run(False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
+    assert sg.stats.captures == 2 and sg.stats.replays == 3, sg.stats

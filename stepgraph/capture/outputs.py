@@ -149,16 +149,17 @@ def _train_flag(s, args) -> bool:
 
 
 def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool = False,
-                               replayed=(), slots=(), args=()) -> None:
+                               replayed=(), slots=(), args=(), held=None) -> None:
     """Raise when the traced call changed a Python value its own code reads. Not refused: a
     param group's value an LR scheduler stepped inside the step changed, a number assigned
     from tracked arithmetic (``replayed``, ``completed_steps += 1``) and a buffer the step
-    rebinds (``slots``: state.Slot escapes, ``self.center = ...``): replays redo them."""
+    rebinds (``slots``: state.Slot escapes, ``self.center = ...``): replays redo them; a list
+    rebound to the tensors it held (``held``: pybefore.PyBefore.tensors; ``same_tensors``)."""
     from .pyeffects import carried_element, source_id
     carried = {source_id(s) for s in replayed}   # (a carried tuple's elements come with it)
     replayed = {_place(s, args) for s in replayed} | {(id(s.owner), s.key) for s in slots if s.kind == "buffer"}
-    for s, a, b in zip(py.sources, before, after):
-        if carried_element(s, carried):
+    for i, (s, a, b) in enumerate(zip(py.sources, before, after)):
+        if carried_element(s, carried) or (held is not None and same_tensors(held.get(i), s.read_or(args, None))):
             continue
         if _in_place(a, b):
             continue   # (the members of a container the step changed in place, its length kept:
@@ -194,6 +195,14 @@ def refuse_python_side_effects(py, before: tuple, after: tuple, scheduled: bool 
                 op=f"assignment to {s.describe()}", where=s.where,
                 fix=f"update {s.describe()} outside the step (in the loop around it), or keep it in a "
                     "tensor the step updates in place; pass values that change as arguments")
+
+
+def same_tensors(old, now) -> bool:
+    """A list rebound to the very tensors it held (torchvision's AnchorGenerator: ``self.cell_anchors
+    = [a.to(dtype, device) for a in self.cell_anchors]``, a no-op ``.to()``): nothing for a replay
+    to redo; keyed by those tensors from then on (pybefore.rebound_key)."""
+    return type(old) in (list, tuple) and type(now) is type(old) and now is not old and len(now) == len(old) \
+        and all(x is y for x, y in zip(now, old))
 
 
 def _in_place(a, b) -> bool:

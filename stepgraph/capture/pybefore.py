@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .outputs import _place
+from .outputs import _place, same_tensors
+from .sigkey import Ident
 
 
 @dataclass
@@ -40,16 +41,19 @@ def overwritten(py, tr, before: PyBefore, args) -> list:
     ``self.attn = p_attn``, kept for visualisation): a replay writes the graph's tensor there, so
     the one held before the call is no input -- keyed by identity it missed at every call (a
     capture per call, never replayed); from now on by None-ness, dtype and shape (Source.key_for).
-    Not one the graph reads (an input, a baked constant: that identity is its guard)."""
+    Not one the graph reads (an input, a baked constant: that identity is its guard). Also a list
+    the step rebinds to the tensors it held (``outputs.same_tensors``): keyed by those tensors."""
     written = {_place(e.source, args) for e in tr.source_effects if e.kind in ("tensor", "tensors") and e.source is not None}
-    if not written:
-        return []
     read = {_place(s, args) for s in tr.source_inputs}
     gm = tr.graph_module
     consts = {getattr(gm, n.target).untyped_storage().data_ptr() for n in gm.graph.nodes if n.op == "get_attr"
               and isinstance(getattr(gm, n.target, None), torch.Tensor) and getattr(gm, n.target).device.type != "meta"}
     out = []
     for i, s in enumerate(py.sources):
+        old = before.tensors.get(i)
+        if tensor_list(old) and same_tensors(old, s.read_or(args)):
+            s.same_tensors = True   # (keyed by the list's identity: a capture per call)
+            out.append(i)
         if i not in before.tensors or _place(s, args) not in written - read:
             continue
         old = before.tensors[i]
@@ -59,6 +63,17 @@ def overwritten(py, tr, before: PyBefore, args) -> list:
         s.overwritten = True
         out.append(i)
     return out
+
+
+def rebound_key(s, v):
+    """The key of a source the step rebinds (``Source.key_for``), or None for the usual one."""
+    if s.same_tensors and tensor_list(v):
+        return ("same tensors", type(v), tuple(Ident(t) for t in v))
+    if s.overwritten and (v is None or isinstance(v, torch.Tensor)):
+        return ("overwritten",)   # (no input of the graph: None or any tensor, torchmetrics' reset() sets None)
+    if s.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
+        return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
+    return None
 
 
 def tensor_list(v) -> bool:

@@ -62,6 +62,7 @@ class Source:
     methods: tuple = ()          # methods of a library object the code calls as statements
     fetched: bool = False        # an iterator the step takes its batches from (fetches.py)
     overwritten: bool = False    # a tensor the step replaces before any read (pybefore.overwritten)
+    same_tensors: bool = False   # a list the step rebinds to the tensors it held (pybefore.overwritten)
 
     def describe(self) -> str:
         s = self.name
@@ -113,10 +114,10 @@ class Source:
 
     def key_for(self, v):
         """The key of the value ``v`` read here (untracked sources)."""
-        if self.overwritten and (v is None or isinstance(v, torch.Tensor)):
-            return ("overwritten",)   # (no input of the graph: None or any tensor, torchmetrics' reset() sets None)
-        if self.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
-            return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
+        if self.overwritten or self.same_tensors:
+            from .pybefore import rebound_key
+            if (k := rebound_key(self, v)) is not None:
+                return k
         if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
             return ("fetched from", type(v))
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)
