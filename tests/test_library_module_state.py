@@ -143,3 +143,37 @@ def test_a_metric_called_as_a_module_counts_its_updates_across_resets():
     the tracked count at every replay: 2, 2, 2 where eager counts 3, 1, 2 (helper-88 F5)."""
     _run(lambda: {"mean": torchmetrics.MeanMetric(), "acc": torchmetrics.classification.BinaryAccuracy()},
          reset_every=3, called=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_metric_updated_by_name_and_computed_between_calls_follows_eager(device):
+    """``mean.update(loss.detach())`` on a closure's metric, ``mean.compute()`` between calls:
+    torchmetrics' ``update`` wrapper sets ``self._computed = None`` over the tensor ``compute()``
+    cached, a literal a replay writes again. It was refused, with a fix inside torchmetrics
+    (helper-88, session 35)."""
+    got = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        mean = torchmetrics.MeanMetric().to(device)
+
+        def step(x):
+            loss = model(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            mean.update(loss.detach())
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(1)
+        seen = []
+        for i in range(7):
+            seen.append((fn(torch.randn(3, 4, generator=g).to(device)), mean.compute().clone(), mean._update_count))
+            if i == 3:
+                mean.reset()
+        got.append((fn, seen))
+    (_, want), (fn, seen) = got
+    for a, b in zip(seen, want):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2], (a, b)
+    assert fn.stats.captures <= 2 and fn.stats.replays >= 4, fn.stats

@@ -211,7 +211,7 @@ def constant_stores(code) -> set:
         for i, x in enumerate(ins):
             if x.opname != "LOAD_CONST":
                 continue
-            if _number(x.argval):
+            if _number(x.argval) or x.argval is None:   # (torchmetrics' ``self._computed = None``)
                 got = _store_target(ins, i + 1)
                 if got is not None and got[0] is not None:
                     out.add((got[0], x.argval))

@@ -259,7 +259,8 @@ def collect(sources, olds, graph_outs: list, problems: list, where, number_effec
         elif kind == "read":
             reads.append(_effect(s, new, kind, graph_outs))
             s.write(_plain(new))   # eager leaves a plain float there
-        elif isinstance(number_effects, list) and (number(new) and (source_name(s), new) in const_stores or type(new) is torch.Size):
+        elif isinstance(number_effects, list) and ((number(new) or new is None) and (source_name(s), new) in const_stores
+                                                   or type(new) is torch.Size):
             # (``tokens = 0`` at a logging step: the Annotated Transformer's) the literal the step's code stores
             # is written again after each replay; a shape too (``self.in_shape = x.shape``: the graph's own)
             from .numchecks import Root
