@@ -66,3 +66,61 @@ def test_one_coin_stays_a_decision_and_matches_eager():
         torch.manual_seed(100 + i)
         assert torch.equal(want, sg(x)), i
     assert sg.stats.captures <= 3 and sg.stats.replays >= 3, sg.stats.recaptures   # (state of a skipped layer: one more)
+
+
+_LIBRARY = '''
+import random
+import torch
+
+
+class Stack(torch.nn.Module):   # (x-transformers' ``layer_dropout``: ``random() < p`` per layer)
+    def __init__(self, layers=4, p=0.1):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(layers))
+        self.p = p
+
+    def forward(self, x):
+        for layer in self.layers:
+            if self.training and random.random() < self.p:
+                continue
+            x = x + torch.tanh(layer(x))
+        if self.training:   # (ResidualVQ's quantize dropout: a randint read on the host)
+            keep = torch.randint(1, len(self.layers) + 1, ()).item()
+            x = x * keep
+        return x
+'''
+
+
+@pytest.mark.parametrize("draw", ["random", "torch"])
+def test_a_draw_inside_library_code_names_the_library_line_and_a_fix_the_user_can_apply(
+        draw, tmp_path, monkeypatch):
+    """Refused before with fixes for the user's own code ("draw them in the loop outside the
+    step", "build what the random draw selects outside ... get_batch") that x-transformers'
+    layer_dropout and vector-quantize's quantize_dropout users cannot apply (helper-88)."""
+    import importlib.util
+    import os
+    from stepgraph import errors
+    path = tmp_path / "drawlib.py"
+    path.write_text(_LIBRARY)
+    for name in ("_SKIP_PREFIXES", "_LIB_DIRS"):   # (an installed package's file, as site-packages')
+        monkeypatch.setattr(errors, name, getattr(errors, name) + (str(tmp_path) + os.sep,))
+    spec = importlib.util.spec_from_file_location("drawlib", path)
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+    torch.manual_seed(0)
+    model = lib.Stack(layers=6 if draw == "random" else 1, p=0.2 if draw == "random" else 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        loss = model(x).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.detach()
+    with pytest.raises(stepgraph.CaptureError) as e:
+        for _ in range(3):   # (a warm-up, another for the grads' new state, the capture)
+            step(torch.randn(4, 8))
+    assert step.stats.captures == 0, step.stats
+    assert "the draw is inside drawlib.py:" in e.value.fix and "graph_module" in e.value.fix, e.value
+    assert "test_random_coins.py" in e.value.where, e.value.where

@@ -58,6 +58,7 @@ class Fetch:
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
     call: object = None     # datacalls.CallSite: a data call of the step's, taken whole
+    lib: str = field(default="", compare=False)   # the draw's library line, if library code drew it
 
     def describe(self) -> str:
         if self.call is not None:
@@ -101,6 +102,7 @@ class SeenDraw:
     where: str
     value: object
     frame: object = field(default=None, compare=False, repr=False)   # the data call it was drawn in
+    lib: str = field(default="", compare=False)   # errors.library_frame: a library's draw
 
 
 def _constant(x) -> bool:
@@ -150,7 +152,7 @@ def plan(seen: list, sources: list, args) -> list | None:
             continue
         if isinstance(s, SeenDraw):
             out.append(Fetch(s.where, fn=(s.module, s.name), args=_plain(s.args),
-                             kwargs={k: _plain(v) for k, v in s.kwargs.items()}))
+                             kwargs={k: _plain(v) for k, v in s.kwargs.items()}, lib=s.lib))
             continue
         src = next((x for x in sources if not x.path and x.read_or(args) is s.iterator), None) \
             or next((x for x in sources if x.read_or(args) is s.iterator), None)

@@ -208,7 +208,7 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
             seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
             seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu, call_key(frame)))
             return
-    seen.append(SeenDraw(label, name, a, k, where, out, outer))
+    seen.append(SeenDraw(label, name, a, k, where, out, outer, library_frame()))
 
 
 def _seeding(seen: list, label: str, name: str, orig):
@@ -324,9 +324,10 @@ def refuse_draw_checks(fetches, checks: list, max_captures: int) -> None:
         f = fetches[k]
         why = ("uses its value where no graph can read it live" if values else
                f"branches on {len(on)} draws: up to {2 ** len(on)} graphs")
+        from .libraries import library_draw_fix
         raise CaptureError(
             f"the step draws host random numbers with {f.describe()} and {why}: each call would "
             f"capture again", op=f"{f.fn[0]}.{f.fn[1]}()", where=c.where or f.where,
-            fix="draw them in the loop outside the step and pass the result (the decision, the value) as "
+            fix=library_draw_fix(f.lib) if f.lib else "draw them in the loop outside the step and pass the result (the decision, the value) as "
                 "arguments; or draw with torch inside the step (torch.rand / torch.randint), which the graph "
                 "replays; a coin that picks a branch: torch.where(torch.rand(()) < p, a, b)")

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import user_frame
+from ..errors import library_frame, user_frame
 from ..markers import host_guard
 from .formats import note
 from .hostscalar import (HostFloat, _plain, _tracked, _tracer, current, live_op, node_arg,
@@ -151,6 +151,7 @@ def read_scalar(tracer, t: torch.Tensor, func, log: ReadLog, lazy: bool = True):
     site = user_frame()
     value, node = record_item(tracer, t)   # aten._local_scalar_dense(t)
     node.meta["stepgraph_site"] = site    # (named by the sync timing of backends/segments.py)
+    node.meta["stepgraph_library"] = library_frame()   # (a draw read in library code: randomreads)
     if t.dtype.is_floating_point and func is torch.Tensor.item:
         return ReadFloat(value, node, site, log)
     if lazy and func is torch.Tensor.item and type(value) is int and log.uses is not None \

@@ -111,6 +111,19 @@ _LIBRARY_FIXES = (
 )
 
 
+def library_draw_fix(inside: str) -> str:
+    """The fix for a random draw that decides something on the host inside library code
+    (x-transformers' ``random() < layer_dropout``, ResidualVQ's quantize dropout, a torchvision
+    augmentation in a forward): the generic fixes (draw it outside, pass it in) name code the
+    user does not own."""
+    return (f"the draw is inside {inside}, not your code: turn that randomness off in the library if the "
+            "recipe allows (its layer-dropout / drop-path-by-layer / quantizer-dropout / augmentation "
+            "option set to 0 or False, or the augmentation moved to the data pipeline), or keep the step "
+            "eager and graph the modules that do not draw: block = stepgraph.graph_module(block) for each "
+            "one, or stepgraph.graph_module(model), which runs a forward that draws eagerly and graphs "
+            "its submodules")
+
+
 def library_fix(inside: str, fix: str) -> str:
     """The fix for a problem found inside library code (``inside``: ``path:line``)."""
     for marker, known in _LIBRARY_FIXES:

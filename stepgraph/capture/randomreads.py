@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 from ..markers import host_guard
 from .hostreads import tensor_shape
+from .libraries import library_draw_fix
 from .reasons import INT_COUNT, ITEM_FIX
 
 _SELECTS = (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.masked_select.default)
@@ -100,6 +101,21 @@ def _one_integer(v) -> bool:
     lo = u.args[1] if len(u.args) > 1 else u.kwargs.get("from", 0.0)
     hi = u.args[2] if len(u.args) > 2 else u.kwargs.get("to", 1.0)
     return type(lo) in (int, float) and type(hi) in (int, float) and 0 <= lo and hi <= math.floor(lo) + 1
+
+
+def _library_of(guard) -> str:
+    """``path:line`` in library code where the guarded value was read (hostreads), or ``""``."""
+    todo, seen = [guard.args[0]], set()
+    while todo:
+        a = todo.pop()
+        if not isinstance(a, torch.fx.Node) or a in seen:
+            continue
+        seen.add(a)
+        if a.meta.get("stepgraph_library"):
+            return a.meta["stepgraph_library"]
+        if a.target is not torch.ops.aten._local_scalar_dense.default:
+            todo.extend(a.all_input_nodes)
+    return ""
 
 
 def random_guards(gm, max_captures: int = 8) -> list:
@@ -195,9 +211,11 @@ def random_guards(gm, max_captures: int = 8) -> list:
                 "graph per routing",
                 plain=True))
             continue
+        lib = _library_of(n)
         out.append(Problem(
             f"the step reads a random value on the host ({what}, drawn by {draw}): it differs at "
             "every call, so no graph captured for one value could be replayed", site,
+            library_draw_fix(lib) if lib else
             "build what the random draw selects outside the step and pass it as arguments (e.g. "
             "X, Y = get_batch('train') in the loop, then step(X, Y)), or select with tensor "
             "indexing (data[ix]) so no value is read on the host", plain=True))
