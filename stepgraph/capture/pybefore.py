@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import torch
 
 from .outputs import _place, same_tensors
-from .sigkey import Ident
 
 
 @dataclass
@@ -63,17 +62,6 @@ def overwritten(py, tr, before: PyBefore, args) -> list:
         s.overwritten = True
         out.append(i)
     return out
-
-
-def rebound_key(s, v):
-    """The key of a source the step rebinds (``Source.key_for``), or None for the usual one."""
-    if s.same_tensors and tensor_list(v):
-        return ("same tensors", type(v), tuple(Ident(t) for t in v))
-    if s.overwritten and (v is None or isinstance(v, torch.Tensor)):
-        return ("overwritten",)   # (no input of the graph: None or any tensor, torchmetrics' reset() sets None)
-    if s.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
-        return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
-    return None
 
 
 def tensor_list(v) -> bool:

@@ -43,7 +43,7 @@ from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
 from .sigkey import Ident
-from .valuekeys import CALL_ARGS, _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item  # noqa: F401 - re-exported
+from .valuekeys import CALL_ARGS, _MAX_ITEMS, _MISSING, _SCALARS, _SKIP, _show, default_probe, guard_value, item, rebound_key  # noqa: F401 - re-exported
 
 
 @dataclass(eq=False)
@@ -114,10 +114,8 @@ class Source:
 
     def key_for(self, v):
         """The key of the value ``v`` read here (untracked sources)."""
-        if self.overwritten or self.same_tensors:
-            from .pybefore import rebound_key
-            if (k := rebound_key(self, v)) is not None:
-                return k
+        if (self.overwritten or self.same_tensors) and (k := rebound_key(self, v)) is not None:
+            return k
         if self.fetched:   # (batches taken before the call: a new iterator per epoch is no new graph)
             return ("fetched from", type(v))
         if self.calls_only:   # (a new tqdm bar each epoch is no new graph: pycalls.py)

@@ -178,3 +178,14 @@ def default_probe(path, parent):
         return parent.default_factory()
     except Exception:  # noqa: BLE001 - a factory that needs what the loop sets up: not found
         return _MISSING
+
+
+def rebound_key(s, v):
+    """The key of a source the step rebinds (``Source.key_for``), or None for the usual one."""
+    if s.same_tensors and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):   # (pybefore.overwritten)
+        return ("same tensors", type(v), tuple(Ident(t) for t in v))
+    if s.overwritten and (v is None or isinstance(v, torch.Tensor)):
+        return ("overwritten",)   # (no input of the graph: None or any tensor, torchmetrics' reset() sets None)
+    if s.overwritten and type(v) in (list, tuple) and all(isinstance(t, torch.Tensor) for t in v):
+        return ("overwritten", type(v), tuple((t.dtype, tuple(t.shape), t.device.type) for t in v))
+    return None
