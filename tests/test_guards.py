@@ -654,3 +654,16 @@ def test_a_structure_change_between_calls_captures_once(change):
             apply(model)
         f(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))
     assert f.stats.captures == 2 and f.stats.replays == 4, f.stats.recaptures
+
+
+def test_draws_taken_on_some_calls_only_are_named_so_in_the_reason():
+    """vit-pytorch CaiT's ``randrange`` runs only when every layer's coin said drop: the draws
+    stepgraph takes before the call (its hidden keyword argument) differ. The reason read
+    "keyword arguments dict keys [] -> ['_stepgraph_batches']" (helper-88)."""
+    import torch.utils._pytree as pytree
+    from stepgraph.capture.fetches import FETCH_KW
+    from stepgraph.capture.reasons import spec_diff
+    none, some = (pytree.tree_flatten(((torch.ones(1),), kw))[1] for kw in ({}, {FETCH_KW: [0.5]}))
+    assert spec_diff(none, some, ["x"]) == ("the step's draws on random / numpy.random and next() of its "
+                                            "iterators: none at capture, some now")
+    assert spec_diff(some, none, ["x"]).endswith("some at capture, none now")

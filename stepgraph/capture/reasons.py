@@ -133,6 +133,11 @@ def spec_diff(a, b, params) -> str | None:
             return _spec_walk(x, y, f"arg {i}" + (f" ({params[i]})" if i < len(params) else ""))
     if ea.num_children != eb.num_children:
         return f"number of arguments {ea.num_children} -> {eb.num_children}"
+    from .fetches import FETCH_KW   # (the draws and batches taken before the call: fetches.py)
+    fa, fb = (FETCH_KW in (k.context if isinstance(k.context, list) else ()) for k in (ka, kb))
+    if fa or fb:   # (CaiT's ``randrange`` only when every layer's coin said drop: not its kwarg's name)
+        return (f"the step's draws on random / numpy.random and next() of its iterators: "
+                f"{'some' if fa else 'none'} at capture, {('others' if fa else 'some') if fb else 'none'} now")
     return _spec_walk(ka, kb, "keyword arguments")
 
 
