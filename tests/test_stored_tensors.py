@@ -215,3 +215,20 @@ def test_a_list_rebound_to_the_tensors_it_held_replays():
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(m1.parameters(), m2.parameters()))
     assert sg.stats.captures == 2 and sg.stats.replays == 3, sg.stats
+
+
+def test_a_kept_tensor_of_each_module_of_a_class_is_known_before_the_call():
+    """The Annotated Transformer's ``self.attn`` in each of its attention modules: pyvalues scans
+    one module's forward per class and keys the others' attributes as that one's (``from_step``
+    False). Only the first was known before the call, so on CUDA (where these sources exist) the
+    others stayed keyed by identity: a capture per call (RECAPTURES on the H200 until session 36)."""
+    from types import SimpleNamespace
+    from stepgraph.capture.pybefore import py_before_call
+    from stepgraph.capture.pyvalues import Source
+    mods = [KeepsAttn(), KeepsAttn()]
+    for m in mods:
+        m.attn = torch.ones(2)
+    py = SimpleNamespace(sources=[Source("object", m, "self", (("attr", "attn"),), "", from_step=k == 0)
+                                  for k, m in enumerate(mods)])
+    before = py_before_call(py, ())
+    assert set(before.tensors) == {0, 1} and before.tensors[1] is mods[1].attn

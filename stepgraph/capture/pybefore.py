@@ -29,8 +29,9 @@ def py_before_call(py, args) -> PyBefore:
             v = d.read_or(args, None)
             if isinstance(v, dict) and hasattr(type(v), "__missing__"):
                 out[id(v)] = (d, v, frozenset(v))
-            elif n == len(s.path) and s.path and s.from_step and (v is None or type(v) is torch.Tensor
-                                                                  or tensor_list(v)):
+            elif n == len(s.path) and s.path and (v is None or type(v) is torch.Tensor or tensor_list(v)):
+                # (not only the step's own reads: the Annotated Transformer's ``self.attn`` of each
+                # attention module after the first, keyed as that one, pyvalues' ``classes``)
                 tensors[i] = v
     return PyBefore(list(out.values()), tensors)
 
