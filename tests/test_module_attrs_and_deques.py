@@ -297,3 +297,78 @@ def test_a_deque_changed_otherwise_is_refused_as_eager_left_it(idiom, match, max
         sg(x, y)
     assert _same_params(mE, mC)
     assert _same_deque(dE, dC), (list(dE), list(dC))
+
+
+_LIBRARY = '''
+import torch
+import torch.nn.functional as F
+
+
+class RankingLoss(torch.nn.Module):   # (sentence-transformers' MultipleNegativesRankingLoss)
+    def __init__(self, model, scale=20.0):
+        super().__init__()
+        self.model, self.scale = model, scale
+
+    def forward(self, x, y):
+        return self.compute_loss_from_embeddings(self.model(x), y)
+
+    def compute_loss_from_embeddings(self, emb, y):
+        return F.cross_entropy(emb * self.temperature_scale, y)
+
+    @property
+    def temperature_scale(self):
+        return self.scale
+
+
+def noise_hook(module, args, output):   # (transformers' NEFTune hook)
+    if module.training:
+        return output + torch.zeros_like(output).uniform_(-1.0, 1.0) * module.noise_alpha
+    return output
+'''
+
+
+@pytest.fixture
+def library(tmp_path, monkeypatch):
+    """A module in a folder stepgraph takes for an installed package's."""
+    import importlib.util
+    import os
+    from stepgraph import errors
+    (tmp_path / "scalarlib.py").write_text(_LIBRARY)
+    for name in ("_SKIP_PREFIXES", "_LIB_DIRS"):
+        monkeypatch.setattr(errors, name, getattr(errors, name) + (str(tmp_path) + os.sep,))
+    spec = importlib.util.spec_from_file_location("scalarlib", tmp_path / "scalarlib.py")
+    lib = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lib)
+    return lib
+
+
+@pytest.mark.parametrize("where", ["helper method", "forward hook"])
+def test_a_library_value_read_outside_forward_changed_between_calls(library, where):
+    """A float a library reads in a helper its forward calls (sentence-transformers' ``scale``,
+    read in ``compute_loss_from_embeddings``), or in a forward hook on the module it is given
+    (NEFTune's ``module.neftune_noise_alpha``): changed between calls, replays kept the captured
+    value, silently (helper-89)."""
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 4))
+        model[0].noise_alpha = 0.5
+        model[0].register_forward_hook(library.noise_hook)
+        loss_fn = library.RankingLoss(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = loss_fn(x, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return model, loss_fn, step
+
+    def change(k, loss_fn):
+        if k == 3 and where == "helper method":
+            loss_fn.scale = 5.0
+        if k == 3 and where == "forward hook":
+            loss_fn.model[0].noise_alpha = 2.0
+    sg = _run(make, change)
+    assert sg.stats.captures == 2, sg.stats
+    assert ("scale" if where == "helper method" else "noise_alpha") in sg.stats.recaptures[0], sg.stats

@@ -5,6 +5,7 @@ Python values of the step like those pyvalues.py finds in its own code; one the 
 from __future__ import annotations
 
 import dis
+import inspect
 import types
 
 from .chains import _all_code, _chains, unwrapped_function
@@ -14,24 +15,57 @@ _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
 
 
 def _self_attrs(cls) -> tuple:
-    """(names forward reads on self, names it assigns: ``self.calls += 1``)."""
+    """(names forward reads on self, names it assigns: ``self.calls += 1``). The methods and
+    properties of the class it calls on ``self`` are followed (sentence-transformers' losses read
+    ``self.scale`` in ``compute_loss_from_embeddings``: a value changed between calls was baked)."""
     got = _FORWARD_ATTRS.get(cls)
-    if got is not None:
-        return got
-    names, written = [], set()
-    fwd = unwrapped_function(getattr(cls, "forward", None))
-    if isinstance(fwd, types.FunctionType) and fwd.__code__.co_argcount >= 1:
-        self_name = fwd.__code__.co_varnames[0]
+    if got is None:
+        fwd = unwrapped_function(getattr(cls, "forward", None))
+        _FORWARD_ATTRS[cls] = got = _attrs_of([fwd], lambda a: inspect.getattr_static(cls, a, None))
+    return got
+
+
+def _attrs_of(todo: list, member) -> tuple:
+    """(names read on the first parameter of these functions, names assigned there), following
+    ``member(name)``'s functions and properties (up to _MAX_METHODS of them)."""
+    names, written, done = [], set(), set()
+    while todo and len(done) < _MAX_METHODS:
+        f = todo.pop()
+        if not isinstance(f, types.FunctionType) or f.__code__.co_argcount < 1 or id(f.__code__) in done:
+            continue
+        done.add(id(f.__code__))
+        self_name = f.__code__.co_varnames[0]
         # (comprehensions and inner functions too: GraphSAGE's ``[self.adj_lists[int(v)] for v in
         # nodes]`` reads ``self`` as a free variable of the comprehension's own code on 3.11)
-        for code in _all_code(fwd.__code__):
+        for code in _all_code(f.__code__):
             for op, name, path, _ in _chains(code):
-                if op in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF") and name == self_name and path \
-                        and path[0][0] == "attr" and path[0][1] not in names and path[0][1] != "training":
+                if op not in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF") or name != self_name or not path:
+                    continue
+                m = member(path[0][1])
+                if isinstance(m, (types.FunctionType, property)):   # (``self.helper(...)``, ``self.prop``)
+                    todo.append(m.fget if isinstance(m, property) else m)
+                elif path[0][0] == "attr" and path[0][1] not in names and path[0][1] != "training":
                     names.append(path[0][1])
-        written = {x.argval for x in dis.get_instructions(fwd.__code__) if x.opname == "STORE_ATTR"}
-    _FORWARD_ATTRS[cls] = got = (tuple(names), written)
-    return got
+        written |= {x.argval for c in _all_code(f.__code__) for x in dis.get_instructions(c) if x.opname == "STORE_ATTR"}
+    return tuple(names), written
+
+
+_MAX_METHODS = 16
+_HOOK_ATTRS: dict = {}   # id(hook code) -> attribute names it reads on the module it is given
+
+
+def _hook_attrs(m) -> list:
+    """Attributes the module's forward hooks read on the module they are given (transformers'
+    NEFTune hook: ``module.neftune_noise_alpha``, a float a callback may change between calls)."""
+    out = []
+    for d in (m._forward_hooks, m._forward_pre_hooks) if (m._forward_hooks or m._forward_pre_hooks) else ():
+        for h in d.values():
+            h = unwrapped_function(h)
+            if isinstance(h, types.FunctionType):
+                if id(h.__code__) not in _HOOK_ATTRS:
+                    _HOOK_ATTRS[id(h.__code__)] = _attrs_of([h], lambda a: None)[0]
+                out += _HOOK_ATTRS[id(h.__code__)]
+    return out
 
 
 def module_sources(modules, names: dict | None = None) -> list:
@@ -40,7 +74,7 @@ def module_sources(modules, names: dict | None = None) -> list:
     for m in modules:
         d = m.__dict__
         read, written = _self_attrs(type(m))
-        for a in read:
+        for a in dict.fromkeys(read + tuple(_hook_attrs(m))):
             v = d.get(a, _SKIP)
             # (and containers of scalars: GraphSAGE's ``self.adj_lists``, a dict of neighbour sets
             # the forward turns into index constants -- keyed by value up to valuekeys' budget)
