@@ -279,3 +279,49 @@ def test_a_deepcopy_of_the_state_dict_in_the_step_names_the_line_and_a_fix():
             got = sg(x, y)
         assert torch.equal(got, eager(x, y))
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), t.parameters()))
+
+
+def test_an_error_raised_in_a_compiled_extension_mid_trace_is_undone():
+    """numpy's ``IndexError`` from ``mtrand.pyx`` (a Cython frame: its file name is relative)
+    was taken for the user's own exception: propagated, the partial trace not undone."""
+    from stepgraph.capture.rollback import raised_by_user
+    try:
+        exec(compile("raise IndexError('x must be an integer')", "mtrand.pyx", "exec"))
+    except IndexError as e:
+        assert not raised_by_user(e)
+
+
+def test_a_numpy_draw_sized_by_a_config_number_is_refused_as_eager_left_it():
+    """TRL's PPO loop: ``b_inds = np.random.permutation(args.local_batch_size)``. The number is a
+    tracked one while tracing, which numpy's C code did not take for an int: a raw IndexError
+    and parameters unlike eager's (helper-89)."""
+    np = pytest.importorskip("numpy")
+
+    class Args:
+        local_batch_size = 4
+
+    def make():
+        torch.manual_seed(0)
+        m = nn.Linear(3, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            b_inds = np.random.permutation(Args.local_batch_size)
+            loss = m(x[b_inds[:2]]).pow(2).mean() * Args.local_batch_size
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return m, step
+    (me, fe), (mc, fc) = make(), make()
+    fc = stepgraph.compile(fc)
+    for i in range(3):
+        x = torch.randn(4, 3)
+        np.random.seed(i)
+        want = fe(x)
+        np.random.seed(i)
+        try:
+            assert torch.equal(fc(x), want)
+        except CaptureError as e:
+            assert i >= 1 and "numpy.random.permutation" in str(e), e
+        assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters())), i

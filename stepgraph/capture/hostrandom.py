@@ -255,6 +255,9 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                     f"the step draws host random numbers with {label}.{name}(): a replay runs no "
                     "Python code, so it would reuse this call's draw at every step (the same batch, "
                     "the same branch)", where, fix, lib, plain=True), where)
+                # (TRL's ``np.random.permutation(args.local_batch_size)``: a tracked number, which
+                # numpy's C code does not take for an int; its value decides the draw: checked)
+                a, k = pytree.tree_map(_used, (a, k))
                 out = orig(*a, **k)
                 if seen is not None:   # (fetches.py: drawn before the step from the next call on)
                     _seen_draw(seen, label, name, a, k, where, out, start_cpu)
@@ -270,6 +273,13 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
     finally:
         for mod, name, orig in reversed(saved):
             setattr(mod, name, orig)
+
+
+def _used(x):
+    from .tracked import _PROXIES, plain
+    if type(x) in _PROXIES:
+        x._use(force=True)
+    return plain(x)
 
 
 def patch_draws(make, seeding=None) -> list:

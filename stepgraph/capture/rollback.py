@@ -50,7 +50,9 @@ def raised_by_user(e: BaseException) -> bool:
     name = last.tb_frame.f_code.co_filename
     # Raised inside torch, stepgraph (the tracer's modes, FX's generated "<eval...>" code) or
     # another library: eager may or may not fail there too; the eager run after the undo decides.
-    return not (name.startswith("<") or os.path.abspath(name).startswith(_SKIP_PREFIXES))
+    # (A compiled extension's frame names its source, ``mtrand.pyx``: numpy's, not the user's.)
+    return not (name.startswith("<") or name.endswith((".pyx", ".pxd", ".pxi"))
+                or os.path.abspath(name).startswith(_SKIP_PREFIXES))
 
 
 def _fake(t: torch.Tensor) -> bool:
