@@ -201,6 +201,36 @@ def test_user_compute_loss_values_are_guarded(tmp_path):
     assert st.captures == 1 and not st.recaptures, st
 
 
+class Anneal(TrainerCallback):
+    """Label smoothing switched off and the clipping norm changed half way (a callback)."""
+    def __init__(self):
+        self.trainer = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 6:
+            self.trainer.label_smoother.epsilon = 0.0
+            args.max_grad_norm = 0.5
+
+
+def test_settings_the_trainers_own_code_reads_are_keyed(tmp_path):
+    """``trainer.label_smoother.epsilon`` and ``args.max_grad_norm`` are read by transformers'
+    code (compute_loss, the clipping), which stepgraph does not scan: changed by a callback, the
+    graph kept the captured values, silently (helper-89). The Trainer passes them as a key now."""
+    runs = {}
+    for cls in (StepGraphTrainer, Trainer):
+        m = gpt2()
+        cb = Anneal()
+        t = cls(model=m, args=args(tmp_path / cls.__name__, max_steps=10, label_smoothing_factor=0.1),
+                train_dataset=TRAIN, callbacks=[cb])
+        cb.trainer = t
+        t.train()
+        runs[cls] = (m, t)
+    (m1, t1), (m2, t2) = runs[StepGraphTrainer], runs[Trainer]
+    assert history(t1) == history(t2)
+    assert_same_state(m1, m2, t1, t2)
+    assert any("label_smoother.epsilon=0.1" in r for r in t1.stepgraph_stats.recaptures), t1.stepgraph_stats
+
+
 class GradWatcher(TrainerCallback):
     """Runs between backward and the optimizer step: reads the gradients."""
 

@@ -108,7 +108,7 @@ class StepGraphTrainerMixin:
         sync = bool(self.accelerator.sync_gradients)
         full = sync and self._sg_split is None
         out = self.stepgraph_step(inputs, num_items_in_batch, int(self.current_gradient_accumulation_steps),
-                                  sync, full)
+                                  sync, full, _settings(self))
         if not full:
             return out
         loss, self._sg_norm = out
@@ -192,8 +192,20 @@ class StepGraphTrainer(StepGraphTrainerMixin, Trainer):
     docstring); ``stepgraph={...}`` passes options to :func:`stepgraph.compile`."""
 
 
+def _settings(trainer) -> tuple:
+    """The Trainer's numbers its library code reads in the step -- its arguments' (``max_grad_norm``)
+    and its label smoother's (``epsilon``, a callback may anneal it) -- passed as an argument, so a
+    change is a capture for the new value (the code reading them is transformers', which stepgraph
+    does not scan: a replay kept the captured value, silently). As text: a number argument the
+    graph does not read would be no key."""
+    out = {k: v for k, v in vars(trainer.args).items() if type(v) in (int, float, bool)}
+    ls = getattr(trainer, "label_smoother", None)
+    out.update({f"label_smoother.{k}": v for k, v in vars(ls).items() if type(v) in (int, float, bool)} if ls else {})
+    return tuple(f"{k}={v!r}" for k, v in sorted(out.items()))
+
+
 def _trainer_core(ctx: _Ctx, training_step):
-    def hf_training_step(inputs, num_items_in_batch, accumulation_steps: int, sync: bool, full: bool):
+    def hf_training_step(inputs, num_items_in_batch, accumulation_steps: int, sync: bool, full: bool, settings: tuple):
         trainer, model = ctx.trainer, ctx.model
         loss = training_step(model, inputs, num_items_in_batch)
         if not full:
