@@ -124,3 +124,47 @@ def test_a_draw_inside_library_code_names_the_library_line_and_a_fix_the_user_ca
     assert step.stats.captures == 0, step.stats
     assert "the draw is inside drawlib.py:" in e.value.fix and "graph_module" in e.value.fix, e.value
     assert "test_random_coins.py" in e.value.where, e.value.where
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3])
+def test_coins_their_threshold_decides_are_no_paths(p):
+    """PEFT's LoHa/LoKr draw ``torch.rand(1) > module_dropout`` in each adapted layer; at the
+    default ``module_dropout=0.0`` the coin always says keep. 12 such coins were refused as 2**12
+    LayerDrop paths (helper-89); now each keeps its guard and the step replays, as eager."""
+    class Adapted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(12))
+
+        def forward(self, x):
+            for layer in self.layers:
+                if self.training and (torch.rand(1) > p):
+                    x = x + torch.tanh(layer(x))
+            return x
+
+    def make():
+        torch.manual_seed(0)
+        m = Adapted()
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def step(x):
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+        return m, step
+    (me, fe), (mc, fc) = make(), make()
+    sg = stepgraph.compile(fc)
+    for i in range(6):
+        x = torch.randn(4, 8)
+        torch.manual_seed(10 + i)
+        want = fe(x)
+        torch.manual_seed(10 + i)
+        if p > 0 and i >= 1:
+            with pytest.raises(stepgraph.CaptureError, match="12 random coins"):
+                sg(x)
+            return
+        assert torch.equal(sg(x), want), i
+        assert all(torch.equal(a, b) for a, b in zip(me.parameters(), mc.parameters())), i
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats

@@ -87,6 +87,36 @@ def _coin(n):
     return None
 
 
+_ATEN = torch.ops.aten
+_CMP = {_ATEN.gt.Scalar: "gt", _ATEN.ge.Scalar: "ge", _ATEN.lt.Scalar: "lt", _ATEN.le.Scalar: "le"}
+_UNIT = (_ATEN.rand.default, _ATEN.rand_like.default, _ATEN.uniform_.default, _ATEN.uniform.default)
+
+
+def _settled(guard) -> bool:
+    """A coin whose side is decided by its threshold: ``torch.rand(1) > module_dropout`` with the
+    default ``module_dropout=0.0`` (PEFT's LoHa/LoKr, once per adapted layer) is True unless the
+    draw is exactly 0 (2**-24). Its guard stays (it holds at every call); it is no coin counted
+    against max_captures (each model with them was refused as 2**n paths of LayerDrop)."""
+    cmp = None
+    for a in guard.all_input_nodes[:1]:
+        while a.target in (bool, _ATEN._local_scalar_dense.default, _ATEN.squeeze.default, _ATEN.view.default) \
+                and a.all_input_nodes:
+            a = a.all_input_nodes[0]
+        cmp = a if a.target in _CMP else None
+    if cmp is None or len(cmp.args) != 2:
+        return False
+    draw, p = cmp.args
+    if isinstance(p, torch.fx.Node):   # (a number read live: its value at this capture; its guard holds it)
+        p = p.meta.get("host_value")
+    if type(p) not in (int, float):
+        return False
+    if getattr(draw, "target", None) not in _UNIT or draw.target in (_ATEN.uniform_.default, _ATEN.uniform.default) \
+            and tuple(draw.args[1:3]) not in ((), (0.0, 1.0), (0, 1)):
+        return False
+    op = _CMP[cmp.target]
+    return op in ("gt", "ge") and p <= 0 or op in ("lt", "le") and p >= 1
+
+
 def _one_integer(v) -> bool:
     """``int()`` of a uniform draw whose range holds one integer part: the same number at every
     call (torchvision's detection transform, ``torch_choice`` of a one-entry ``min_size``:
@@ -132,7 +162,7 @@ def random_guards(gm, max_captures: int = 8) -> list:
             continue
         if isinstance(n.args[1], bool):
             draw = _coin(n)
-            if draw is not None:
+            if draw is not None and not _settled(n):
                 coins.append((n, draw))
             continue
         if _one_integer(n.args[0]):
@@ -223,11 +253,12 @@ def random_guards(gm, max_captures: int = 8) -> list:
         # (LayerDrop, transformers' wav2vec2 / HuBERT / Whisper / BART with layerdrop > 0: a
         # ``torch.rand([]) < layerdrop`` coin per layer, 2**12 paths; each call captured a new
         # graph until max_captures, then ran eagerly with a fix for code the user does not own)
+        lib = _library_of(coins[0][0])
         out.append(Problem(
             f"the step draws {len(coins)} random coins that decide which code runs ({coins[0][0].args[3]}, "
             f"drawn by {coins[0][1]}; LayerDrop draws one per layer): each of the 2**{len(coins)} "
             "outcomes would be a graph of its own", coins[0][0].args[2],
-            "turn the coins off (a Hugging Face model: config.layerdrop = 0.0, or the model's layerdrop "
+            f"turn the coins off{f' (drawn inside {lib})' if lib else ''} (a Hugging Face model: config.layerdrop = 0.0, or the model's layerdrop "
             "/ drop-layer probability set to 0), or compile the parts around them: model.encoder.layers[i] = "
             "stepgraph.graph_module(model.encoder.layers[i])", plain=True))
     return out
