@@ -15,9 +15,9 @@ _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
 
 
 def _self_attrs(cls) -> tuple:
-    """(names forward reads on self, names it assigns: ``self.calls += 1``). The methods and
-    properties of the class it calls on ``self`` are followed (sentence-transformers' losses read
-    ``self.scale`` in ``compute_loss_from_embeddings``: a value changed between calls was baked)."""
+    """(names forward reads on self, names it assigns: ``self.calls += 1``, public names the methods
+    and properties it calls on ``self`` read: sentence-transformers' losses read ``self.scale`` in
+    ``compute_loss_from_embeddings``; a value changed between calls was baked)."""
     got = _FORWARD_ATTRS.get(cls)
     if got is None:
         fwd = unwrapped_function(getattr(cls, "forward", None))
@@ -26,9 +26,9 @@ def _self_attrs(cls) -> tuple:
 
 
 def _attrs_of(todo: list, member) -> tuple:
-    """(names read on the first parameter of these functions, names assigned there), following
-    ``member(name)``'s functions and properties (up to _MAX_METHODS of them)."""
-    names, written, done = [], set(), set()
+    """(names the first function reads on its first parameter, names assigned there, public
+    names the functions and properties ``member(name)`` gives read: up to _MAX_METHODS of them)."""
+    names, written, done, first, helpers = [], set(), set(), todo[0] if todo else None, []
     while todo and len(done) < _MAX_METHODS:
         f = todo.pop()
         if not isinstance(f, types.FunctionType) or f.__code__.co_argcount < 1 or id(f.__code__) in done:
@@ -44,10 +44,12 @@ def _attrs_of(todo: list, member) -> tuple:
                 m = member(path[0][1])
                 if isinstance(m, (types.FunctionType, property)):   # (``self.helper(...)``, ``self.prop``)
                     todo.append(m.fget if isinstance(m, property) else m)
-                elif path[0][0] == "attr" and path[0][1] not in names and path[0][1] != "training":
-                    names.append(path[0][1])
+                elif path[0][0] == "attr" and path[0][1] != "training":
+                    # (beyond the first function, public settings only: torchmetrics' ``_computed``
+                    # cache and ``preds`` list are the library's own state)
+                    (names if f is first else helpers).append(path[0][1])
         written |= {x.argval for c in _all_code(f.__code__) for x in dis.get_instructions(c) if x.opname == "STORE_ATTR"}
-    return tuple(names), written
+    return tuple(dict.fromkeys(names)), written, tuple(a for a in dict.fromkeys(helpers) if not a.startswith("_"))
 
 
 _MAX_METHODS = 16
@@ -63,19 +65,23 @@ def _hook_attrs(m) -> list:
             h = unwrapped_function(h)
             if isinstance(h, types.FunctionType):
                 if id(h.__code__) not in _HOOK_ATTRS:
-                    _HOOK_ATTRS[id(h.__code__)] = _attrs_of([h], lambda a: None)[0]
+                    got = _attrs_of([h], lambda a: None)
+                    _HOOK_ATTRS[id(h.__code__)] = tuple(a for a in got[0] if not a.startswith("_"))
                 out += _HOOK_ATTRS[id(h.__code__)]
     return out
 
 
 def module_sources(modules, names: dict | None = None) -> list:
-    """Scalar attributes each module's ``forward`` reads on ``self`` (``Dropout.p``...)."""
+    """Scalar attributes each module's ``forward`` reads on ``self`` (``Dropout.p``...); numbers
+    its helpers and forward hooks read."""
     out = []
     for m in modules:
         d = m.__dict__
-        read, written = _self_attrs(type(m))
-        for a in dict.fromkeys(read + tuple(_hook_attrs(m))):
+        read, written, helpers = _self_attrs(type(m))
+        for a in dict.fromkeys(read + helpers + tuple(_hook_attrs(m))):
             v = d.get(a, _SKIP)
+            if a not in read and not isinstance(v, _SCALARS):
+                continue
             # (and containers of scalars: GraphSAGE's ``self.adj_lists``, a dict of neighbour sets
             # the forward turns into index constants -- keyed by value up to valuekeys' budget)
             if (isinstance(v, _SCALARS) or isinstance(v, (list, tuple, dict, set, frozenset))
