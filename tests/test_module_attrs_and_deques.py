@@ -372,3 +372,35 @@ def test_a_library_value_read_outside_forward_changed_between_calls(library, whe
     sg = _run(make, change)
     assert sg.stats.captures == 2, sg.stats
     assert ("scale" if where == "helper method" else "noise_alpha") in sg.stats.recaptures[0], sg.stats
+
+
+def test_a_counter_the_forward_keeps_in_each_of_two_modules_of_a_class():
+    """``self.calls += 1`` in a forward two layers share: the second layer's attribute was keyed
+    as no change of the step's own (pyvalues keys it as the first's, ``from_step`` dropped), a
+    capture per call, then eager past max_captures (helper-90)."""
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = nn.Linear(8, 8)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            return torch.tanh(self.q(x))
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Sequential(Layer(), Layer(), nn.Linear(8, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return model, model, step
+    seen = []
+    sg = _run(make, lambda k, model: seen.append((model[0].calls, model[1].calls)))
+    assert seen[-2:] == [(5, 5), (5, 5)], seen   # (the eager twin's, then the compiled twin's)
+    assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats

@@ -385,7 +385,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
             first, found = classes[type(m)]   # copy's helper method was keyed on the first only)
             for src in found:
                 if src.kind == "object" and src._root_value(()) is first:
-                    c = Source("object", m, src.name, src.path, src.where, from_step=False)
+                    c = Source("object", m, src.name, src.path, src.where, from_step=src.from_step)
                     out.setdefault(("object", id(m), src.name, src.path), c)
     for key, s in out.items():
         s.methods = tuple(dict.fromkeys(m for m in calls.get(key, ()) if m))
