@@ -23,6 +23,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import _disable_current_modes
 
+from .unfilled import Unfilled
+
 _LIFT = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
 _INDEX_OPS = frozenset((torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor,
                         torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default))
@@ -32,6 +34,7 @@ class Constants:
     def __init__(self, arrays):
         self.arrays = arrays      # ArrayUses: lifts over an argument array's memory are inputs
         self.known: dict = {}     # id -> a CPU tensor holding a constant value
+        self.unfilled = Unfilled()   # CPU tensors an op fills behind the dispatcher (unfilled.py)
 
     def _is(self, t) -> bool:
         return self.known.get(id(t)) is t
@@ -41,6 +44,7 @@ class Constants:
         a traced op wrote into is no longer (pytorch_optimizer DAdaptSGD's ``sk_sq =
         torch.tensor([0.0])``, then ``sk_sq.add_(s.pow(2).sum())``: its ``sqrt()`` was folded
         with the capture's sum, and every replay divided by it -- silently wrong)."""
+        self.unfilled.after(func, out)
         if func in _LIFT and isinstance(out, torch.Tensor) and out.device.type == "cpu" \
                 and not self.arrays.over(args[0]):
             self.known[id(out)] = out
@@ -54,7 +58,9 @@ class Constants:
                             self.known.pop(id(t._base), None)
 
     def fold(self, func, args, kwargs):
-        """The op's result computed outside the trace, or NotImplemented to trace it."""
+        """The op's result computed outside the trace, or NotImplemented to trace it. (First at each
+        op the trace dispatches: what it reads of a tensor filled behind the dispatcher is noted.)"""
+        self.unfilled.before(func, args, kwargs)
         if not isinstance(func, torch._ops.OpOverload) or func._schema.is_mutable \
                 or torch.Tag.nondeterministic_seeded in func.tags:
             return NotImplemented

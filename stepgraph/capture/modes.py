@@ -3,10 +3,10 @@
 * ``_HostReadMode`` (torch-function level) sees Python-visible host reads — ``.item()``,
   ``.tolist()``, ``.numpy()``, ``print(t)``, ``bool(t)`` — on tensors computed by the step,
   and turns ``.item()`` on optimizer step counters into host scalars (hostscalar.py).
-* ``_DispatchCheckMode`` (aten level) sees ops whose output shape or value depends on data,
-  and host work inside a device step (``_cpu_work``). Both only record ``Problem``s; trace.py
-  raises the first after the step ran to its end.
-"""
+* ``_DispatchCheckMode`` (aten level) sees ops whose output shape or value depends on data, host
+  work inside a device step (``_cpu_work``) and tensors filled behind the dispatcher (unfilled.py,
+  through constfold.py).
+  Both record ``Problem``s; trace.py raises the first after the step ran to its end."""
 from __future__ import annotations
 
 import operator
@@ -390,9 +390,8 @@ class _DispatchCheckMode(TorchDispatchMode):
 
 
 def _refuse_now(problems, backward_seen: bool) -> None:
-    """Before the trace's backward, refused at once: the call is undone and rerun eagerly
-    (after_failed_trace). Kept to the trace's end, the call held the trace's numbers (DETR's
-    zero-gradient key biases 2.9e-3 apart on an H200); after a backward no rerun is safe."""
+    """Before the trace's backward, refused at once: the call is undone and rerun eagerly (after_failed_trace).
+    Kept to the trace's end, the call held the trace's numbers (DETR's biases 2.9e-3 apart on an H200)."""
     if not backward_seen:   # (set by this op's own dispatch too: a backward node running now)
         from .trace import raise_problems
         raise_problems(problems)   # (the first found leads, as at the trace's end)

@@ -316,6 +316,7 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
         _pt.CONSTANT_NUMEL_LIMIT = saved_limit
         if "uses" in box:
             scrub(box["uses"])  # no proxy stays in the user's objects
+    box["dm"].constants.unfilled.bake(gm)   # (CTCLoss's lengths, memcpy'd behind the dispatcher: unfilled.py)
     if array_pos:   # (the constants over their memory: those inputs)
         phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
         odd = rebind_array_constants(gm, {phs[tensor_pos.index(i)]: user_tensors[tensor_pos.index(i)]
