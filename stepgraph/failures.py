@@ -70,6 +70,9 @@ def capture_failed(step, e: BaseException, done):
 # op given a ``torch.Generator``, which make_fx of torch 2.11 cannot trace: DP-SGD's noise.)
 _KNOWN = (("UntypedStorage", "copy.deepcopy of tensors (a state_dict) inside the step cannot be traced",
            "copy them with {k: v.detach().clone() for k, v in sd.items()}, or deepcopy outside the step"),
+          ("'TrackedInt'", "a legacy constructor (Tacotron 2's torch.LongTensor(max_len)) given a number read "
+           "from a tensor cannot be traced", "make it with torch.empty(n, dtype=torch.long) (or torch.arange(n), "
+           "torch.zeros), which take such numbers"),
           ("torch._C.Generator", "an op given a torch.Generator inside the step cannot be traced by this "
            "torch version", "draw from the default generator (seed it outside the step), or draw outside "
            "the step and pass the result"))

@@ -325,3 +325,32 @@ def test_a_numpy_draw_sized_by_a_config_number_is_refused_as_eager_left_it():
         except CaptureError as e:
             assert i >= 1 and "numpy.random.permutation" in str(e), e
         assert all(torch.equal(p, q) for p, q in zip(me.parameters(), mc.parameters())), i
+
+
+def test_a_legacy_constructor_given_a_read_number_runs_eagerly_with_the_fix():
+    """Tacotron 2's ``get_mask_from_lengths``: ``max_len = torch.max(lengths).item(); ids =
+    torch.arange(0, max_len, out=torch.LongTensor(max_len))``. The constructor got stepgraph's
+    tracked number: a raw ``RuntimeError: not a storage 'TrackedInt'``, taken for the user's
+    own, the partial trace not undone (helper-90)."""
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 1)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+        def step(x, lengths):
+            max_len = torch.max(lengths).item()
+            ids = torch.arange(0, max_len, out=torch.LongTensor(max_len))
+            mask = ids < lengths.unsqueeze(1)
+            loss = (lin(x).squeeze(-1) * mask).sum() / mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        return lin, step
+    (le, fe), (lc, fc) = make(), make()
+    fc = stepgraph.compile(fc)
+    with pytest.warns(UserWarning, match=r"torch.empty\(n, dtype=torch.long\)"):
+        for _ in range(4):
+            x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 3, 2])
+            assert torch.equal(fc(x, lengths), fe(x, lengths))
+            assert all(torch.equal(a, b) for a, b in zip(le.parameters(), lc.parameters()))

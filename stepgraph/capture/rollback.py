@@ -36,12 +36,15 @@ from ..errors import _SKIP_PREFIXES, StepGraphError
 from ..passes.analysis import UNANNOTATED_WRITES, written_args
 
 
+_OURS = ("'TrackedInt'", "'TrackedFloat'", "'HostFloat'", "'ReadFloat'", "'HyperFloat'")   # (tracked.py, hostscalar.py)
+
+
 def raised_by_user(e: BaseException) -> bool:
     """The user's own exception (raised in their code, or Ctrl-C): not a failed capture."""
     if not isinstance(e, Exception):
         return True   # KeyboardInterrupt, SystemExit: wherever they land, eager gets them too
-    if isinstance(e, StepGraphError):
-        return False
+    if isinstance(e, StepGraphError) or any(t in str(e) for t in _OURS):
+        return False   # (``torch.LongTensor(n)`` given a tracked number: "not a storage 'TrackedInt'")
     tb, last = e.__traceback__, None
     while tb is not None:
         last, tb = tb, tb.tb_next
