@@ -16,7 +16,7 @@ from . import backends, config
 from .capture.guards import Guards, arg_names
 from .capture.reasons import nearest_key, recapture_hint
 from .dropped import Busy, DroppedState
-from .capture import collectives, distributed, fetches, modstate
+from .capture import callbinds, collectives, distributed, fetches, modstate
 from .capture.valuekeys import calling
 from .capture.state import StateRegistry, adopt_arguments, adopt_code, discover
 from .capture.watch import install_registration_hooks
@@ -153,11 +153,13 @@ class StepFunction(DroppedState, ReplayPaths, StepViews, PerInstance):
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
                 counters = modstate.counters_before(self._reg.all_modules)
-                with discover_stepping_optimizers(self._reg), collectives.watching(self._reg):
+                calls = self._guards.helper_calls   # (objects the step hands its helpers: callbinds.py)
+                with discover_stepping_optimizers(self._reg), collectives.watching(self._reg), \
+                        callbinds.recording(self.fn, args, calls):
                     out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
                 self._reg.module_counters = modstate.counters_after(counters)   # (torchmetrics' _update_count)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for
-                self._rescan |= self._guards.py.partial   # (``self.last_loss = ...`` its first call made)
+                self._rescan |= self._guards.py.partial or bool(calls)   # (``self.last_loss = ...`` its first call made)
                 return out
             if adopted and self.warmup and self._order and len(self._order) < self.max_captures:
                 # New state warms up as the first did: its grads and optimizer state come to

@@ -223,6 +223,7 @@ class Guards(Reasons, LiveKeys):
         self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
         self._fn = None
         self.filled = []   # defaultdicts a capture saw the step fill (pybefore.filled_defaults)
+        self.helper_calls: list = []   # (helper, {parameter: object}) the warm-up saw (callbinds.py)
 
     def find_python_values(self, fn, args, keep: bool = False) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the
@@ -231,7 +232,8 @@ class Guards(Reasons, LiveKeys):
                  for k, m in mod.named_modules()}
         self._fn = fn   # (found again when a function it calls is rebound: signature)
         old = self.py
-        self.py = find_sources(fn, modules=self.reg.all_modules, args=args, hooks=self.reg.user_hooks())
+        self.py = find_sources(fn, modules=self.reg.all_modules, args=args, hooks=self.reg.user_hooks(),
+                               helpers=self.helper_calls)
         self.scanned_hooks = self.reg.hook_key()   # (a hook registered since: scanned again, runtime.py)
         self.rebound = rebound_names(fn)   # (a recurrent state's tuple: pyeffects.live_tuple)
         self.py.sources += module_sources(self.reg.all_modules, names)

@@ -195,7 +195,7 @@ def _attr_kind(part):
 _CONTAINER_WRITES = frozenset({"append", "extend", "insert", "add", "update", "clear", "__setitem__"})
 
 
-def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyValues:
+def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=()) -> PyValues:
     """Sources read by ``fn`` and by the user functions / user-class methods it calls (and by
     the ``forward`` of user-defined classes among ``modules``, once per class)."""
     out: dict = {}
@@ -370,6 +370,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=()) -> PyVal
     appends: dict = {}   # key -> per chain to it: an append or extend as a statement
     modules_called: dict = {}   # a library module's functions the step calls as statements
     slots: dict = {}   # key -> Source: slots holding a function, or the environment (callslots.py)
+    for func, binds in helpers:   # (helpers with the objects the step binds to them: callbinds.py)
+        visit(func, 1, binds=binds)
     visit(fn, 0)
     # (user code library code calls; the hooks on the step's modules and parameters)
     for func, binds in list(getattr(fn, "_stepgraph_user_calls", ())) + [(h, None) for h in hooks]:
