@@ -153,9 +153,8 @@ class StepFunction(DroppedState, ReplayPaths, StepViews, PerInstance):
                 self.stats.took(Branch.WARMUP)
                 self._live.seen_at_warmup(args)
                 counters = modstate.counters_before(self._reg.all_modules)
-                calls = self._guards.helper_calls   # (objects the step hands its helpers: callbinds.py)
                 with discover_stepping_optimizers(self._reg), collectives.watching(self._reg), \
-                        callbinds.recording(self.fn, args, calls):
+                        callbinds.recording(self.fn, args, self._guards.helper_calls) as calls:   # (its helpers')
                     out = self._eager(args, kwargs)   # (optimizers stepped from hooks; collectives)
                 self._reg.module_counters = modstate.counters_after(counters)   # (torchmetrics' _update_count)
                 self._warm_done += 1  # only a warm-up that returned created the state it is for

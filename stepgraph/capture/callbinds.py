@@ -32,7 +32,7 @@ def recording(fn, args, out: list):
     step = unwrapped_function(fn)
     step_code = getattr(step, "__code__", None)
     if step_code is None:
-        yield
+        yield out
         return
     outer, seen = sys.getprofile(), {id(f.__code__) for f, _ in out}
 
@@ -53,7 +53,7 @@ def recording(fn, args, out: list):
             out.append((types.FunctionType(code, frame.f_globals), binds))
     sys.setprofile(hook)
     try:
-        yield
+        yield out
     finally:
         sys.setprofile(outer)
 

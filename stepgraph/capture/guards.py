@@ -222,8 +222,7 @@ class Guards(Reasons, LiveKeys):
         self.rebound: frozenset = frozenset()   # what the step's code assigns (pyeffects.rebound_names)
         self.arrays_read: set = set()  # leaf positions of input arrays the step read in Python (arrays.py)
         self._fn = None
-        self.filled = []   # defaultdicts a capture saw the step fill (pybefore.filled_defaults)
-        self.helper_calls: list = []   # (helper, {parameter: object}) the warm-up saw (callbinds.py)
+        self.filled, self.helper_calls = [], []   # (pybefore.filled_defaults; callbinds.recording)
 
     def find_python_values(self, fn, args, keep: bool = False) -> None:
         """(Re)read which Python values the step reads: at the first call and whenever the

@@ -370,12 +370,11 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
     appends: dict = {}   # key -> per chain to it: an append or extend as a statement
     modules_called: dict = {}   # a library module's functions the step calls as statements
     slots: dict = {}   # key -> Source: slots holding a function, or the environment (callslots.py)
-    for func, binds in helpers:   # (helpers with the objects the step binds to them: callbinds.py)
-        visit(func, 1, binds=binds)
-    visit(fn, 0)
-    # (user code library code calls; the hooks on the step's modules and parameters)
-    for func, binds in list(getattr(fn, "_stepgraph_user_calls", ())) + [(h, None) for h in hooks]:
-        visit(func, 1, binds=binds)
+    # (first the helpers with what the step binds to them, callbinds.py; then the step; user code
+    # library code calls; the hooks on the step's modules and parameters)
+    for func, binds in [(f, b) for f, b in helpers] + [(fn, None)] + list(getattr(fn, "_stepgraph_user_calls", ())) \
+            + [(h, None) for h in hooks]:
+        visit(func, 0 if func is fn else 1, binds=binds)
     classes: dict = {}   # class -> (the instance its forward was scanned with, the sources it gave)
     for m in modules:
         f = getattr(type(m), "forward", None)
