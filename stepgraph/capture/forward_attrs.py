@@ -21,7 +21,10 @@ def _self_attrs(cls) -> tuple:
     got = _FORWARD_ATTRS.get(cls)
     if got is None:
         fwd = unwrapped_function(getattr(cls, "forward", None))
-        _FORWARD_ATTRS[cls] = got = _attrs_of([fwd], lambda a: inspect.getattr_static(cls, a, None))
+        # (not torch's own modules' helpers: DDP's ``_pre_forward`` / ``_post_forward`` keep its
+        # ``require_forward_param_sync`` flag, its own business)
+        own = cls.__module__.split(".")[0] == "torch"
+        _FORWARD_ATTRS[cls] = got = _attrs_of([fwd], lambda a: None if own else inspect.getattr_static(cls, a, None))
     return got
 
 
@@ -80,8 +83,8 @@ def module_sources(modules, names: dict | None = None) -> list:
         read, written, helpers = _self_attrs(type(m))
         for a in dict.fromkeys(read + helpers + tuple(_hook_attrs(m))):
             v = d.get(a, _SKIP)
-            if a not in read and not isinstance(v, _SCALARS):
-                continue
+            if a not in read and (not isinstance(v, _SCALARS) or a in written):
+                continue   # (a helper's number it also sets: the library's own state)
             # (and containers of scalars: GraphSAGE's ``self.adj_lists``, a dict of neighbour sets
             # the forward turns into index constants -- keyed by value up to valuekeys' budget)
             if (isinstance(v, _SCALARS) or isinstance(v, (list, tuple, dict, set, frozenset))
