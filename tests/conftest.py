@@ -55,3 +55,22 @@ def tensor_class_untouched():
     for c, names in before.items():
         added = set(vars(c)) - names - {"__slotnames__"}   # (copyreg's cache, made by pickling)
         assert not added, f"{c.__name__} gained {sorted(added)}"
+
+
+@pytest.fixture
+def as_library(tmp_path, monkeypatch):
+    """``as_library(name, source)``: the module imported from a folder stepgraph takes for an
+    installed package's (site-packages), for code the user does not own."""
+    import importlib.util
+    import os
+    from stepgraph import errors
+    for attr in ("_SKIP_PREFIXES", "_LIB_DIRS"):
+        monkeypatch.setattr(errors, attr, getattr(errors, attr) + (str(tmp_path) + os.sep,))
+
+    def load(name, source):
+        (tmp_path / f"{name}.py").write_text(source)
+        spec = importlib.util.spec_from_file_location(name, tmp_path / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    return load

@@ -328,18 +328,8 @@ def noise_hook(module, args, output):   # (transformers' NEFTune hook)
 
 
 @pytest.fixture
-def library(tmp_path, monkeypatch):
-    """A module in a folder stepgraph takes for an installed package's."""
-    import importlib.util
-    import os
-    from stepgraph import errors
-    (tmp_path / "scalarlib.py").write_text(_LIBRARY)
-    for name in ("_SKIP_PREFIXES", "_LIB_DIRS"):
-        monkeypatch.setattr(errors, name, getattr(errors, name) + (str(tmp_path) + os.sep,))
-    spec = importlib.util.spec_from_file_location("scalarlib", tmp_path / "scalarlib.py")
-    lib = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lib)
-    return lib
+def library(as_library):
+    return as_library("scalarlib", _LIBRARY)
 
 
 @pytest.mark.parametrize("where", ["helper method", "forward hook"])

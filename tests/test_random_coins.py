@@ -92,21 +92,11 @@ class Stack(torch.nn.Module):   # (x-transformers' ``layer_dropout``: ``random()
 
 
 @pytest.mark.parametrize("draw", ["random", "torch"])
-def test_a_draw_inside_library_code_names_the_library_line_and_a_fix_the_user_can_apply(
-        draw, tmp_path, monkeypatch):
+def test_a_draw_inside_library_code_names_the_library_line_and_a_fix_the_user_can_apply(draw, as_library):
     """Refused before with fixes for the user's own code ("draw them in the loop outside the
     step", "build what the random draw selects outside ... get_batch") that x-transformers'
     layer_dropout and vector-quantize's quantize_dropout users cannot apply (helper-88)."""
-    import importlib.util
-    import os
-    from stepgraph import errors
-    path = tmp_path / "drawlib.py"
-    path.write_text(_LIBRARY)
-    for name in ("_SKIP_PREFIXES", "_LIB_DIRS"):   # (an installed package's file, as site-packages')
-        monkeypatch.setattr(errors, name, getattr(errors, name) + (str(tmp_path) + os.sep,))
-    spec = importlib.util.spec_from_file_location("drawlib", path)
-    lib = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lib)
+    lib = as_library("drawlib", _LIBRARY)
     torch.manual_seed(0)
     model = lib.Stack(layers=6 if draw == "random" else 1, p=0.2 if draw == "random" else 0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
