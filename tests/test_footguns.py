@@ -129,6 +129,10 @@
     replay as a new container holding this call's values (the numbers the replay wrote into
     ``info``, its tensors): it is not ``info`` itself, so ``ret is info`` is False and a change to
     ``ret`` does not reach ``info`` (test_returned_state.py, test_zd below).
+(ze) ``torch.prod``'s backward in a graph is PyTorch's zero-safe formula (cumulative products),
+    which eager takes only when the input holds a zero (eager: ``grad * result / input``, after a
+    host check a trace cannot make): grads equal within rounding, not bitwise (1e-11 to 4e-9 in
+    NODE's oblivious trees, helper-90; test_ze below).
 """
 import copy
 import time
@@ -797,3 +801,24 @@ def test_zd_a_kept_dict_returned_by_a_replay_is_a_copy_with_this_calls_values():
         ret = step(torch.randn(3, 2))
         assert ret["n"] == info["n"] == i + 1
         assert (ret is info) == (i < 2)   # (the warm-up and the capture ran the step's Python)
+
+
+def test_ze_prods_backward_is_the_zero_safe_formula():
+    def run(compiled):
+        torch.manual_seed(0)
+        w = nn.Parameter(torch.randn(6, 12))
+        opt = torch.optim.SGD([w], lr=0.1)
+
+        def step(x):
+            loss = torch.prod(torch.sigmoid(x @ w), 1).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        fn = stepgraph.compile(step) if compiled else step
+        return [(fn(torch.randn(16, 6, generator=torch.Generator().manual_seed(i))), w.grad.clone()) for i in range(4)]
+    same = []
+    for (a, ga), (b, gb) in zip(run(True), run(False)):
+        torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-8)
+        same.append(torch.equal(a, b) and torch.equal(ga, gb))
+    assert same[0] and not all(same[1:]), same   # (call 1 is eager; the graph's grads differ by rounding)
