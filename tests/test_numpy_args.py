@@ -356,3 +356,28 @@ def test_indices_passed_in_for_a_numpy_buffer_are_read(where):
         return step
     stats = _run(make, lambda rng, i: (rng.integers(0, 64, size=8),) + ((buf.state,) if where == "argument" else ()))
     assert stats.replays == 0 or stats.captures > 1, stats
+
+
+def test_a_loss_read_through_numpy_item_is_read_at_each_replay():
+    """pytorch-tabnet's loop: ``batch_logs["loss"] = loss.cpu().detach().numpy().item()`` -- the
+    same number as ``loss.item()``, refused as numpy work on a step value (helper-90)."""
+    def make():
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        logs = {}
+
+        def step(x):
+            loss = m(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            logs["loss"] = loss.cpu().detach().numpy().item()
+            return logs["loss"]
+        return step, logs
+    (fe, le), (fc, lc) = make(), make()
+    sg = stepgraph.compile(fc)
+    for i in range(5):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(i))
+        assert sg(x) == fe(x) and lc == le and type(lc["loss"]) is float, (i, lc, le)
+    assert sg.stats.captures == 1 and sg.stats.replays == 3, sg.stats

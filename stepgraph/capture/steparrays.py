@@ -47,13 +47,21 @@ def _step_array_class():
             self._read(f"numpy.{func.__name__}")
             return super().__array_function__(func, types, args, kwargs)
 
+        def item(self, *a):
+            # (pytorch-tabnet's ``loss.cpu().detach().numpy().item()``: the tensor's own ``.item()``,
+            # a value read again at each replay, not a read of this array; it was refused)
+            if not a and self.size == 1 and self.sg_tensor is not None:
+                return self.sg_tensor.item()
+            self._read("item()")
+            return self.view(np.ndarray).item(*a)
+
     def reading(name):
         def method(self, *a, **k):
             self._read(name.strip("_") + "()")
             return getattr(self.view(np.ndarray), name)(*a, **k)
         method.__name__ = name
         return method
-    for name in ("__getitem__", "__iter__", "item", "tolist", "tobytes", "__float__", "__int__",
+    for name in ("__getitem__", "__iter__", "tolist", "tobytes", "__float__", "__int__",
                  "__bool__", "__index__", "__repr__", "__str__", "__format__", "__array__",
                  "__reduce__", "__reduce_ex__", "__copy__", "__deepcopy__"):
         if hasattr(np.ndarray, name):
