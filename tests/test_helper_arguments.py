@@ -64,3 +64,21 @@ def test_a_setting_a_helper_reads_through_its_parameter_changed_between_calls(ki
     _, want = run(False)
     assert all(torch.equal(a, b) for a, b in zip(got, want)), (got, want)
     assert sg.stats.replays >= 2, sg.stats
+
+
+def test_a_users_profiler_is_left_alone():
+    """The warm-up's record needs ``sys.setprofile``: under the user's cProfile it records nothing
+    and the profiler keeps running."""
+    import cProfile
+    import sys
+    model = torch.nn.Linear(3, 3)
+    cfg = Cfg()
+    fn = stepgraph.compile(lambda x: compute_loss(cfg, model(x), x, "float"))
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        fn(torch.randn(2, 3))
+        still = sys.getprofile()
+    finally:
+        prof.disable()
+    assert still is not None and fn.stats.eager_calls == 1

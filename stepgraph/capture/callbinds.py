@@ -29,18 +29,20 @@ _SCALARS = (int, float, bool, str, type(None))
 @contextlib.contextmanager
 def recording(fn, args, out: list):
     """Around the warm-up call: ``out`` gets ``(function, {parameter: object})`` per helper."""
-    step = unwrapped_function(fn)
-    step_code = getattr(step, "__code__", None)
-    if step_code is None:
+    step_code = getattr(unwrapped_function(fn), "__code__", None)
+    if step_code is None or sys.getprofile() is not None:   # (the user's profiler, cProfile: left alone)
         yield out
         return
-    outer, seen = sys.getprofile(), {id(f.__code__) for f, _ in out}
+    seen = {id(f.__code__) for f, _ in out}
 
     def hook(frame, event, arg):
-        if outer is not None:
-            outer(frame, event, arg)
-        if event != "call" or id(frame.f_code) in seen or frame.f_code is step_code:
-            return
+        if event == "call" and id(frame.f_code) not in seen and frame.f_code is not step_code:
+            try:
+                note(frame)
+            except Exception:  # noqa: BLE001 - a scan that fails records nothing; the call goes on
+                pass
+
+    def note(frame):
         code, back = frame.f_code, frame.f_back
         if back is None or not (back.f_code is step_code or back.f_back is not None and back.f_back.f_code is step_code):
             return
@@ -55,7 +57,7 @@ def recording(fn, args, out: list):
     try:
         yield out
     finally:
-        sys.setprofile(outer)
+        sys.setprofile(None)
 
 
 _READ_ONLY: dict = {}   # id(code) -> its parameters the code only reads settings of
