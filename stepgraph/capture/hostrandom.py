@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from ..errors import library_frame, user_frame
 from .effects import Problem
+from .tracked import _plain_use
 
 _PY = ("random", "randint", "randrange", "choice", "choices", "sample", "shuffle", "uniform", "gauss",
        "normalvariate", "lognormvariate", "expovariate", "betavariate", "gammavariate", "triangular",
@@ -192,7 +193,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # stepgrap
 SEEDING = ("seed", "setstate", "set_state")
 
 
-def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
+def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu, lib: str = "") -> None:
     """Record a draw for fetches.plan: a draw it can take by itself (constant arguments, a number
     or a float array), or else the data call of the step's it is made in (datacalls.py: that
     whole call is taken, the draws it made before recorded with it)."""
@@ -208,7 +209,7 @@ def _seen_draw(seen: list, label, name, a, k, where, out, start_cpu) -> None:
             seen[:] = [s for s in seen if not (isinstance(s, SeenDraw) and s.frame is frame)]
             seen.append(SeenCall(site, site.where, _draw_states()[0] != start_cpu, call_key(frame)))
             return
-    seen.append(SeenDraw(label, name, a, k, where, out, outer, library_frame()))
+    seen.append(SeenDraw(label, name, a, k, where, out, outer, lib))
 
 
 def _seeding(seen: list, label: str, name: str, orig):
@@ -257,10 +258,10 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
                     "the same branch)", where, fix, lib, plain=True), where)
                 # (TRL's ``np.random.permutation(args.local_batch_size)``: a tracked number, which
                 # numpy's C code does not take for an int; its value decides the draw: checked)
-                a, k = pytree.tree_map(_used, (a, k))
+                a, k = pytree.tree_map(_plain_use, (a, k))
                 out = orig(*a, **k)
                 if seen is not None:   # (fetches.py: drawn before the step from the next call on)
-                    _seen_draw(seen, label, name, a, k, where, out, start_cpu)
+                    _seen_draw(seen, label, name, a, k, where, out, start_cpu, lib)
                 return out
             finally:
                 inside[0] = False
@@ -273,13 +274,6 @@ def host_random_watch(problems: list, named=lambda t: False, seen=None):
     finally:
         for mod, name, orig in reversed(saved):
             setattr(mod, name, orig)
-
-
-def _used(x):
-    from .tracked import _PROXIES, plain
-    if type(x) in _PROXIES:
-        x._use(force=True)
-    return plain(x)
 
 
 def patch_draws(make, seeding=None) -> list:

@@ -372,7 +372,7 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
     slots: dict = {}   # key -> Source: slots holding a function, or the environment (callslots.py)
     # (first the helpers with what the step binds to them, callbinds.py; then the step; user code
     # library code calls; the hooks on the step's modules and parameters)
-    for func, binds in [(f, b) for f, b in helpers] + [(fn, None)] + list(getattr(fn, "_stepgraph_user_calls", ())) \
+    for func, binds in list(helpers) + [(fn, None)] + list(getattr(fn, "_stepgraph_user_calls", ())) \
             + [(h, None) for h in hooks]:
         visit(func, 0 if func is fn else 1, binds=binds)
     classes: dict = {}   # class -> (the instance its forward was scanned with, the sources it gave)
