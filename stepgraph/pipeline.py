@@ -276,13 +276,15 @@ def lower(step, plan: Plan, traced: Traced, args=()) -> Lowered:
         # tensor form): segments with fed numbers ran emulated on the CPU, never on a GPU; there
         # the ops the numbers feed run on the host between segments, as before.
         segmented = host_reads or bool(kept_reads(tr))
-        numbers = numbers_to_feed(gm, device) if tr.uses.lifted and not backend.runs_host_reads \
+        # (numbers only the prologue reads, a loader's position, are not the graph's)
+        lifted = bool(tr.uses.lifted) and any(is_number_reader(n) for n in gm.graph.nodes)
+        numbers = numbers_to_feed(gm, device) if lifted and not backend.runs_host_reads \
             and not segmented else None
         numbers = None if numbers else numbers   # (some left out: segments run them, and so all)
-        host_work = segmented or bool(tr.uses.lifted and numbers is None)
-        if not backend.runs_host_reads and (device == "cuda" or tr.uses.lifted) \
+        host_work = segmented or bool(lifted and numbers is None)
+        if not backend.runs_host_reads and (device == "cuda" or lifted) \
                 and not (host_work and backend.segmented is not None):
-            refuse_host_python(tr, numbers_left=numbers is None)
+            refuse_host_python(tr, numbers_left=numbers is None and lifted)
             if tr.host_scalar_ops:
                 refuse_uncapturable(gm, tr.host_scalar_ops)  # before baking live floats for it
         if not backend.runs_host_reads and (step._guards.live or numbers is not None):

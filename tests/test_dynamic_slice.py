@@ -11,8 +11,6 @@ import torch.nn.functional as F
 import stepgraph
 
 DEVICE = "cuda" if os.environ.get("STEPGRAPH_TEST_CUDA") and torch.cuda.is_available() else "cpu"
-# (CPU steps only: on the H200 the CUDA step's losses differed from eager -- dynslice.py)
-pytestmark = pytest.mark.skipif(DEVICE == "cuda", reason="a moving slice is read live in CPU steps only")
 
 
 class Loader:
@@ -58,8 +56,16 @@ def run(use_sg, dtype=torch.uint16, write=False, calls=14):
 def test_a_loader_position_moving_every_call_is_one_graph(dtype):
     want, got = run(False, dtype), run(True, dtype)
     f = got[3]
-    assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
-    assert torch.equal(got[1], want[1]) and got[2] == want[2]
+    if DEVICE == "cpu":
+        assert all(torch.equal(a, b) for a, b in zip(got[0], want[0]))
+        assert torch.equal(got[1], want[1]) and got[2] == want[2]
+    else:   # (AdamW in its capturable form there: equal to rounding, not bitwise)
+        torch.testing.assert_close(torch.stack(got[0]), torch.stack(want[0]), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)
+        assert got[2] == want[2]
+        # the shard is sliced on the CPU before the CUDA graph at each call (passes/host_prologue.py),
+        # not by a replay-backend graph
+        assert "backend auto chose 'replay'" not in f.explain()
     # the first position, then the moving one; the wrap-around to 0 is a branch (a variant)
     assert f.stats.captures <= 3 and f.stats.replays >= 10, f.stats.recaptures
     assert "current_position" in f.stats.recaptures[0]
@@ -67,7 +73,8 @@ def test_a_loader_position_moving_every_call_is_one_graph(dtype):
 
 def test_a_write_into_a_moving_slice_is_refused_as_eager_left_it():
     want = run(False, torch.int64, write=True, calls=4)
-    with pytest.raises(stepgraph.CaptureError, match="written in place"):
+    # (in a CUDA step the write into the CPU shard is refused first, as CPU work there)
+    with pytest.raises(stepgraph.CaptureError, match="written in place|runs on CPU tensors inside a CUDA step"):
         run(True, torch.int64, write=True, calls=4)
 
 

@@ -3,11 +3,11 @@ advances at every call (llm.c's DataLoaderLite: ``self.current_position += B * T
 
 A graph bakes a slice's bounds: each position was a new graph until ``max_captures``, then eager.
 Once the position's value check has missed (``UseLog.moving``), the slice is traced as
-``index_select(t, 0, arange(n) + pos)`` with ``pos`` read at each replay (a host number on the
-CPU, one of the live scalars on a device graph), guarded by what makes the two equal: the same
+``index_select(t, 0, arange(n) + pos)`` with ``pos`` read at each replay (a CPU shard of a CUDA
+step is sliced before its graph: passes/host_prologue.py), guarded by what makes the two equal: the same
 length ``n``, ``0 <= pos`` and ``pos + n <= len(t)`` (eager's slice would be clipped there).
 
-CPU steps only for now (see dynamic_slice). The result is a copy, not a view: a write into it would not reach ``t``, so one is refused
+The result is a copy, not a view: a write into it would not reach ``t``, so one is refused
 at the end of the trace (:func:`check_unwritten`)."""
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ def dynamic_slice(log, args, kwargs):
         return None
     t, ix = args
     start, stop = ix.start, ix.stop
-    # (CPU steps only, on the backends that run Python at replay: in a CUDA step the shard's
-    # slice ran on the replay backend and its losses differed from eager on the H200 -- not
-    # understood yet, so not done there: a graph per position, as before)
+    # (in a CUDA step the CPU shard's slice runs before the graph at each call, with the position
+    # read then: passes/host_prologue.py. Its difference from eager on the H200 was the test's
+    # twin, left in the non-capturable AdamW)
     if type(start) not in _PROXIES or ix.step not in (None, 1) or stop is None or t.dim() == 0 \
-            or not log.active or not log.lift_tensor_ops or not log.moving(start):
+            or not log.active or not log.moving(start):
         return None
     s0, e0, size = plain(start), plain(stop), t.shape[0]
     if not (isinstance(s0, int) and isinstance(e0, int) and 0 <= s0 <= e0 <= size):

@@ -17,6 +17,7 @@ import torch
 from torch import fx
 
 from ..errors import NeedsReplay
+from .device_scalars import host_nodes
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,18 @@ def _mutable(n) -> bool:
     return schema is not None and schema.is_mutable
 
 
+def _numbers_read(host: list, numbers: set) -> set:
+    """The live numbers (and arithmetic on them) the host nodes read, transitively."""
+    out: set = set()
+    todo = [a for n in host for a in n.all_input_nodes if a in numbers]
+    while todo:
+        n = todo.pop()
+        if n not in out:
+            out.add(n)
+            todo.extend(a for a in n.all_input_nodes if a in numbers)
+    return out
+
+
 def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | None:
     """Move the host nodes of ``gm`` (CPU ops on CPU placeholders, get_attr constants and each
     other; their ``_to_copy`` to the device) into a prologue; ``example`` gets the values the
@@ -52,6 +65,10 @@ def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | Non
                for a in n.all_input_nodes}
     is_host: set = {n for n in placeholders if index[n] not in skip and n not in written}
     is_host |= {n for n in gm.graph.nodes if n.op == "get_attr" and n not in written}   # (constants)
+    # Numbers read at each call (a loader's position, capture/dynslice.py) and the Python
+    # arithmetic on them are host values too: the prologue reads them, as the graph would.
+    numbers = set(host_nodes(gm, numbers=True))
+    is_host |= numbers
     left = []
     for n in gm.graph.nodes:
         if n.op == "call_function" and n.meta.get("stepgraph_host"):
@@ -69,6 +86,8 @@ def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | Non
     outs = [n for n in host if any(u not in hosted for u in n.users)]
     if not outs:
         return None
+    read = _numbers_read(host, numbers)   # (copied in; kept in the graph too where it reads them)
+    host = [n for n in gm.graph.nodes if n in hosted or n in read]
     pro = fx.Graph()
     env: dict = {}
     reads = []
@@ -94,7 +113,8 @@ def split_prologue(gm: fx.GraphModule, example: list, skip=()) -> Prologue | Non
         v = n.meta["val"]   # (fake: the shape of what the prologue hands the graph at each call)
         example.append(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device).zero_())
     for n in reversed(host):
-        gm.graph.erase_node(n)
+        if n not in read or not n.users:
+            gm.graph.erase_node(n)
     gm.recompile()
     draws = any(torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) for n in host)
     return Prologue(module, tuple(reads), len(outs), draws)
