@@ -83,5 +83,7 @@ def _warn_if_dropped_each_call(step) -> None:
 
 
 def _rebound(a, b) -> bool:
-    """Two keys of one source: an object keyed by identity, another object now."""
-    return isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] == ("object",) and a[1:2] != b[1:2]
+    """Two keys of one source: an object keyed by identity, another object now; or a dict keyed
+    by its keys that holds another key now (its lists are sources of their own: varitems.py)."""
+    return isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] and a[:1] in (("object",), ("keys of",)) \
+        and a[1:] != b[1:]

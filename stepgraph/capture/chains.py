@@ -8,6 +8,7 @@ pycalls.py) or used (``("method", m)``). And the number literals the code stores
 """
 from __future__ import annotations
 
+import collections
 import dis
 import inspect
 import types
@@ -17,6 +18,23 @@ import torch
 from ..errors import core_file, library_file
 
 _SUBSCR = ("BINARY_SUBSCR",)
+
+
+class _VarKey:
+    """The key of a subscript by a variable (``self._metrics[mode]``), in a chain's path: what
+    it holds is known only as the code runs (varitems.py expands it over the container's keys)."""
+
+    def __repr__(self):
+        return "<key>"
+
+
+VAR = _VarKey()
+
+
+def has_var(path) -> bool:
+    return any(k is VAR for _, k in path)
+_VARS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF")
+_APPENDS = (("call", "append"), ("call", "extend"))
 
 
 def _chains(top: types.CodeType):
@@ -101,6 +119,11 @@ def _code_chains(code: types.CodeType):
     line = code.co_firstlineno
     ins = list(dis.get_instructions(code))
     skip = set()   # stores of ``lst += [...]`` (read as ``lst.extend``)
+    # (``m = self._metrics[mode]`` then ``m["loss"].append(x)``: a local stored once from a chain
+    # is that chain where the code appends through it)
+    stores = collections.Counter(y.argval for y in ins if y.opname in ("STORE_FAST", "DELETE_FAST"))
+    aliases: dict = {}   # local -> (position in out, the chain it was stored from)
+    out, kept = [], set()
     i = 0
     while i < len(ins):
         x = ins[i]
@@ -134,6 +157,9 @@ def _code_chains(code: types.CodeType):
                         and isinstance(y.argval, (str, int)):
                     path.append(("item", y.argval))
                     j += 1
+                elif y.opname in _VARS and j + 1 < len(ins) and ins[j + 1].opname in _SUBSCR:
+                    path.append(("item", VAR))   # (``self._metrics[mode]``: varitems.py)
+                    j += 1
                 elif y.opname == "LOAD_CONST" and isinstance(y.argval, (str, int)) and (
                         [z.opname for z in ins[j + 1:j + 2]] == ["STORE_SUBSCR"]   # info['loss'] = t
                         or [z.opname for z in ins[j + 1:j + 4]] == ["COPY", "COPY", *_SUBSCR]):  # it[0] += 1
@@ -142,16 +168,30 @@ def _code_chains(code: types.CodeType):
                 else:
                     break
                 j += 1
+            full = tuple(path)
+            if has_var(path) and path[-1] not in _APPENDS:   # (only an append is expanded: varitems.py)
+                path = path[:next(n for n, (_, k) in enumerate(path) if k is VAR)]
             store = None if path else _extended(ins, i)
             if store is not None:
                 skip.add(store)
                 path = [("call", "extend")]
-            yield x.opname, x.argval, tuple(path), line
+            if full and full[-1][0] in ("attr", "item") and j < len(ins) and ins[j].opname == "STORE_FAST" \
+                    and stores[ins[j].argval] == 1 and x.argval != ins[j].argval:
+                aliases[ins[j].argval] = (len(out), x.opname, x.argval, full)
+            elif x.argval in aliases and x.opname.startswith("LOAD_FAST"):
+                at, op, name, head = aliases[x.argval]
+                if path and path[-1] in _APPENDS:
+                    out.append((op, name, head + tuple(path), line))
+                else:   # (another use of the alias: the chain it was stored from stays a read)
+                    kept.add(at)
+            out.append((x.opname, x.argval, tuple(path), line))
         elif x.opname in ("STORE_GLOBAL", "STORE_DEREF") and i not in skip:
             # A variable the step only assigns is Python state it changes: keyed like a read one,
             # so the change is replayed (pyeffects.py) or refused, never dropped by a replay.
-            yield "LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line
+            out.append(("LOAD_GLOBAL" if x.opname == "STORE_GLOBAL" else "LOAD_DEREF", x.argval, (), line))
         i += 1
+    dropped = {at for at, *_ in aliases.values()} - kept   # (stored only to append through)
+    yield from (c for k, c in enumerate(out) if k not in dropped)
 
 
 def _user_code(code: types.CodeType) -> bool:

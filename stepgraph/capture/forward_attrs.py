@@ -42,7 +42,8 @@ def _attrs_of(todo: list, member) -> tuple:
         # nodes]`` reads ``self`` as a free variable of the comprehension's own code on 3.11)
         for code in _all_code(f.__code__):
             for op, name, path, _ in _chains(code):
-                if op not in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF") or name != self_name or not path:
+                if op not in ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF") or name != self_name or not path \
+                        or not isinstance(path[0][1], str):
                     continue
                 m = member(path[0][1])
                 if isinstance(m, (types.FunctionType, property)):   # (``self.helper(...)``, ``self.prop``)

@@ -11,10 +11,8 @@ tensors and other objects by identity), so a change recaptures with a one-line r
 replay backend a float of the step's own code is read live instead, from the first capture
 (as optimizer ``lr`` is), so an annealed ``lr`` never recaptures. A value that the step itself changes (a
 counter, ``history.append``) is a Python side effect a replay cannot perform: refused.
-
 Modules' ``forward`` methods are read the same way (forward_attrs.py) for scalar attributes (``self.p`` of
 Dropout, a temperature): train/eval alone does not describe what a forward computes.
-
 A step function that is library code calling user code (``stepgraph.integrations``: Lightning's
 loop calling ``training_step``) names that code in ``fn._stepgraph_user_calls``: a list of
 ``(function, {parameter name: object})``, read as functions the step calls, where the named
@@ -24,7 +22,6 @@ from __future__ import annotations
 
 import builtins
 import collections
-
 import dis
 import functools
 import os
@@ -38,7 +35,7 @@ from torch import nn
 from ..errors import core_file, library_module
 from .argtree import opened
 from .chains import (_all_code, _chains, _prefixes, _user_code,  # noqa: F401 - _user_code re-exported
-                     constant_stores, statement_calls, unwrapped_function)
+                     constant_stores, has_var, statement_calls, unwrapped_function)
 from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
@@ -172,21 +169,18 @@ class PyValues:
         pairs = [(s, x, y) for s, x, y in zip(self.sources, a, b) if x != y]
         pairs.sort(key=lambda p: not (isinstance(p[2], tuple) and p[2][:1] == ("object",)))
         for s, x, y in pairs:
-            if x != y:
-                name = s.describe()
-                if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
-                        and len(x[2]) == len(y[2]):   # (trackplan.record_key) the first attribute
-                    u, v = next((u, v) for u, v in zip(x[2], y[2]) if u != v)
-                    name, x, y = f"{name}.{u[0]}", _attr_kind(u), _attr_kind(v)
-                return f"{name} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
+            name = s.describe()
+            if isinstance(x, tuple) and isinstance(y, tuple) and x[:1] == y[:1] == ("record",) \
+                    and len(x[2]) == len(y[2]):   # (trackplan.record_key) the first attribute
+                u, v = next((u, v) for u, v in zip(x[2], y[2]) if u != v)
+                name, x, y = f"{name}.{u[0]}", _attr_kind(u), _attr_kind(v)
+            return f"{name} {_show(x)} -> {_show(y)}" + (f" (read at {s.where})" if s.where else "")
         return None
 
 
 def _attr_kind(part):
     """A record attribute's part of its key, as _show shows it."""
-    if part[1] == "tensor":
-        return ("live tensor", part[2], part[3], part[4])
-    return ("number",) if part[1] == "number" else part[2]
+    return ("live tensor", *part[2:5]) if part[1] == "tensor" else ("number",) if part[1] == "number" else part[2]
 
 
 # ---- finding sources -------------------------------------------------------------------
@@ -285,6 +279,12 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
             slots[key] = s   # (one that reads as a new object each time has no identity to key)
 
     def _add(src: Source, depth):
+        if has_var(src.path):   # (TRL's ``self._metrics[mode][k].append(v)``: its keys after a call too)
+            from .varitems import expand, key_of
+            more, keyed = expand(src, _DUMMY_ARGS)
+            partial[0] = partial[0] or keyed is not None
+            out.setdefault(key_of(keyed), keyed) if keyed is not None else None
+            return [_add(s, depth) for s in more]
         root = Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS) if src.path else None
         if src.path and library_module(root):
             for got in callslots.library_slots(src.path, root):   # (``F.cross_entropy`` patched; env)
