@@ -133,6 +133,11 @@
     which eager takes only when the input holds a zero (eager: ``grad * result / input``, after a
     host check a trace cannot make): grads equal within rounding, not bitwise (1e-11 to 4e-9 in
     NODE's oblivious trees, helper-90; test_ze below).
+(zf) A state entry a parameter's ``.data`` was rebound to (SAM's ``p.data = state[p]['old_p']``,
+    then ``state[p]['old_p'] = p.data.clone()`` at the next step) is no alias of the parameter
+    after a replay: the parameters and grads are eager's, bitwise, but ``state[p]['old_p']`` holds
+    the values from before the optimizer's update where eager's, sharing the parameter's memory,
+    holds them after (SAM overwrites it before any read; capture/rebound.py; test_zf below).
 """
 import copy
 import time
@@ -822,3 +827,51 @@ def test_ze_prods_backward_is_the_zero_safe_formula():
         torch.testing.assert_close(ga, gb, rtol=1e-5, atol=1e-8)
         same.append(torch.equal(a, b) and torch.equal(ga, gb))
     assert same[0] and not all(same[1:]), same   # (call 1 is eager; the graph's grads differ by rounding)
+
+
+def test_zf_a_state_entry_a_parameter_was_rebound_to_is_no_alias_after_a_replay():
+    class SAM(torch.optim.Optimizer):   # (davda54/sam, its two steps)
+        def __init__(self, params, base, rho=0.05, **kw):
+            super().__init__(params, dict(rho=rho, **kw))
+            self.base_optimizer = base(self.param_groups, **kw)
+            self.param_groups = self.base_optimizer.param_groups
+
+        @torch.no_grad()
+        def first_step(self):
+            norm = torch.norm(torch.stack([p.grad.norm(p=2) for g in self.param_groups for p in g["params"]]), p=2)
+            for group in self.param_groups:
+                scale = group["rho"] / (norm + 1e-12)
+                for p in group["params"]:
+                    self.state[p]["old_p"] = p.data.clone()
+                    p.add_(p.grad * scale.to(p))
+            self.zero_grad()
+
+        @torch.no_grad()
+        def second_step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data = self.state[p]["old_p"]
+            self.base_optimizer.step()
+            self.zero_grad()
+
+    def run(compiled):
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = SAM(model.parameters(), torch.optim.SGD, lr=0.01)
+
+        def step(x):
+            model(x).pow(2).sum().backward()
+            opt.first_step()
+            model(x).pow(2).sum().backward()
+            opt.second_step()
+            return model.weight.detach().clone()
+        f = stepgraph.compile(step) if compiled else step
+        outs = [f(torch.full((3, 4), 1.0 + i)) for i in range(6)]
+        w = model.weight
+        return outs, w.detach().clone(), opt.state[w]["old_p"].clone(), getattr(f, "stats", None)
+    want, got = run(False), run(True)
+    # (the capture's copy into the old entry, which shared the parameter's memory, wrote the
+    # pre-step weights into the parameter: WRONG from the first replay, helper-91)
+    assert all(torch.equal(a, b) for a, b in zip(want[0], got[0])) and torch.equal(want[1], got[1])
+    assert got[3].replays >= 3
+    assert torch.equal(want[2], want[1]) and not torch.equal(got[2], got[1])   # (the footgun)

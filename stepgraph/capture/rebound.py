@@ -11,6 +11,8 @@ always current, the same values as eager (only its identity stays, unlike eager'
 """
 from __future__ import annotations
 
+import collections
+
 import torch
 
 from .rollback import before_write
@@ -42,7 +44,7 @@ def float_effect(slot, new, tracer):
     return None
 
 
-def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: int) -> tuple[list, list]:
+def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: int, state=()) -> tuple[list, list]:
     """For each buffer or optimizer state entry ``escapes[i]`` (its tensor before the step ``olds[i]``, its new value the
     graph's output ``first + i``) of the same shape, dtype, device and strides: the graph copies
     the new value into the old tensor instead of returning it, and the buffer is bound back to the
@@ -55,12 +57,16 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
     # eager, which a copy is not: left rebound, checked by stale_read_checks)
     shared = {t.untyped_storage().data_ptr() for n in gm.graph.nodes if n.op == "get_attr"
               for t in [getattr(gm, n.target, None)] if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    # (an old tensor sharing memory with other state -- SAM's ``p.data = state[p]['old_p']`` at the
+    # previous step, then ``state[p]['old_p'] = p.data.clone()`` -- is that state too: a copy into
+    # it wrote the parameter. ``state``: the step's state tensors before it ran)
+    owners = collections.Counter(_storage(t) for t in state)
     kept, kept_olds, drop = [], [], set()
     for i, (s, old) in enumerate(zip(escapes, olds)):
         new = s.get()
         if not (s.kind in ("buffer", "optstate") and isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor)
                 and type(old) is torch.Tensor and not old.requires_grad
-                and new.untyped_storage().data_ptr() not in shared
+                and new.untyped_storage().data_ptr() not in shared and owners[_storage(old)] <= 1
                 and (old.shape, old.dtype, old.device, old.stride()) == (new.shape, new.dtype, new.device, new.stride())):
             kept.append(s)
             if s.kind != "grad" and isinstance(old, torch.Tensor):   # (a grad before is a graph input)
@@ -82,6 +88,12 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
         out.args = ([o for k, o in enumerate(outs) if k not in drop],)
         gm.recompile()
     return kept, kept_olds
+
+
+def _storage(t):
+    if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+        return t.untyped_storage().data_ptr()
+    return None
 
 
 class _HoldsCaptured:

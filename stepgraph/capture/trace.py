@@ -55,7 +55,6 @@ from .tohost import to_host_outputs
 from .rebound import float_effect, rebind_in_place
 from .arrays import as_input, input_array, rebind_array_constants, watch, watching
 
-
 @dataclass
 class TraceResult:
     graph_module: torch.fx.GraphModule
@@ -323,7 +322,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                           for i in array_pos})
         array_reads += [(tensor_pos[phs.index(ph)], "a view of another dtype") for ph in odd]
     with saving_writes(rollback):   # (a buffer the step rebinds: copied into its old one, rebound.py)
-        box["escapes"], kept_olds = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"])
+        box["escapes"], kept_olds = rebind_in_place(gm, box["escapes"], box["escape_olds"], box["escape_at"],
+                                                    before + [p for _, p in reg.params])
     box["out_leaves"] = _output_reads(gm, box["out_leaves"])
     tensor_effects, read_effects = box.get("effects", ([], []))
     appends = box.get("appends", [])
