@@ -61,10 +61,12 @@ _HOOK_ATTRS: dict = {}   # id(hook code) -> attribute names it reads on the modu
 
 
 def _hook_attrs(m) -> list:
-    """Attributes the module's forward hooks read on the module they are given (transformers'
-    NEFTune hook: ``module.neftune_noise_alpha``, a float a callback may change between calls)."""
+    """Attributes the module's hooks read on the module they are given (transformers' NEFTune
+    hook: ``module.neftune_noise_alpha``, a float a callback may change between calls; a full
+    backward hook scaling the grads by an annealed ``mod.grad_scale``)."""
     out = []
-    for d in (m._forward_hooks, m._forward_pre_hooks) if (m._forward_hooks or m._forward_pre_hooks) else ():
+    hooks = (m._forward_hooks, m._forward_pre_hooks, m._backward_hooks, m._backward_pre_hooks)
+    for d in hooks if any(hooks) else ():
         for h in d.values():
             h = unwrapped_function(h)
             if isinstance(h, types.FunctionType):
