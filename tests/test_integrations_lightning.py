@@ -296,3 +296,37 @@ def test_import_does_not_need_lightning():
             "assert 'lightning' not in sys.modules and 'transformers' not in sys.modules")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+class ClipAnneal(L.Callback):
+    """A callback changing the Trainer's clipping value every epoch."""
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        trainer.gradient_clip_val = 0.5 / (1 + trainer.current_epoch)
+
+
+@pytest.mark.parametrize("changer", ["accumulation", "clipping"])
+def test_a_callback_changing_the_trainers_accumulation_or_clipping_mid_fit(tmp_path, changer):
+    """GradientAccumulationScheduler (2, then 4 from epoch 2) or a callback annealing
+    ``gradient_clip_val``: Lightning's own code reads them in the step (the loss divided by
+    ``accumulate_grad_batches``; the clipping), code stepgraph does not scan: replays kept the
+    captured values -- twice eager's loss and grads after the switch, silently (helper-92)."""
+    from lightning.pytorch.callbacks import GradientAccumulationScheduler
+    runs = {}
+    for sg in (True, False):
+        m = new_model()
+        kw = dict(callbacks=[GradientAccumulationScheduler({0: 2, 2: 4})]) if changer == "accumulation" \
+            else dict(callbacks=[ClipAnneal()], gradient_clip_val=0.5)
+        losses, cb = Losses(), StepGraphCallback() if sg else None
+        trainer = L.Trainer(max_epochs=3, callbacks=[losses] + kw.pop("callbacks") + ([cb] if cb else []),
+                            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, num_sanity_val_steps=0, default_root_dir=tmp_path / str(sg),
+                            accelerator="cpu", devices=1, **kw)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(m, loaders()[0])
+        runs[sg] = (m, trainer, losses.losses, cb)
+    (m1, t1, l1, cb), (m2, t2, l2, _) = runs[True], runs[False]
+    assert_same_tensors(l1, l2, "loss per batch")
+    assert_same_state(m1, m2, t1, t2)
+    assert cb.stats.replays >= BATCHES, cb.stats

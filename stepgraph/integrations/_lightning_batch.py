@@ -3,7 +3,7 @@
 a replay must still make (progress counters, ``self.log`` calls, the optimizers' step hooks)."""
 from __future__ import annotations
 
-from ._lightning_core import _GroupRead, _group_values, _odd_kwargs
+from ._lightning_core import _GroupRead, _group_values, _odd_kwargs, settings
 
 
 class BatchRunner:
@@ -31,7 +31,7 @@ class BatchRunner:
             progress.zero_grad.increment_ready()
             progress.zero_grad.increment_started()
         ctx.batch_idx, ctx.optimizer, ctx.pass_idx = batch_idx, optimizer, "batch_idx" in kwargs
-        out, _ = self._call(kwargs["batch"], zero_first, step_now)
+        out, _ = self._call(kwargs["batch"], zero_first, step_now, settings(trainer))
         if zero_first:
             progress.zero_grad.increment_completed()
         if step_now:

@@ -123,9 +123,20 @@ def _end(ctx, out):
     return out, ctx.effects.end(), values
 
 
+def settings(trainer) -> tuple:
+    """The Trainer's numbers Lightning's code reads in the step (the loss divided by
+    ``accumulate_grad_batches``; clipping by ``gradient_clip_val`` and its algorithm), passed as an
+    argument: a callback changing them (GradientAccumulationScheduler) is a capture for the new
+    values. Lightning's code is not scanned: a replay kept the captured ones, silently. As text:
+    a number argument the graph does not read would be no key (as hf._settings)."""
+    return (f"accumulate_grad_batches={trainer.accumulate_grad_batches!r}",
+            f"gradient_clip_val={trainer.gradient_clip_val!r}",
+            f"gradient_clip_algorithm={trainer.gradient_clip_algorithm!r}")
+
+
 def _automatic_core(ctx: _Ctx):
     """One batch of Lightning's automatic optimization, without the loop's progress counters."""
-    def lightning_training_step(batch, zero_first: bool, step_now: bool):
+    def lightning_training_step(batch, zero_first: bool, step_now: bool, settings: tuple):
         trainer, loop = ctx.trainer, ctx.loop
         optimizer, batch_idx = ctx.optimizer, ctx.batch_idx
         _begin(ctx)
