@@ -31,6 +31,16 @@ class _VarKey:
 VAR = _VarKey()
 
 
+def autograd_parts(v) -> tuple:
+    """A user ``torch.autograd.Function``'s forward, setup_context and backward: ``Fn.apply(x)``
+    runs them through torch's code, so a global or class attribute they read (DANN's gradient
+    reversal scale) is found only by reading them."""
+    if not (isinstance(v, type) and issubclass(v, torch.autograd.Function)):
+        return ()
+    return tuple(f for f in (getattr(v, n, None) for n in ("forward", "setup_context", "backward"))
+                 if isinstance(f, types.FunctionType) and _user_code(f.__code__))
+
+
 def has_var(path) -> bool:
     return any(k is VAR for _, k in path)
 _VARS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF")

@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import core_file, library_module
 from .argtree import opened
 from .chains import (_all_code, _chains, _prefixes, _user_code,  # noqa: F401 - _user_code re-exported
-                     constant_stores, has_var, statement_calls, unwrapped_function)
+                     autograd_parts, constant_stores, has_var, statement_calls, unwrapped_function)
 from .arrays import input_array
 from .freshreads import parametrized, view_of_parent
 from . import callslots
@@ -140,10 +140,7 @@ class Source:
         for kind, k in self.path[:-1]:
             parent = getattr(parent, k) if kind == "attr" else item(parent, k)
         kind, k = self.path[-1]
-        if kind == "attr":
-            setattr(parent, k, value)
-        else:
-            parent[k] = value
+        setattr(parent, k, value) if kind == "attr" else parent.__setitem__(k, value)
 
 
 @dataclass
@@ -332,6 +329,8 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
                 # (a trainer's ``self.criterion = crits[phase]`` swapped between live modules
                 # replayed the first one, silently: only ``self`` was keyed)
                 _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)
+            elif p == path and method == "apply" and autograd_parts(v):   # (what ``Fn.apply`` runs reads)
+                [visit(f, depth + 1) for f in autograd_parts(v)]
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 from .pycalls import replayable_callee   # (unless a replay redoes the call)
