@@ -177,3 +177,44 @@ def test_a_metric_updated_by_name_and_computed_between_calls_follows_eager(devic
     for a, b in zip(seen, want):
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) and a[2] == b[2], (a, b)
     assert fn.stats.captures <= 2 and fn.stats.replays >= 4, fn.stats
+
+
+MEAN, CAT, MAX = (torchmetrics.MeanMetric(), torchmetrics.CatMetric(), torchmetrics.MaxMetric()) \
+    if torchmetrics else (None, None, None)
+
+
+class _Holder(torch.nn.Module):
+    def update_metrics(self, loss):
+        MEAN.update(loss)
+        CAT.update(loss)
+        MAX.update(loss)
+
+
+update_metrics = _Holder().update_metrics   # (a bound method of a module, in a global)
+
+
+def test_metrics_a_bound_method_in_a_global_updates_count_every_replay():
+    """The step calls ``update_metrics(loss)``, a module's bound method kept in a global, whose
+    code updates module-level metrics: they were not found as state (the bound method's code was
+    not walked), so only one metric's Python ``_update_count`` advanced at replays (6 2 2 where
+    eager counts 6 6 6), silently (helper-92 F7)."""
+    import torch.nn.functional as F
+    for m in (MEAN, CAT, MAX):
+        m.reset()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x, y):
+        opt.zero_grad()
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        update_metrics(loss.detach())
+        return loss.detach()
+    g = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        step(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g))
+    assert [m._update_count for m in (MEAN, CAT, MAX)] == [6, 6, 6]
+    assert len(CAT.value) == 6 and step.stats.replays == 4

@@ -28,11 +28,8 @@ class Slot:
     key: object = None
 
     def get(self):
-        if self.kind == "grad":
-            return self.owner.grad
-        if self.kind == "buffer":
-            return self.owner._buffers.get(self.key)
-        return self.owner.get(self.key)
+        return self.owner.grad if self.kind == "grad" else self.owner._buffers.get(self.key) \
+            if self.kind == "buffer" else self.owner.get(self.key)
 
     def set(self, value) -> None:
         if self.kind == "grad":
@@ -230,7 +227,9 @@ def _walk_function(fn, found: dict, depth: int = 0) -> None:
     except (TypeError, ValueError):
         return
     for name, val in list(cv.nonlocals.items()) + list(cv.globals.items()):
-        if isinstance(val, types.FunctionType) and val is not fn:
+        # (and ``update_metrics = holder.update_metrics``: its object, and the metrics its code reads)
+        if isinstance(val, types.FunctionType) and val is not fn or isinstance(val, types.MethodType) \
+                and isinstance(val.__func__, types.FunctionType):
             _walk_function(val, found, depth + 1)
         else:
             _consider(name, val, found, depth)
@@ -367,15 +366,15 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
         _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
     via_code: dict = {}
-    _walk_function(fn, via_code)
+    for f in [fn] + [f for f, _ in getattr(fn, "_stepgraph_user_calls", ())]:   # (Lightning's training_step)
+        _walk_function(f, via_code)
     # (what the step's code reaches is weak too: a global ``model`` rebound per k-fold fold kept
     # every earlier fold's model, optimizer state and graphs alive, and its parameters in the
     # guards, until every call ran eagerly; the global or cell holds the one in use)
     for k, v in via_code.items():
         found.setdefault(k, v)
     reg = StateRegistry()
-    if not _found_to_registry(found, reg, weak=set(found) - held):
-        reg.refresh_names()  # (an empty registry still reads the global hook dicts)
+    _found_to_registry(found, reg, weak=set(found) - held) or reg.refresh_names()   # (an empty one: the hook dicts)
     return reg
 
 
@@ -383,7 +382,8 @@ def adopt_code(reg: StateRegistry, fn) -> bool:
     """Add modules/optimizers the step's code reaches now that ``reg`` does not know (a global
     ``model`` rebound to a new one: k-fold cross-validation, a restart). True when it changed."""
     via_code: dict = {}
-    _walk_function(fn, via_code)
+    for f in [fn] + [f for f, _ in getattr(fn, "_stepgraph_user_calls", ())]:   # (Lightning's training_step)
+        _walk_function(f, via_code)
     # (a module holding no tensor is keyed by its settings where the code reads it: no state)
     via_code = {k: v for k, v in via_code.items() if _holds_tensors(v[1])}
     return bool(via_code) and _found_to_registry(via_code, reg, weak=set(via_code))
