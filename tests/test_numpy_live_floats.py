@@ -87,3 +87,28 @@ def test_float_of_a_moving_counter_says_to_drop_the_float_call(caplog):
         for it in range(4):
             step(torch.randn(8, 4), torch.randint(0, 2, (8,)))
     assert "float() on test_numpy_live_floats.py" in caplog.text and "drop the float()" in caplog.text, caplog.text
+
+
+def test_numpy_on_a_number_from_the_steps_arguments_is_live():
+    """DANN's schedule from the iteration the loop passes, once the float() is dropped as the
+    hint says: ``p = (i + epoch * n) / total; alpha = 2 / (1 + np.exp(-10 * p)) - 1``. numpy
+    computed on the tracked number's value (guarded): a graph per call, after the hint's fix too
+    (helper-91 F4). Now np.exp of it is an expression, as math.exp's."""
+    (me, oe), (mc, oc) = _world(), _world()
+
+    def body(m, opt, epoch, i, x, y):
+        p = (i + epoch * 4) / 2 / 4
+        alpha = 2.0 / (1.0 + np.exp(-10 * p)) - 1
+        loss = F.cross_entropy(m(x), y) * alpha
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    step = stepgraph.compile(lambda epoch, i, x, y: body(mc, oc, epoch, i, x, y))
+    for k in range(8):
+        g = torch.Generator().manual_seed(k)
+        x, y = torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)
+        want, got = body(me, oe, k // 4, k % 4, x, y), step(k // 4, k % 4, x, y)
+        assert torch.equal(want, got), k
+        assert torch.equal(me.weight, mc.weight)
+    assert step.stats.captures <= 2 and step.stats.replays >= 5, step.stats.recaptures

@@ -26,13 +26,25 @@ def array_ufunc(self, ufunc, method, *inputs, **kwargs):
     anything else (an array: CutMix's ``np.random.rand(1) < args.cutmix_prob``) numpy computes
     on this float's value, guarded as ``float()`` guards it -- numpy gave up on it before (a
     TypeError the user never wrote, and the capturing call's update lost)."""
-    scalar = all(issubclass(type(x), HostFloat) or type(x) in (float, int) or _np_float64(x) for x in inputs)
+    out = scalar_ufunc(ufunc, method, inputs, kwargs)
+    if out is not NotImplemented:
+        return out
+    return getattr(ufunc, method)(*(float(x) if issubclass(type(x), HostFloat) else x for x in inputs), **kwargs)
+
+
+def scalar_ufunc(ufunc, method, inputs, kwargs, proxies=()):
+    """numpy's arithmetic and scalar maths on Python numbers, live floats and tracked numbers
+    (``proxies``: tracked.py's types) run as Python's, so a number that changes at every call
+    stays an expression (DANN's ``np.exp(-10 * p)`` with ``p`` from the iteration: a graph per
+    call before); NotImplemented for anything else."""
+    scalar = all(issubclass(type(x), HostFloat) or type(x) in (float, int) or type(x) in proxies or _np_float64(x)
+                 for x in inputs)
     if method == "__call__" and not kwargs and scalar:
         if len(inputs) == 2 and ufunc.__name__ in _UFUNC_OPS:
             return _UFUNC_OPS[ufunc.__name__](*(float(x) if _np_float64(x) else x for x in inputs))
         if len(inputs) == 1 and ufunc.__name__ in _UFUNC_MATH:
             return getattr(math, _UFUNC_MATH[ufunc.__name__])(inputs[0])
-    return getattr(ufunc, method)(*(float(x) if issubclass(type(x), HostFloat) else x for x in inputs), **kwargs)
+    return NotImplemented
 
 
 def _np_float64(x) -> bool:

@@ -133,6 +133,10 @@ class Tracked:
         return np.asarray(self._v, dtype=dtype)
 
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from .hostufuncs import scalar_ufunc   # (``np.exp(-10 * p)``: an expression, as math.exp's)
+        out = scalar_ufunc(ufunc, method, inputs, kwargs, _PROXIES)
+        if out is not NotImplemented:
+            return out
         return getattr(ufunc, method)(*_plain_used(inputs), **dict(zip(kwargs, _plain_used(kwargs.values()))))
 
     def __array_function__(self, func, types, args, kwargs):
