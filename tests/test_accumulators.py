@@ -493,3 +493,31 @@ def test_a_first_optimizer_step_after_warm_up_counts_as_its_warm_up():
     s = sg.stats
     assert (s.eager_calls, s.new_state_warmups, s.captures, s.replays) == (2, 1, 2, 4), s
     assert not any("optimizer.state" in r or "opt.state" in r for r in s.recaptures), s.recaptures
+
+
+@pytest.mark.parametrize("start", [0, 0.0])
+def test_a_count_read_from_a_tensor_added_to_a_float_meter_replays(start):
+    """``self.epoch_state["accuracy"] += accuracy.sum().item()`` with the meter started as 0.0
+    (davda54/sam's Log): the int read met a live float and was used by value, a graph per count
+    (7 captures, 32 guard misses in 12 calls, then eager); started as 0 it replayed (helper-91 F5)."""
+    (m, o), (m2, o2) = _pair()
+    meters = [{"correct": start}, {"correct": start}]
+
+    def make(model, opt, meter):
+        def step(x, y):
+            out = model(x)
+            loss = torch.nn.functional.cross_entropy(out, y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            meter["correct"] += (out.argmax(1) == y).sum().item()
+            return loss.detach()
+        return step
+    eager, sg = make(m, o, meters[0]), stepgraph.compile(make(m2, o2, meters[1]))
+    g = torch.Generator().manual_seed(0)
+    for _ in range(12):
+        x, y = torch.randn(64, 4, generator=g), torch.randint(0, 3, (64,), generator=g)
+        assert torch.equal(eager(x, y), sg(x, y))
+        assert meters[0]["correct"] == meters[1]["correct"] and type(meters[1]["correct"]) is type(start)
+    assert _same_params(m, m2)
+    assert sg.stats.captures == 1 and sg.stats.replays == 10, sg.stats.recaptures

@@ -102,10 +102,13 @@ def live_op(op, args, live, value, tracer):
     replay where it can be (lifted), else baked and used only if the node survives. A number whose
     value check missed before (``lr = get_lr(it)`` meeting a live weight decay) is read live too:
     the result carries it, so it is used by value wherever that result is baked."""
-    from .numchecks import slot_rooted
+    from .numchecks import roots_of, slot_rooted
     by_node = all(x.number_use_by_node for x in live)
-    lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (by_node or x._log.moving(x))
-              else None for x in args]
+    # (a count read from a tensor, ``meter['correct'] += (pred == y).sum().item()`` with the meter
+    # a float: read at each replay too, carried, so it is used by value only where the result is
+    # baked -- used by value here, it was a graph per count)
+    lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (
+              by_node or x._log.moving(x) or all(r.kind == "read" for r in roots_of(x._e))) else None for x in args]
     node = tracer.create_node("call_function", op, tuple(
         n if n is not None else node_arg(x, tracer) for x, n in zip(args, lifted)), {})
     for x, n in zip(args, lifted):

@@ -3,6 +3,7 @@ proxy (a decision, a value use, a number lifted into the graph) and turns them i
 :class:`numchecks.Check` list a captured graph keeps."""
 from __future__ import annotations
 
+import collections
 import sys
 from dataclasses import dataclass, field
 
@@ -135,7 +136,9 @@ class UseLog:
         """At the end of the step, still in its trace: a number made from an int host read that
         the step stored somewhere (``stats.last = n``; trackplan's write-backs are plain by now)
         is guarded: a replay would not store it again, so it must not differ."""
-        for p in [p for p in self.proxies if _reads_in(p._e) and sys.getrefcount(p) > 3]:
+        from . import hostscalar   # (a live float carrying it, ``meter += n``, is no store: hostscalar.live_op)
+        carried = collections.Counter(id(q) for f in hostscalar.MADE or () for q in f.numbers)
+        for p in [p for p in self.proxies if _reads_in(p._e) and sys.getrefcount(p) - carried[id(p)] > 3]:
             self.used(p._e, p._v, "stored in a Python object")
 
     def node_use(self, proxy, nodes):
