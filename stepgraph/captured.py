@@ -217,7 +217,7 @@ def log_recapture(step, reason: str, seconds: float) -> None:
     """The first recapture of each kind is shown by default (logging's last-resort handler prints
     WARNING to stderr): a varying batch shape must not be invisible. Later ones: INFO."""
     import logging
-    from .capture.reasons import recapture_hint
+    from .capture.hints import recapture_hint
     kind = reason_kind(reason)
     level = logging.INFO if kind in step._recapture_kinds else logging.WARNING
     step._recapture_kinds.add(kind)

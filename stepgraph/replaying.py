@@ -14,7 +14,7 @@ from .captured import Branch
 from .check import checked_call
 from .errors import GuardMiss
 from .capture import fetches
-from .capture.reasons import DATA_SIZED, INT_COUNT, ITEM_FIX, converted_number
+from .capture.hints import COUNTER_HINT, DATA_SIZED, INT_COUNT, ITEM_FIX, LOOP_COUNTER, converted_number
 from .pipeline import capture
 
 log = logging.getLogger("stepgraph")
@@ -90,6 +90,8 @@ class ReplayPaths:
                 hint = DATA_SIZED[0].upper() + DATA_SIZED[1:]
             elif re.search(INT_COUNT + r".*\): int\(\) of a", str(miss)):   # (``total += int(t)``: a count)
                 hint = "int(t) hands Python a plain copy: " + ITEM_FIX
+            elif LOOP_COUNTER.search(str(miss)):
+                hint = COUNTER_HINT[0].upper() + COUNTER_HINT[1:]
             elif "int() of a" in str(miss) or "item() of a" in str(miss):
                 # (MoCo's ``ptr = int(self.queue_ptr)``, then ``queue[:, ptr:ptr + n] = keys.T``)
                 hint = ("If it only positions a write or a read (a ring buffer's pointer), keep it "

@@ -14,7 +14,8 @@ import torch
 
 from . import backends, config
 from .capture.guards import Guards, arg_names
-from .capture.reasons import nearest_key, recapture_hint
+from .capture.hints import recapture_hint
+from .capture.reasons import nearest_key
 from .dropped import Busy, DroppedState
 from .capture import callbinds, collectives, distributed, fetches, modstate
 from .capture.valuekeys import calling

@@ -104,9 +104,8 @@ def live_op(op, args, live, value, tracer):
     the result carries it, so it is used by value wherever that result is baked."""
     from .numchecks import roots_of, slot_rooted
     by_node = all(x.number_use_by_node for x in live)
-    # (a count read from a tensor, ``meter['correct'] += (pred == y).sum().item()`` with the meter
-    # a float: read at each replay too, carried, so it is used by value only where the result is
-    # baked -- used by value here, it was a graph per count)
+    # (a count read from a tensor, ``meter['correct'] += t.sum().item()`` with the meter a float: read at
+    # each replay too, carried, used by value only where the result is baked: it was a graph per count)
     lifted = [x._log.lift(x, typed=False) if _tracked(x) and x._log.active and (
               by_node or x._log.moving(x) or all(r.kind == "read" for r in roots_of(x._e))) else None for x in args]
     node = tracer.create_node("call_function", op, tuple(

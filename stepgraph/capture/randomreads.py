@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from ..markers import host_guard
 from .hostreads import tensor_shape
 from .libraries import library_draw_fix
-from .reasons import INT_COUNT, ITEM_FIX
+from .hints import INT_COUNT, ITEM_FIX
 
 _SELECTS = (torch.ops.aten.index.Tensor, torch.ops.aten._unsafe_index.Tensor, torch.ops.aten.masked_select.default)
 
