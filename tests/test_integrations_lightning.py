@@ -365,3 +365,13 @@ def test_module_level_metrics_updated_in_training_step_count_every_replay(tmp_pa
         assert cb is None or cb.stats.replays == BATCHES - 2, cb.stats
     assert [c for c, _ in seen[True]] == [c for c, _ in seen[False]] == [BATCHES] * 3
     assert all(torch.equal(a, b) for (_, a), (_, b) in zip(seen[True], seen[False]))
+
+
+def test_global_step_read_in_the_step_gets_a_fix_the_user_can_apply():
+    """``beta = min(1.0, self.global_step / 100)`` in training_step: a graph per step, then eager
+    (16.7 s against 0.8 s eager on helper-92's repro); the warning names the fix: compute it in
+    on_train_batch_start and read that float (1 capture, 198 replays there)."""
+    from stepgraph.capture.hints import recapture_hint
+    hint = recapture_hint("self.global_step 8 -> 9 (read at model.py:20)")
+    assert "on_train_batch_start" in hint and "floats are read live" in hint
+    assert recapture_hint("self.trainer.global_step 1 -> 2") and not recapture_hint("self.steps 1 -> 2")
