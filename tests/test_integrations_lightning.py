@@ -375,3 +375,30 @@ def test_global_step_read_in_the_step_gets_a_fix_the_user_can_apply():
     hint = recapture_hint("self.global_step 8 -> 9 (read at model.py:20)")
     assert "on_train_batch_start" in hint and "floats are read live" in hint
     assert recapture_hint("self.trainer.global_step 1 -> 2") and not recapture_hint("self.steps 1 -> 2")
+
+
+class WarmupInOptimizerStep(Classifier):
+    """Lightning's docs: the lr set in optimizer_step before ``optimizer.step(closure)``; the
+    training step (run by the closure) logs it."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"], on_step=True)
+        return F.cross_entropy(self.net(x), y)
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+        for pg in optimizer.param_groups:
+            pg["lr"] = min(1.0, (self.trainer.global_step + 1) / 4.0) * 0.01
+        optimizer.step(closure=optimizer_closure)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_an_lr_set_in_optimizer_step_is_logged_as_eager_logs_it(tmp_path):
+    """The logger got the lr from before the call (the previous step's), at every call, eager
+    ones too: the logged value is now matched against the group's value before and after the
+    step (helper-92 F3)."""
+    runs = {sg: fit(WarmupInOptimizerStep(), tmp_path / str(sg), stepgraph=sg, epochs=1) for sg in (True, False)}
+    rows = {sg: [r["lr"] for _, r in runs[sg][3] if "lr" in r] for sg in runs}
+    assert rows[True] == rows[False] and len(set(rows[False])) == 4, rows

@@ -42,7 +42,15 @@ class _GroupRead:
         # ``float()`` of it would count as reading it on the host)
         self.slot, self.value, self.at_log, self.when = slot, float.__float__(value), epochs, None
 
-    def settle(self, start, end, warn) -> None:
+    def settle(self, start, end, warn, values=(None, None)) -> None:
+        """``values``: the group entry's value before the step and after it. The lr a user's
+        ``optimizer_step`` sets before ``optimizer.step(closure)`` (Lightning's warm-up recipe) is
+        logged by training_step after it was set: read after the call, not before (the logger
+        got the previous step's lr)."""
+        v0, v1 = values
+        if v0 != v1 and self.value in (v0, v1):
+            self.when = "before" if self.value == v0 else "after"
+            return
         self.when = "before" if self.at_log == start else "after" if self.at_log == end else None
         if self.when is None:
             warn(f"stepgraph: a hyper-parameter logged between two scheduler steps inside the training step "
@@ -110,15 +118,23 @@ def _user_calls(trainer, module) -> list:
 def _begin(ctx):
     entry = ctx.effects.begin()
     ctx.values = []
-    ctx.sched_start = _scheduler_epochs(ctx.trainer)
+    ctx.sched_start = _scheduler_epochs(ctx.trainer), _group_floats(ctx.trainer)
     return entry
 
 
+def _group_floats(trainer) -> list:
+    # (``float.__float__``: while tracing, a group may hold a tracing float)
+    return [[{k: float.__float__(v) for k, v in g.items() if isinstance(v, float)} for g in opt.param_groups]
+            for opt in trainer.optimizers]
+
+
 def _end(ctx, out):
-    end = _scheduler_epochs(ctx.trainer)
+    end, after = _scheduler_epochs(ctx.trainer), _group_floats(ctx.trainer)
+    start, before = ctx.sched_start
     for *_, obj in ctx.effects.current["logs"]:
         if isinstance(obj, _GroupRead):
-            obj.settle(ctx.sched_start, end, ctx.warn)
+            oi, gi, k = obj.slot
+            obj.settle(start, end, ctx.warn, (before[oi][gi].get(k), after[oi][gi].get(k)))
     values, ctx.values = ctx.values, None
     return out, ctx.effects.end(), values
 
