@@ -1054,3 +1054,31 @@ def test_model_train_in_the_step_with_a_forward_reading_self_training_is_no_side
         me.eval()
         ms.eval()
     assert (sg.stats.captures, sg.stats.replays) == (1, 4), sg.stats
+
+
+EPOCH_NOW = 0
+
+
+def test_a_number_made_from_a_keyed_value_is_returned_without_a_false_warning():
+    """``self.log("epoch_f", float(self.current_epoch))``: a number made from a value the graph is
+    keyed by is right at every replay of that graph; it was warned as a frozen Python output, once
+    per epoch, with a fix for code the user did not write (helper-92 F5)."""
+    import warnings
+    global EPOCH_NOW
+    torch.manual_seed(0)
+    m = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        loss = m(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return {"loss": loss.detach(), "epoch": float(EPOCH_NOW)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for k in range(9):
+            EPOCH_NOW = k // 3
+            assert step(torch.randn(3, 4))["epoch"] == float(k // 3)
+    assert not [w for w in caught if "returns Python number" in str(w.message)]

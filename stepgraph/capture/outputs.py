@@ -221,6 +221,8 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
     keypaths = [p for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
     paths = [pytree.keystr(p) for p in keypaths]
     guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
+    # (``self.log("epoch", float(self.current_epoch))``: a number made from a value the graph is keyed by)
+    keyed = {v for s in py.sources for v in [s.read_or(args)] if type(v) in (int, float)}
     read_guarded = {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}  # (host reads, by value)
     guarded |= read_guarded
     checked = tr.uses.returned if tr.uses is not None else set()  # checks hold them (tracked.py)
@@ -239,7 +241,7 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
             out.append(("live", group_reader(*group_hit)))
             continue
         if not (isinstance(v, float) and id(v) in guarded) and id(v) not in read_guarded \
-                and id(v) not in checked and v not in py.literals:
+                and id(v) not in checked and v not in py.literals and v not in keyed:
             unsure.append(f"output{where}={_show(guard_value(v))}")
         out.append((kind, float(v) if isinstance(v, float) else v))
     tr.out_leaves = out
