@@ -34,7 +34,7 @@ from .capture import collectives, datacalls, distributed, fetches, fsdp
 from .capture.arrays import as_input, input_array
 from .capture.compiled import note_compiled_parts
 from .capture.guards import Signature
-from .capture.hooks import hooks_left_registered, registered_hooks, warn_side_effects
+from .capture.hooks import hooks_left_registered, registered_hooks, replayed_targets, warn_side_effects
 from .capture.hostrandom import generator_draws, generator_states, refuse_draw_checks
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
@@ -329,7 +329,8 @@ def keep(step, plan: Plan, traced: Traced, lowered: Lowered, args, kwargs, sibli
     returns the call's result."""
     tr, run, sig = traced.trace, lowered.run, plan.sig
     seconds = time.perf_counter() - plan.started
-    step._hook_notes = warn_side_effects(registered_hooks(step._reg) + tr.hooks, step.__name__) + traced.notes
+    step._hook_notes = warn_side_effects(registered_hooks(step._reg) + tr.hooks, step.__name__,
+                                         replayed_targets(tr)) + traced.notes
     step._hook_notes += hooks_left_registered(tr, step.__name__)
     # (an object opened as a batch, argtree.py, is a container too: its leaves are its tensors)
     flat = not kwargs and not any(isinstance(a, (list, tuple, dict)) or argtree.opened(a) for a in args)

@@ -402,3 +402,38 @@ def test_hooked_mlp_adamw():
     # stepgraph.models.hooked_mlp: activation hook in forward + fc1.weight hook from __init__
     run_twins(plain, make=lambda: models.build("hooked_mlp", width=8, batch=8, classes=4).model,
               opt_fn=adamw, strip=lambda m: m.fc1.weight._backward_hooks.clear())
+
+
+def test_hooks_whose_effects_replays_make_are_not_warned():
+    """A full backward hook appending ``.item()`` norms to a list and a Grad-CAM tensor hook
+    storing the grad in a dict: replays make both (pyeffects.py), bitwise as eager, yet the
+    warning said they run only at capture and told the user to restructure working code
+    (helper-91 F6)."""
+    import warnings
+
+    def run(compiled):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        norms, cam = [], {}
+        net[2].register_full_backward_hook(lambda m, gi, go: norms.append(go[0].norm().item()))
+
+        def save(g):
+            cam["g"] = g
+
+        def step(x):
+            h = net[0](x)
+            h.register_hook(save)
+            loss = net[2](torch.relu(h)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        f = stepgraph.compile(step) if compiled else step
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for i in range(5):
+                f(torch.full((3, 4), 1.0 + i))
+        return norms, cam["g"], [str(w.message) for w in caught if "side effects" in str(w.message)]
+    (ne, ge, _), (nc, gc, notes) = run(False), run(True)
+    assert ne == nc and torch.equal(ge, gc)
+    assert notes == [], notes

@@ -106,8 +106,43 @@ def describe(fn) -> str:
     return f"{getattr(fn, '__qualname__', code.co_name)} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
 
 
-def warn_side_effects(hooks, step_name: str):
-    """One warning naming each hook with side effects; returns the lines (for explain())."""
+def replayed_targets(tr) -> set:
+    """ids of the Python containers a replay writes again: lists it appends to, dicts and
+    objects whose items or attributes it sets (pyeffects.py)."""
+    from .trackplan import _parent
+    out = set()
+    for e in list(tr.append_effects) + list(tr.source_effects):
+        s = e.source
+        try:
+            out.add(id(s.read(()) if e in tr.append_effects else _parent(s, ())))
+        except Exception:  # noqa: BLE001 - not readable: not known to be replayed
+            continue
+    return out
+
+
+def _effects_replayed(fn, replayed: set) -> bool:
+    """Every store and container call of the hook's code goes into one of ``replayed`` (a
+    backward hook's ``norms.append(g.norm().item())``, a Grad-CAM hook's ``cam['g'] = g``)."""
+    from .chains import _chains
+    code, f = _code_of(fn), getattr(fn, "__func__", fn)
+    cells = dict(zip(code.co_freevars, getattr(f, "__closure__", None) or ()))
+    hits = 0
+    for op, name, path, _ in _chains(code):
+        effect = path and (path[-1][0] in ("call", "method") and path[-1][1] in _EFFECT_CALLS or path[-1][0] == "item")
+        if not effect or op not in ("LOAD_DEREF", "LOAD_GLOBAL"):   # (its own locals: not outside state)
+            continue
+        root = cells[name].cell_contents if op == "LOAD_DEREF" and name in cells else \
+            getattr(f, "__globals__", {}).get(name) if op == "LOAD_GLOBAL" else None
+        if root is None or len(path) != 1 or id(root) not in replayed:
+            return False
+        hits += 1
+    stores = {i.opname for i in dis.get_instructions(code)} & {"STORE_GLOBAL", "STORE_DEREF", "STORE_ATTR"}
+    return hits > 0 and not stores
+
+
+def warn_side_effects(hooks, step_name: str, replayed=frozenset()):
+    """One warning naming each hook with side effects; returns the lines (for explain()).
+    ``replayed``: containers replays write again (replayed_targets)."""
     import warnings
     lines, seen = [], set()
     for where, fn in hooks:
@@ -116,6 +151,8 @@ def warn_side_effects(hooks, step_name: str):
             continue
         seen.add(key)
         why = side_effects(fn)
+        if why and replayed and _effects_replayed(fn, replayed):
+            continue
         if why:
             lines.append(f"{where} hook {describe(fn)}: {', '.join(why)}")
     if lines:
