@@ -14,17 +14,23 @@ from .pyvalues import _SCALARS, _SKIP, Source, guard_value
 _FORWARD_ATTRS: dict = {}   # class -> attribute names forward reads on self
 
 
-def _self_attrs(cls) -> tuple:
+def _self_attrs(m) -> tuple:
     """(names forward reads on self, names it assigns: ``self.calls += 1``, public names the methods
     and properties it calls on ``self`` read: sentence-transformers' losses read ``self.scale`` in
     ``compute_loss_from_embeddings``; a value changed between calls was baked)."""
-    got = _FORWARD_ATTRS.get(cls)
+    cls = type(m)
+    # (and a bound method the instance holds: pytorch-metric-learning's ``self.loss_method =
+    # self.mat_based_loss``, whose ``_compute_loss`` reads NTXent's ``self.temperature``)
+    bound = {k: v.__func__ for k, v in vars(m).items() if isinstance(v, types.MethodType) and v.__self__ is m}
+    key = (cls, tuple((k, id(f)) for k, f in bound.items()))
+    got = _FORWARD_ATTRS.get(key)
     if got is None:
         fwd = unwrapped_function(getattr(cls, "forward", None))
         # (not torch's own modules' helpers: DDP's ``_pre_forward`` / ``_post_forward`` keep its
         # ``require_forward_param_sync`` flag, its own business)
         own = cls.__module__.split(".")[0] == "torch"
-        _FORWARD_ATTRS[cls] = got = _attrs_of([fwd], lambda a: None if own else inspect.getattr_static(cls, a, None))
+        _FORWARD_ATTRS[key] = got = _attrs_of([fwd], lambda a: None if own else (
+            inspect.getattr_static(cls, a, None) or bound.get(a)))
     return got
 
 
@@ -83,7 +89,7 @@ def module_sources(modules, names: dict | None = None) -> list:
     out = []
     for m in modules:
         d = m.__dict__
-        read, written, helpers = _self_attrs(type(m))
+        read, written, helpers = _self_attrs(m)
         for a in dict.fromkeys(read + helpers + tuple(_hook_attrs(m))):
             v = d.get(a, _SKIP)
             if a not in read and (not isinstance(v, _SCALARS) or a in written):

@@ -215,18 +215,16 @@ def _walk_function(fn, found: dict, depth: int = 0) -> None:
         _consider("self", fn.__self__, found, depth)
         fn = fn.__func__
     if isinstance(fn, nn.Module):
-        _consider("model", fn, found, depth)
-        return
+        return _consider("model", fn, found, depth)
     if not isinstance(fn, types.FunctionType):
-        call = getattr(type(fn), "__call__", None)
-        if call is not None and not isinstance(fn, type):
-            _consider("self", fn, found, depth)
-        return
+        return _consider("self", fn, found, depth) if callable(fn) and not isinstance(fn, type) else None
     try:
         cv = inspect.getclosurevars(fn)
     except (TypeError, ValueError):
         return
-    for name, val in list(cv.nonlocals.items()) + list(cv.globals.items()):
+    defaults = dict(zip(fn.__code__.co_varnames[fn.__code__.co_argcount - len(fn.__defaults__ or ()):],
+                        fn.__defaults__ or ())) | (fn.__kwdefaults__ or {})   # (``def step(x, lf=lf)``)
+    for name, val in list(cv.nonlocals.items()) + list(cv.globals.items()) + list(defaults.items()):
         # (and ``update_metrics = holder.update_metrics``: its object, and the metrics its code reads)
         if isinstance(val, types.FunctionType) and val is not fn or isinstance(val, types.MethodType) \
                 and isinstance(val.__func__, types.FunctionType):

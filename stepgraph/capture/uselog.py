@@ -78,7 +78,7 @@ class UseLog:
     def derive(self, value, expr):
         if type(value) is int:
             p = TrackedInt(value, expr, self)
-        elif type(value) is float:
+        elif type(value) is float or type(value).__name__ == "float64":   # (numpy's exp: hostufuncs.py)
             p = TrackedFloat(value, expr, self)
         else:   # a bool (``a & b`` of 0/1), a complex: handed out plain, so used as is
             self.used(expr, value, _where(3))
