@@ -320,6 +320,22 @@ class RankingLoss(torch.nn.Module):   # (sentence-transformers' MultipleNegative
         return self.scale
 
 
+class PairLoss(torch.nn.Module):   # (pytorch-metric-learning's GenericPairLoss / NTXentLoss)
+    def __init__(self, temperature=0.07):
+        super().__init__()
+        self.temperature = temperature
+        self.loss_method = self.mat_based_loss
+
+    def forward(self, emb, y):
+        return self.loss_method(emb @ emb.T, y)
+
+    def mat_based_loss(self, mat, y):
+        return self._compute_loss(mat, y)
+
+    def _compute_loss(self, mat, y):
+        return F.cross_entropy(mat / self.temperature, y)
+
+
 def noise_hook(module, args, output):   # (transformers' NEFTune hook)
     if module.training:
         return output + torch.zeros_like(output).uniform_(-1.0, 1.0) * module.noise_alpha
@@ -394,3 +410,36 @@ def test_a_counter_the_forward_keeps_in_each_of_two_modules_of_a_class():
     sg = _run(make, lambda k, model: seen.append((model[0].calls, model[1].calls)))
     assert seen[-2:] == [(5, 5), (5, 5)], seen   # (the eager twin's, then the compiled twin's)
     assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
+
+
+@pytest.mark.parametrize("given", ["closure", "default argument"])
+def test_a_library_loss_reached_through_a_bound_method_it_holds(library, given):
+    """pytorch-metric-learning's losses call ``self.loss_method``, a bound method stored on the
+    instance, whose ``_compute_loss`` reads ``self.temperature``: never scanned (only methods found
+    on the class were), an annealed temperature was baked, silently; and a loss given as the
+    step's default argument (``def step(x, y, lf=lf)``) was not found as state at all (helper-93)."""
+    def make():
+        torch.manual_seed(0)
+        model = nn.Linear(8, 8)
+        lf = library.PairLoss()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if given == "closure":
+            def step(x, y):
+                loss = lf(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.detach()
+        else:
+            def step(x, y, lf=lf, model=model, opt=opt):
+                loss = lf(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                return loss.detach()
+        return model, lf, step
+
+    def change(k, lf):
+        lf.temperature = 0.07 + 0.05 * k
+    sg = _run(make, change)
+    assert sg.stats.replays >= 3, sg.stats
