@@ -336,6 +336,25 @@ class PairLoss(torch.nn.Module):   # (pytorch-metric-learning's GenericPairLoss 
         return F.cross_entropy(mat / self.temperature, y)
 
 
+class ModelEma(torch.nn.Module):   # (timm's ModelEmaV3: update() reads self.decay through get_decay)
+    def __init__(self, model, decay=0.9):
+        super().__init__()
+        import copy
+        self.module, self.decay = copy.deepcopy(model), decay
+
+    @torch.no_grad()
+    def update(self, model):
+        d = self.get_decay()
+        for e, p in zip(self.module.parameters(), model.parameters()):
+            e.lerp_(p, 1.0 - d)
+
+    def get_decay(self):
+        return self.decay
+
+    def forward(self, x):
+        return self.module(x)
+
+
 def noise_hook(module, args, output):   # (transformers' NEFTune hook)
     if module.training:
         return output + torch.zeros_like(output).uniform_(-1.0, 1.0) * module.noise_alpha
@@ -442,4 +461,48 @@ def test_a_library_loss_reached_through_a_bound_method_it_holds(library, given):
     def change(k, lf):
         lf.temperature = 0.07 + 0.05 * k
     sg = _run(make, change)
+    assert sg.stats.replays >= 3, sg.stats
+
+
+DECAY = 0.9
+
+
+@pytest.mark.parametrize("ema_kind", ["library EMA's update()", "AveragedModel(avg_fn=user lambda)"])
+def test_an_ema_decay_the_loop_ramps(library, ema_kind):
+    """The step calls ``ema.update(model)``: timm's ModelEmaV3 reads ``self.decay`` in methods that
+    are not forward (never scanned), or torch's AveragedModel calls a user ``avg_fn`` reading a
+    global decay (a function a module holds, never scanned): a ramped decay was baked, the EMA
+    weights drifted from eager's, silently (helper-93 F1b, F1c)."""
+    from torch.optim.swa_utils import AveragedModel
+
+    def make():
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if ema_kind.startswith("library"):
+            ema = library.ModelEma(model)
+            update = ema.update
+        else:
+            ema = AveragedModel(model, avg_fn=lambda avg, p, n: DECAY * avg + (1 - DECAY) * p)
+            update = ema.update_parameters
+
+        def step(x, y):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            update(model)
+            return loss.detach()
+        return ema, ema, step
+
+    def change(k, ema):
+        global DECAY
+        ema.decay = DECAY = 0.9 - 0.1 * k
+    (eE, _, fE), (eC, _, fC) = make(), make()
+    sg = stepgraph.compile(fC)
+    for k, (x, y) in enumerate(_batches(6)):
+        change(k, eE)
+        change(k, eC)
+        assert torch.equal(fE(x, y), sg(x, y))
+        assert _same_params(eE, eC), k
     assert sg.stats.replays >= 3, sg.stats

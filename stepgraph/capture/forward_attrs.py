@@ -8,6 +8,8 @@ import dis
 import inspect
 import types
 
+import torch
+
 from .chains import _all_code, _chains, unwrapped_function
 from .pyvalues import _SCALARS, _SKIP, Source, guard_value
 
@@ -29,9 +31,18 @@ def _self_attrs(m) -> tuple:
         # (not torch's own modules' helpers: DDP's ``_pre_forward`` / ``_post_forward`` keep its
         # ``require_forward_param_sync`` flag, its own business)
         own = cls.__module__.split(".")[0] == "torch"
-        _FORWARD_ATTRS[key] = got = _attrs_of([fwd], lambda a: None if own else (
+        _FORWARD_ATTRS[key] = got = _attrs_of([fwd] + ([] if own else _public_methods(cls)), lambda a: None if own else (
             inspect.getattr_static(cls, a, None) or bound.get(a)))
     return got
+
+
+def _public_methods(cls) -> list:
+    """A library module's public methods besides forward, which the step may call itself: timm's
+    ``ModelEmaV3.update`` reads ``self.decay`` (through ``get_decay``) that a loop ramps; not
+    scanned, the decay was baked, silently (helper-93)."""
+    own = {c for c in torch.nn.Module.__mro__}
+    return [unwrapped_function(v) for c in reversed(cls.__mro__) if c not in own and c.__module__.split(".")[0] != "torch"
+            for k, v in vars(c).items() if not k.startswith("_") and k != "forward" and isinstance(v, types.FunctionType)]
 
 
 def _attrs_of(todo: list, member) -> tuple:

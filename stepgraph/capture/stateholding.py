@@ -11,6 +11,8 @@ reading the hook dicts only of what was hooked before stepgraph first saw it.
 """
 from __future__ import annotations
 
+import types
+
 import weakref
 
 from .fsdp import key as fsdp_key
@@ -71,6 +73,7 @@ class HookWatching:
     """Which hooks the registry's modules and parameters have (part of the signature)."""
 
     def user_hooks(self) -> list:
+        from .chains import _user_code   # (torchmetrics' own update/compute wrappers: its state)
         """The hook functions on the step's modules and parameters (a DANN-style gradient hook
         scaling by an annealed global): scanned as the step's code is, for the values they read
         (Guards.find_python_values)."""
@@ -79,6 +82,9 @@ class HookWatching:
             for name in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
                 d = getattr(m, name, None)
                 out += list(d.values()) if d else []
+            # (and functions a module holds that its code calls: AveragedModel's ``avg_fn``, a user
+            # lambda reading a global decay the loop ramps; baked, silently -- helper-93)
+            out += [v for v in vars(m).values() if isinstance(v, types.FunctionType) and _user_code(v.__code__)]
         for _, p in self.params:
             for name in ("_backward_hooks", "_post_accumulate_grad_hooks"):
                 d = getattr(p, name, None)
