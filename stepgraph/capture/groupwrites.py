@@ -64,13 +64,26 @@ def _target(e: NumberEffect):
     return None
 
 
-def number_effects(swapped, args, track, reg, saved_hypers, scheduled, before) -> list:
+def number_effects(swapped, args, track, reg, saved_hypers, scheduled, before, slot_effects=None) -> list:
     """The trace's number effects (swap_out, hyper_effects), then a write of each plain
     param-group value the call changed that none of those writes (nor a scheduler stepped in
-    the step, which runs again after each replay)."""
+    the step, which runs again after each replay). An optimizer's own number set to a float the
+    graph computes (GSAM's ``rho_t`` from the lr its scheduler set) goes to ``slot_effects``,
+    written after each replay; a plain one is written again as it is."""
+    from .hostscalar import _tracer
     from .pyvalues import Source
+    from .rebound import float_effect
     cs = track.const_stores if track else ()
-    effects = swap_out(swapped, args, cs) + hyper_effects(reg, saved_hypers, scheduled, cs, args)
+    untracked: list = []
+    effects = swap_out(swapped, args, cs, untracked) + hyper_effects(reg, saved_hypers, scheduled, cs, args)
+    for r, old, new in untracked:
+        e = float_effect(r.ref[0], new, _tracer())
+        if e is not None and slot_effects is not None:
+            slot_effects.append(e)   # (a float the graph computes: written after each replay)
+        elif type(new) in (int, float):
+            # (a plain number: computed from values the graph is keyed by, the same at each replay
+            # of it -- written again, as a plain param-group value is below)
+            effects.append(NumberEffect(r, r.ref[0].owner, new))
     for e in effects:   # (``g['betas'] = (b1, 0.999)``, b1 from the call's ``it``: per member; as one
         if isinstance(e.expr, tuple) and any(type(x) in _PROXIES for x in e.expr):   # constant, the
             e.write(tuple(map(plain, e.expr)), args)                                 # capture's betas

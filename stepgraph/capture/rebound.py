@@ -39,7 +39,7 @@ def float_effect(slot, new, tracer):
     computes (hostscalar.current), else None."""
     from .hostscalar import current
     from .pyeffects import SourceEffect
-    if slot.kind == "optstate" and isinstance(new, float) and current(new, tracer):
+    if slot.kind in ("optstate", "group") and isinstance(new, float) and current(new, tracer):
         return SourceEffect(SlotTarget(slot), "read", node=new.node)
     return None
 

@@ -8,7 +8,6 @@ two modes (modes.py) watch for what cannot be replayed:
   ``.tolist()``, ``.numpy()``, ``print(t)``, ``bool(t)`` — on tensors computed by the step,
   and turns ``.item()`` on optimizer step counters into host scalars (hostscalar.py).
 * ``_DispatchCheckMode`` (aten level) sees ops whose output shape or value depends on data.
-
 Problems are collected, the trace runs to its end (so state stays eager-equal), and then one
 ``CaptureError`` names the first problem's op, the user's file:line and the fix.
 """
@@ -207,7 +206,8 @@ def trace_step(fn, args, kwargs, reg: StateRegistry, device: str = "cpu", live_h
                                    fix=counter_branch_fix(reg)) from None
             finally:
                 # (the values put back, unless the step assigned new ones: those written after each replay)
-                box["number_effects"] = number_effects(swapped, a, track, reg, saved_hypers, box["sched_set"], groups)
+                box["number_effects"] = number_effects(swapped, a, track, reg, saved_hypers, box["sched_set"], groups,
+                                                         box.setdefault("slot_effects", []))
                 argchanges.write_back(argw, rollback.keep_object if rollback is not None else None)
         out = unwrap_result(out, uses)
         uses.guard_stored_reads()

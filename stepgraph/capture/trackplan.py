@@ -38,10 +38,8 @@ def number(v) -> bool:
 
 
 def plain_object(v) -> bool:
-    t = type(v)
-    if t is types.SimpleNamespace:   # (its C attribute methods read and write its __dict__)
-        return True
-    return (t.__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict)
+    t = type(v)   # (a SimpleNamespace: its C attribute methods read and write its __dict__)
+    return t is types.SimpleNamespace or (t.__module__ != "builtins" and isinstance(getattr(v, "__dict__", None), dict)
             and t.__getattribute__ is object.__getattribute__ and t.__setattr__ is object.__setattr__
             and getattr(t, "__getattr__", None) is None
             and not isinstance(v, (nn.Module, torch.optim.Optimizer, torch.Tensor, type)))
@@ -61,8 +59,8 @@ def record_key(v):
         elif isinstance(x, _VALUES):
             out.append((k, type(x), x))
         elif record_tensor(x):
-            ptr = x.untyped_storage().data_ptr()
-            if ptr in storages:   # two attributes sharing memory: inputs a graph would copy apart
+            ptr = x.untyped_storage().data_ptr()   # (two sharing memory: inputs a graph would copy apart)
+            if ptr in storages:
                 return None
             storages.add(ptr)
             out.append((k, "tensor", x.dtype, x.device, tuple(x.shape), x.stride()))
@@ -111,8 +109,7 @@ def writable(s, args) -> bool:
     except Exception:  # noqa: BLE001
         return False
     kind, k = s.path[-1]
-    if kind == "item":
-        # (a list slot too: ``it[0] += 1``, the counter in a closure's one-element list)
+    if kind == "item":   # (a list slot too: ``it[0] += 1``, the counter in a closure's one-element list)
         return type(parent) is dict or (type(parent) is list and type(k) is int and -len(parent) <= k < len(parent))
     if isinstance(parent, type):
         return k in parent.__dict__ and type(parent).__setattr__ is type.__setattr__
@@ -282,10 +279,11 @@ class NumberEffect:
             vars(src.read(args))[name] = value
 
 
-def swap_out(swapped: list, args, const_stores=frozenset()) -> list:
+def swap_out(swapped: list, args, const_stores=frozenset(), untracked=None) -> list:
     """Put the values back, unless the step assigned new ones (then those stay, as plain
     numbers): what eager leaves. Runs even when the step raised. Returns the
-    :class:`NumberEffect` of each number the step assigned from tracked arithmetic."""
+    :class:`NumberEffect` of each number the step assigned from tracked arithmetic; ``untracked``
+    gets ``(root, old, new)`` of an optimizer's number set otherwise (GSAM's ``self.rho_t``)."""
     effects = []
     for r, d, v, p in reversed(swapped):
         try:
@@ -301,6 +299,8 @@ def swap_out(swapped: list, args, const_stores=frozenset()) -> list:
                 effects.append(NumberEffect(r, d, cur._e))
             elif cur is not p and type(cur) in (int, float) and (_slot_name(r, d), cur) in const_stores:
                 effects.append(NumberEffect(r, d, cur))   # (a literal the step's code stores: ``pos = 0``)
+            elif cur is not p and isinstance(cur, (int, float)) and cur != v and r.kind == "slot":
+                untracked.append((r, v, cur)) if untracked is not None else None
         except Exception:  # noqa: BLE001 - the step deleted or replaced the container
             pass
     return effects
