@@ -39,7 +39,7 @@ from .capture.hostrandom import generator_draws, generator_states, refuse_draw_c
 from .capture.libraries import untraceable_modules
 from .capture.reasons import nearest_key
 from .capture.numchecks import set_call
-from .capture.rebound import object_tensors, stale_read_checks
+from .capture.rebound import list_tensors, object_tensors, stale_read_checks
 from .capture.attrstores import attribute_checks
 from .capture.guards import cpu_generator
 from .livefloats import reason_after_trace
@@ -222,7 +222,7 @@ def clean(step, plan: Plan, traced: Traced, args) -> None:
     gm = traced.graph = tr.graph_module = cleanup(tr.graph_module)
     if reg.fsdp and config.get("fsdp2_temporaries"):
         storages_to_temporaries(gm)   # FSDP2's freed storages as graph temporaries: no resizes left
-    traced.checks = tr.uses.checks(gm) + stale_read_checks(gm, tr.kept_olds + object_tensors(reg)) \
+    traced.checks = tr.uses.checks(gm) + stale_read_checks(gm, tr.kept_olds + object_tensors(reg) + list_tensors(reg)) \
         + attribute_checks(gm, tr.held_attrs)   # (after DCE)
     refuse_draw_checks(step.fetches, traced.checks, step.max_captures)   # (drawn numbers: fetches.py)
     traced.guard_plan = place_guards(gm, plan.device, reg.name_of)

@@ -28,6 +28,22 @@ class RhoSGD(torch.optim.SGD):   # (GSAM's rho_t, from the lr: ProportionSchedul
         for g in self.param_groups:
             for p in g["params"]:
                 p.add_(p.grad, alpha=-self.rho_t)
+
+
+class Preconditioned(torch.optim.Optimizer):   # (SOAP: new eigenbases state['Q'] every 2nd step)
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                st = self.state[p]
+                st["n"] = st.get("n", 0) + 1
+                if "Q" not in st or st["n"] % 2 == 0:
+                    st["Q"] = [torch.eye(p.shape[0]) * (1.0 + 0.1 * st["n"])]
+                p.sub_(st["Q"][0] @ p.grad.reshape(p.shape[0], -1).reshape(p.shape) * g["lr"]
+                       if p.dim() == 2 else p.grad * g["lr"])
 '''
 
 
@@ -79,3 +95,30 @@ def test_a_number_set_from_a_scheduler_the_step_steps_is_refused_as_eager_left_i
     want = _run(lib, False, True, calls=2)
     with pytest.raises(stepgraph.CaptureError, match="lr"):
         _run(lib, True, True, calls=2)
+
+
+def test_a_graph_reading_a_list_of_tensors_the_optimizer_rebound_since_is_not_replayed(lib):
+    """SOAP rebinds ``state['Q']`` to a new list every preconditioning step; that call is refused
+    (run eagerly), and the next replayed the graph of the call before, holding the old Q tensors
+    as constants: weights drifted from eager, silently (helper-93 F3)."""
+    def run(compiled):
+        torch.manual_seed(0)
+        m = torch.nn.Linear(5, 5)
+        opt = lib.Preconditioned(m.parameters())
+
+        def step(x):
+            loss = m(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            return loss.detach()
+        f = stepgraph.compile(step) if compiled else step
+        g = torch.Generator().manual_seed(3)
+        for _ in range(7):
+            x = torch.randn(4, 5, generator=g)
+            try:
+                f(x)
+            except stepgraph.CaptureError:
+                pass   # (a refused call ran eagerly to its end, as the loop may go on)
+        return m.weight.detach().clone()
+    assert torch.equal(run(False), run(True))

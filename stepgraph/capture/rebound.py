@@ -129,6 +129,30 @@ def object_tensors(reg) -> list:
             for oname, k, v in state_objects(reg) for a, t in list(vars(v).items()) if isinstance(t, torch.Tensor)]
 
 
+class _ListItem:
+    """``state[k][i]`` of an optimizer's per-parameter state, read at each check (the list itself
+    is what the optimizer rebinds: pytorch_optimizer SOAP's ``state['Q']``)."""
+    kind = "optstate"
+
+    def __init__(self, owner, key, i, source):
+        self.owner, self.key, self.i, self.source = owner, key, i, source
+
+    def get(self):
+        v = self.owner.get(self.key)
+        return v[self.i] if isinstance(v, (list, tuple)) and len(v) > self.i else None
+
+
+def list_tensors(reg) -> list:
+    """``(slot, tensor)`` of each tensor in a list an optimizer keeps in its per-parameter state
+    (SOAP's eigenbases ``state['Q']``, a new list at each preconditioning step): a graph read the
+    old ones as constants, and after a call that rebound the list (refused, eager), replays of
+    an older graph used them, silently (helper-93). With stale_read_checks, it captures again."""
+    return [(_ListItem(st, k, i, f"{oname}.state[...]['{k}'][{i}]"), t)
+            for oname, opt in reg.optimizers for st in list(opt.state.values()) if isinstance(st, dict)
+            for k, v in list(st.items()) if isinstance(v, (list, tuple))
+            for i, t in enumerate(v) if isinstance(t, torch.Tensor)]
+
+
 def stale_read_checks(gm: torch.fx.GraphModule, kept_olds: list) -> list:
     """A buffer or state entry the step rebinds to a tensor of another shape, dtype or layout
     (an optimizer's history ``state['h'] = torch.cat([state['h'], g])[-3:]`` while it grows),
