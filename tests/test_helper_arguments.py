@@ -82,3 +82,47 @@ def test_a_users_profiler_is_left_alone():
     finally:
         prof.disable()
     assert still is not None and fn.stats.eager_calls == 1
+
+
+class _Pool:   # (CycleGAN's ImagePool, filling phase)
+    def __init__(self, size):
+        self.pool_size, self.num_imgs, self.images = size, 0, []
+
+    def query(self, image):
+        if self.num_imgs < self.pool_size:
+            self.num_imgs = self.num_imgs + 1
+            self.images = self.images + [image]
+        return image
+
+
+def test_a_method_reached_through_getattr_is_scanned_with_its_object():
+    """``getattr(pool, method)(fake)`` (the method's name from a config): no chain in the step's
+    code names ``query``, so its writes to ``self`` were never seen: the pool stopped filling
+    after the capture, silently (helper-94 F2). The warm-up records the bound method; its writes
+    are then refused as ``pool.query(fake)``'s are, the state left as eager's."""
+    torch.manual_seed(0)
+    G, D = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    oG, oD = torch.optim.SGD(G.parameters(), lr=0.1), torch.optim.SGD(D.parameters(), lr=0.1)
+    pool, method = _Pool(50), "query"
+
+    def step(x):
+        fake = G(x)
+        lossG = -D(fake).mean()
+        oG.zero_grad()
+        lossG.backward()
+        oG.step()
+        f = getattr(pool, method)(fake.detach())
+        lossD = D(f).mean() - D(x).mean()
+        oD.zero_grad()
+        lossD.backward()
+        oD.step()
+        return lossD.detach()
+    sg = stepgraph.compile(step)
+    done = 0
+    for _ in range(4):
+        try:
+            sg(torch.randn(2, 4))
+        except stepgraph.CaptureError as e:
+            assert "self.images" in str(e) or "pool" in str(e), e
+        done += 1
+        assert pool.num_imgs == len(pool.images) == done   # (as eager: every call adds one)

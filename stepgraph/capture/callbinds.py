@@ -49,6 +49,10 @@ def recording(fn, args, out: list):
         seen.add(id(code))
         if not _user_code(code) or code.co_freevars:
             return
+        method = _method_of(frame, code)
+        if method is not None:   # (``getattr(pool, name)(x)``: a method no chain names, scanned bound)
+            out.append((method, None))
+            return
         names = [n for n in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount] if n in _read_only(code)]
         binds = {n: v for n in names if _bindable(v := frame.f_locals.get(n)) and not any(v is a for a in args)}
         if binds:
@@ -78,6 +82,21 @@ def _read_only(code) -> frozenset:
                 bad.add(x.argval)
         _READ_ONLY[id(code)] = got = frozenset(params) - bad
     return got
+
+
+def _method_of(frame, code):
+    """The bound method this frame runs when it is a user class's (not a module's or optimizer's,
+    which are scanned as such): CycleGAN's ``getattr(pool, "query")(fake)``, whose writes to
+    ``self`` no replay made, silently (helper-94)."""
+    if not code.co_argcount or code.co_varnames[0] != "self" or code.co_name in frame.f_back.f_code.co_names \
+            or code.co_name.startswith("__"):
+        return None   # (one the caller's code names, ``meters['loss'].update(v)``: its chain's, by path;
+    #                    ``__init__`` of an object made in the step, a defaultdict's new meter)
+    obj = frame.f_locals.get("self")
+    f = getattr(type(obj), code.co_name, None)
+    if getattr(unwrapped_function(f), "__code__", None) is not code or not _bindable(obj):
+        return None
+    return types.MethodType(f, obj)
 
 
 def _bindable(v) -> bool:
