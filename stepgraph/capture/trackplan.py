@@ -282,16 +282,14 @@ class NumberEffect:
 def swap_out(swapped: list, args, const_stores=frozenset(), untracked=None) -> list:
     """Put the values back, unless the step assigned new ones (then those stay, as plain
     numbers): what eager leaves. Runs even when the step raised. Returns the
-    :class:`NumberEffect` of each number the step assigned from tracked arithmetic; ``untracked``
-    gets ``(root, old, new)`` of an optimizer's number set otherwise (GSAM's ``self.rho_t``)."""
+    :class:`NumberEffect` of each number the step assigned from tracked arithmetic; ``untracked``:
+    ``(root, old, new)`` of an optimizer's number set otherwise (GSAM's ``self.rho_t``)."""
     effects = []
     for r, d, v, p in reversed(swapped):
         try:
-            if d is None:
-                cur = r.ref.read(args)
-                if cur is p or type(cur) in _PROXIES:
-                    write(r.ref, v if cur is p else cur._v, args)
-            else:
+            if d is None and ((cur := r.ref.read(args)) is p or type(cur) in _PROXIES):
+                write(r.ref, v if cur is p else cur._v, args)
+            elif d is not None:
                 cur = d.get(r.ref[1])
                 if cur is p or type(cur) in _PROXIES:
                     d[r.ref[1]] = v if cur is p else cur._v
@@ -299,8 +297,9 @@ def swap_out(swapped: list, args, const_stores=frozenset(), untracked=None) -> l
                 effects.append(NumberEffect(r, d, cur._e))
             elif cur is not p and type(cur) in (int, float) and (_slot_name(r, d), cur) in const_stores:
                 effects.append(NumberEffect(r, d, cur))   # (a literal the step's code stores: ``pos = 0``)
-            elif cur is not p and isinstance(cur, (int, float)) and cur != v and r.kind == "slot":
-                untracked.append((r, v, cur)) if untracked is not None else None
+            elif r.kind == "slot" and cur is not p and type(cur) not in _PROXIES and isinstance(cur, (int, float)) \
+                    and untracked is not None and float(cur.real) != float(v.real):   # (no decision recorded on it)
+                untracked.append((r, v, cur))
         except Exception:  # noqa: BLE001 - the step deleted or replaced the container
             pass
     return effects
