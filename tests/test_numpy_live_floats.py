@@ -144,3 +144,24 @@ def test_numpy_maths_on_a_live_float_is_numpys_own(fn):
         assert torch.equal(body(me, oe, x), step(x)), p
         assert torch.equal(me.weight, mc.weight), p
     assert step.stats.captures <= 2, step.stats.recaptures
+
+
+def test_np_isnan_of_a_value_read_behind_dropout_is_a_guarded_predicate():
+    """Mean Teacher's ``assert not (np.isnan(loss.item()) or loss.item() > 1e5)`` with dropout in
+    the model: numpy took the read value with float(), refused with a fix to drop a float() the
+    user never wrote (helper-94 F10); math.isnan's guarded predicate now, as for math.isnan."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 1))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+    @stepgraph.compile
+    def step(x):
+        loss = m(x).pow(2).mean()
+        assert not (np.isnan(loss.item()) or loss.item() > 1e5), "Loss explosion: {}".format(loss.item())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    for _ in range(4):
+        step(torch.randn(5, 4))
+    assert step.stats.captures == 1 and step.stats.replays == 2, step.stats

@@ -54,6 +54,9 @@ def scalar_ufunc(ufunc, method, inputs, kwargs, proxies=()):
     if method == "__call__" and not kwargs and scalar:
         if len(inputs) == 2 and ufunc.__name__ in _UFUNC_OPS:
             return _UFUNC_OPS[ufunc.__name__](*(float(x) if _np_float64(x) else x for x in inputs))
+        if ufunc.__name__ in ("isnan", "isinf", "isfinite") and len(inputs) == 1:
+            import math   # (Mean Teacher's ``assert not np.isnan(loss.item())``: math's, a guarded predicate)
+            return getattr(math, ufunc.__name__)(inputs[0])
         if ufunc.__name__ in _UFUNC_MATH and len(inputs) == ufunc.nin:
             from .hostreads import _math_live   # (recorded as math's functions are: live, or tracked)
             return _math_live(_numpy_fn(ufunc))(*(float(x) if _np_float64(x) else x for x in inputs))
