@@ -431,6 +431,13 @@ def test_a_counter_the_forward_keeps_in_each_of_two_modules_of_a_class():
     assert sg.stats.captures == 1 and sg.stats.replays == 4, sg.stats
 
 
+def _sgd_step(loss, opt):
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
 @pytest.mark.parametrize("given", ["closure", "default argument"])
 def test_a_library_loss_reached_through_a_bound_method_it_holds(library, given):
     """pytorch-metric-learning's losses call ``self.loss_method``, a bound method stored on the
@@ -444,18 +451,10 @@ def test_a_library_loss_reached_through_a_bound_method_it_holds(library, given):
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         if given == "closure":
             def step(x, y):
-                loss = lf(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.detach()
+                return _sgd_step(lf(model(x), y), opt)
         else:
             def step(x, y, lf=lf, model=model, opt=opt):
-                loss = lf(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                return loss.detach()
+                return _sgd_step(lf(model(x), y), opt)
         return model, lf, step
 
     def change(k, lf):
