@@ -92,7 +92,10 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
 
 def _storage(t):
     if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
-        return t.untyped_storage().data_ptr()
+        try:
+            return t.untyped_storage().data_ptr()
+        except RuntimeError:   # (a DTensor, FSDP2's freed unsharded storage: no data pointer)
+            return None
     return None
 
 
