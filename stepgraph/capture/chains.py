@@ -41,8 +41,15 @@ def autograd_parts(v) -> tuple:
                  if isinstance(f, types.FunctionType) and _user_code(f.__code__))
 
 
+def var_at(path) -> int | None:
+    """Where the first subscript by a variable is in ``path`` (None: there is none)."""
+    return next((n for n, (_, k) in enumerate(path) if k is VAR), None)
+
+
 def has_var(path) -> bool:
-    return any(k is VAR for _, k in path)
+    return var_at(path) is not None
+
+
 _VARS = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF")
 _APPENDS = (("call", "append"), ("call", "extend"))
 
@@ -180,7 +187,7 @@ def _code_chains(code: types.CodeType):
                 j += 1
             full = tuple(path)
             if has_var(path) and path[-1] not in _APPENDS:   # (only an append is expanded: varitems.py)
-                path = path[:next(n for n, (_, k) in enumerate(path) if k is VAR)]
+                path = path[:var_at(path)]
             store = None if path else _extended(ins, i)
             if store is not None:
                 skip.add(store)

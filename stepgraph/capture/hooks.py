@@ -111,12 +111,12 @@ def replayed_targets(tr) -> set:
     objects whose items or attributes it sets (pyeffects.py)."""
     from .trackplan import _parent
     out = set()
-    for e in list(tr.append_effects) + list(tr.source_effects):
-        s = e.source
-        try:
-            out.add(id(s.read(()) if e in tr.append_effects else _parent(s, ())))
-        except Exception:  # noqa: BLE001 - not readable: not known to be replayed
-            continue
+    for effects, target in ((tr.append_effects, lambda s: s.read(())), (tr.source_effects, lambda s: _parent(s, ()))):
+        for e in effects:
+            try:
+                out.add(id(target(e.source)))
+            except Exception:  # noqa: BLE001 - not readable: not known to be replayed
+                continue
     return out
 
 

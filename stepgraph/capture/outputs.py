@@ -220,9 +220,10 @@ def live_outputs(tr, reg, py, args, step_name: str) -> None:
     """Rewrite ``tr.out_leaves``: Python numbers read live where their source is known."""
     keypaths = [p for p, _ in pytree.tree_flatten_with_path(tr.result)[0]]
     paths = [pytree.keystr(p) for p in keypaths]
-    guarded = {id(v) for s in py.sources for v in [s.read_or(args)] if v is not None}
+    values = [s.read_or(args) for s in py.sources]
+    guarded = {id(v) for v in values if v is not None}
     # (``self.log("epoch", float(self.current_epoch))``: a number made from a value the graph is keyed by)
-    keyed = {v for s in py.sources for v in [s.read_or(args)] if type(v) in (int, float)}
+    keyed = {v for v in values if type(v) in (int, float)}
     read_guarded = {id(v) for v in (tr.reads.guarded if tr.reads is not None else ())}  # (host reads, by value)
     guarded |= read_guarded
     checked = tr.uses.returned if tr.uses is not None else set()  # checks hold them (tracked.py)

@@ -277,11 +277,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
 
     def _add(src: Source, depth):
         if has_var(src.path):   # (TRL's ``self._metrics[mode][k].append(v)``: its keys after a call too)
-            from .varitems import expand, key_of
-            more, keyed = expand(src, _DUMMY_ARGS)
-            partial[0] = partial[0] or keyed is not None
-            out.setdefault(key_of(keyed), keyed) if keyed is not None else None
-            return [_add(s, depth) for s in more]
+            from .varitems import expand_into
+            partial[0] |= expand_into(src, _DUMMY_ARGS, out, lambda s: _add(s, depth))
+            return
         root = Source(src.kind, src.root, src.name).read_or(_DUMMY_ARGS) if src.path else None
         if src.path and library_module(root):
             for got in callslots.library_slots(src.path, root):   # (``F.cross_entropy`` patched; env)
@@ -329,8 +327,9 @@ def find_sources(fn, max_depth: int = 3, modules=(), args=(), hooks=(), helpers=
                 # (a trainer's ``self.criterion = crits[phase]`` swapped between live modules
                 # replayed the first one, silently: only ``self`` was keyed)
                 _add(Source(s.kind, s.root, s.name, p + (("attr", method),), s.where), depth)
-            elif p == path and method == "apply" and autograd_parts(v):   # (what ``Fn.apply`` runs reads)
-                [visit(f, depth + 1) for f in autograd_parts(v)]
+            elif p == path and method == "apply" and (parts := autograd_parts(v)):   # (what ``Fn.apply`` runs)
+                for f in parts:
+                    visit(f, depth + 1)
             elif p == path and method is not None and not isinstance(v, (types.ModuleType, type)):
                 m = getattr(type(v), method, None)   # a method called on a user object
                 from .pycalls import replayable_callee   # (unless a replay redoes the call)

@@ -55,8 +55,7 @@ def rebind_in_place(gm: torch.fx.GraphModule, escapes: list, olds: list, first: 
     consts = {id(getattr(gm, n.target, None)): n for n in gm.graph.nodes if n.op == "get_attr"}
     # (a new value sharing memory with state -- ``state['prev'] = p.detach()`` -- is an alias in
     # eager, which a copy is not: left rebound, checked by stale_read_checks)
-    shared = {t.untyped_storage().data_ptr() for n in gm.graph.nodes if n.op == "get_attr"
-              for t in [getattr(gm, n.target, None)] if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    shared = {_storage(getattr(gm, n.target, None)) for n in gm.graph.nodes if n.op == "get_attr"} - {None}
     # (an old tensor sharing memory with other state -- SAM's ``p.data = state[p]['old_p']`` at the
     # previous step, then ``state[p]['old_p'] = p.data.clone()`` -- is that state too: a copy into
     # it wrote the parameter. ``state``: the step's state tensors before it ran)

@@ -208,6 +208,13 @@ def group_counter(v) -> bool:
     return type(v) is int
 
 
+def _walk_step(fn) -> dict:
+    found: dict = {}   # (and the user code a library step calls: Lightning's training_step)
+    for f in [fn] + [f for f, _ in getattr(fn, "_stepgraph_user_calls", ())]:
+        _walk_function(f, found)
+    return found
+
+
 def _walk_function(fn, found: dict, depth: int = 0) -> None:
     if depth > 2:
         return
@@ -363,9 +370,7 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
     for name, obj in _arg_objects(args, kwargs, arg_names):
         _consider(name, obj, found, 0, leaf=True)
     found = {k: v for k, v in found.items() if not isinstance(v[1], torch.Tensor)}  # (arguments: inputs)
-    via_code: dict = {}
-    for f in [fn] + [f for f, _ in getattr(fn, "_stepgraph_user_calls", ())]:   # (Lightning's training_step)
-        _walk_function(f, via_code)
+    via_code = _walk_step(fn)
     # (what the step's code reaches is weak too: a global ``model`` rebound per k-fold fold kept
     # every earlier fold's model, optimizer state and graphs alive, and its parameters in the
     # guards, until every call ran eagerly; the global or cell holds the one in use)
@@ -379,11 +384,8 @@ def discover(fn, extra=(), args=(), kwargs=None, arg_names=()) -> StateRegistry:
 def adopt_code(reg: StateRegistry, fn) -> bool:
     """Add modules/optimizers the step's code reaches now that ``reg`` does not know (a global
     ``model`` rebound to a new one: k-fold cross-validation, a restart). True when it changed."""
-    via_code: dict = {}
-    for f in [fn] + [f for f, _ in getattr(fn, "_stepgraph_user_calls", ())]:   # (Lightning's training_step)
-        _walk_function(f, via_code)
     # (a module holding no tensor is keyed by its settings where the code reads it: no state)
-    via_code = {k: v for k, v in via_code.items() if _holds_tensors(v[1])}
+    via_code = {k: v for k, v in _walk_step(fn).items() if _holds_tensors(v[1])}
     return bool(via_code) and _found_to_registry(via_code, reg, weak=set(via_code))
 
 

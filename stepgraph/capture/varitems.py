@@ -15,11 +15,10 @@ Only chains that end in an append or extend: another use (``cfg[name]`` read as 
 still the container, keyed by value."""
 from __future__ import annotations
 
-from .chains import VAR
+from .chains import _APPENDS, var_at
 from .pyvalues import Source
 
 _MAX_KEYS = 16
-_APPENDS = ("append", "extend")
 
 
 class KeysSource(Source):
@@ -31,6 +30,17 @@ class KeysSource(Source):
         return super().key_for(v)
 
 
+def expand_into(src: Source, args, out: dict, add) -> bool:
+    """pyvalues' ``_add`` of such a chain: ``add`` each chain :func:`expand` gives, the container
+    into ``out``; True when it was expanded (found again after the warm-up, which adds keys)."""
+    more, keyed = expand(src, args)
+    if keyed is not None:
+        out.setdefault(key_of(keyed), keyed)
+    for s in more:
+        add(s)
+    return keyed is not None
+
+
 def key_of(s: Source) -> tuple:
     """Its key among pyvalues' sources (one per chain)."""
     return s.kind, id(s.root) if s.kind != "arg" else s.root, s.name, s.path
@@ -39,11 +49,10 @@ def key_of(s: Source) -> tuple:
 def expand(src: Source, args) -> tuple:
     """``(chains to add, the container keyed by its keys or None)`` for a chain with a subscript
     by a variable (``src.path`` holds ``("item", VAR)``)."""
-    i = next(n for n, (_, k) in enumerate(src.path) if k is VAR)
+    i = var_at(src.path)
     head = Source(src.kind, src.root, src.name, src.path[:i], src.where, from_step=src.from_step)
-    last = src.path[-1]
     container = head.read_or(args)
-    if last[0] not in ("method", "call") or last[1] not in _APPENDS or not isinstance(container, dict) \
+    if src.path[-1] not in _APPENDS or not isinstance(container, dict) \
             or len(container) > _MAX_KEYS or not all(isinstance(k, (str, int)) for k in container):
         return [head], None   # (as before: the container, keyed by value)
     out = [Source(src.kind, src.root, src.name, src.path[:i] + (("item", k),) + src.path[i + 1:], src.where,
